@@ -1,0 +1,250 @@
+"""The public functions: find the backend, check the arguments, run the backend.
+
+Data flows one way: public function → :mod:`~pycudnnrnn.checks` → backend → result.
+The backend follows the arrays: NumPy arrays run on :mod:`~pycudnnrnn.numpy_backend`;
+CUDA arrays (CuPy, or anything whose ``__dlpack_device__`` is CUDA) on cuDNN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import checks, layout
+
+_DEFAULTS = dict(rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
+                 num_proj=0)
+
+# DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
+_DLPACK_CUDA = (2, 13)
+
+
+def _device_kind(name, array):
+    """"cpu" for NumPy arrays, "cuda" for CUDA arrays; anything else is a TypeError."""
+    if isinstance(array, np.ndarray):
+        return "cpu"
+    dlpack_device = getattr(array, "__dlpack_device__", None)
+    if dlpack_device is not None:
+        try:
+            device_type = int(dlpack_device()[0])
+        except Exception:  # a __dlpack_device__ that fails says nothing useful
+            device_type = None
+        if device_type in _DLPACK_CUDA:
+            return "cuda"
+    raise TypeError(f"{name}: expected a numpy.ndarray or a CUDA array (CuPy, or any array with "
+                    f"__dlpack__ on a CUDA device), got {type(array).__module__}."
+                    f"{type(array).__qualname__}")
+
+
+def _backend(**arrays):
+    """The backend module for these arrays; mixing devices is a TypeError."""
+    kinds = {name: _device_kind(name, a) for name, a in arrays.items() if a is not None}
+    if len(set(kinds.values())) > 1:
+        detail = ", ".join(f"{n} on {k}" for n, k in kinds.items())
+        raise TypeError(f"arrays must all be NumPy (CPU) or all CUDA, got {detail}")
+    if "cuda" in kinds.values():
+        raise TypeError("CUDA arrays need the cuDNN backend, which this version of "
+                        "pycudnnrnn does not have yet; pass NumPy arrays to use the CPU backend")
+    from . import numpy_backend
+    return numpy_backend
+
+
+def _host_lengths(sequence_lengths):
+    """sequence_lengths as a host array (they steer the computation, so they live on the CPU)."""
+    if sequence_lengths is None:
+        return None
+    if hasattr(sequence_lengths, "get") and not isinstance(sequence_lengths, np.ndarray):
+        return np.asarray(sequence_lengths.get())  # CuPy
+    return np.asarray(sequence_lengths)
+
+
+def _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj):
+    return checks.make_config(rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units,
+                              input_size=input_size, input_mode=input_mode,
+                              direction=direction, num_proj=num_proj)
+
+
+def params_size(*, rnn_mode="lstm", num_layers, num_units, input_size,
+                input_mode="linear_input", direction="unidirectional", num_proj=0) -> int:
+    """Number of elements of the opaque params buffer (TensorFlow's ``CudnnRNNParamsSize``).
+
+    Parameters
+    ----------
+    rnn_mode : {"lstm", "gru", "rnn_tanh", "rnn_relu"}
+    num_layers, num_units, input_size : int
+    input_mode : {"linear_input", "skip_input", "auto_select"}
+    direction : {"unidirectional", "bidirectional"}
+    num_proj : int
+        LSTM projection size; 0 for none.
+
+    Returns
+    -------
+    int
+        Elements (not bytes) of ``params``.
+    """
+    return layout.params_size(_config(rnn_mode, num_layers, num_units, input_size, input_mode,
+                                      direction, num_proj))
+
+
+def _describe(piece):
+    what = "projection matrix" if piece.role == "projection" else \
+        f"{piece.role} {'matrix' if piece.kind == 'weight' else 'bias'} of gate {piece.gate!r}"
+    return f"pseudo-layer {piece.pseudo_layer} {what}"
+
+
+def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_units, input_size,
+                        input_mode="linear_input", direction="unidirectional", num_proj=0):
+    """Pack canonical weights and biases into one opaque params buffer.
+
+    Parameters
+    ----------
+    weights, biases : sequence of arrays
+        In the order and shapes of :func:`params_to_canonical` (TensorFlow's
+        ``CudnnRNNParamsToCanonicalV2``): per pseudo-layer, the input matrices gate by
+        gate ``[H, in_width]``, the recurrent matrices ``[H, P]``, the projection
+        ``[P, H]``; then per pseudo-layer the input and recurrent biases ``[H]``.
+    rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj
+        As in :func:`params_size`.
+
+    Returns
+    -------
+    array
+        1-D params of length :func:`params_size`, of the pieces' array type and dtype.
+    """
+    config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
+    table = layout.pieces(config)
+    given = {"weight": list(weights), "bias": list(biases)}
+    expected = {kind: [p for p in table if p.kind == kind] for kind in given}
+    for kind, name in (("weight", "weights"), ("bias", "biases")):
+        if len(given[kind]) != len(expected[kind]):
+            raise ValueError(f"{name}: expected {len(expected[kind])} arrays for this "
+                             f"configuration, got {len(given[kind])}")
+    arrays = given["weight"] + given["bias"]
+    pieces = expected["weight"] + expected["bias"]
+    names = [f"weights[{i}]" for i in range(len(given["weight"]))] + \
+            [f"biases[{i}]" for i in range(len(given["bias"]))]
+    _backend(**dict(zip(names, arrays)))
+    dtype = checks._dtype(names[0], arrays[0])
+    for name, array, piece in zip(names, arrays, pieces):
+        checks._dtype(name, array, dtype)
+        checks._shape(name, array, piece.shape, f"({_describe(piece)})")
+    xp = _array_module(arrays[0])
+    return xp.concatenate([a.reshape(-1) for a in arrays])
+
+
+def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input_size,
+                        input_mode="linear_input", direction="unidirectional", num_proj=0):
+    """Split an opaque params buffer into canonical weights and biases.
+
+    Parameters
+    ----------
+    params : array
+        1-D, of length :func:`params_size`.
+    rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj
+        As in :func:`params_size`.
+
+    Returns
+    -------
+    weights, biases : list of arrays
+        Views of `params`, in the order :func:`canonical_to_params` takes.
+    """
+    config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
+    _backend(params=params)
+    checks._dtype("params", params)
+    checks._ndim("params", params, 1, "[params_size]")
+    expected = layout.params_size(config)
+    if params.shape[0] != expected:
+        raise ValueError(f"params: expected {expected} elements (params_size for this "
+                         f"configuration), got {params.shape[0]}")
+    return layout.split(params, config)
+
+
+def _array_module(array):
+    return np if isinstance(array, np.ndarray) else __import__("cupy")
+
+
+def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
+            input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0,
+            seed2=0, num_proj=0, time_major=True, is_training=True):
+    """Run the RNN forward (TensorFlow's ``CudnnRNNV3``).
+
+    Parameters
+    ----------
+    input : array
+        ``[T, B, input_size]`` (``[B, T, input_size]`` if not `time_major`).
+    input_h : array
+        Initial hidden state ``[L·D, B, P]`` (``[B, L·D, P]`` if not `time_major`);
+        P is `num_proj` when set, else num_units. Its shape gives num_layers.
+    input_c : array or None
+        Initial cell state (LSTM only) ``[L·D, B, H]``, likewise; ignored otherwise.
+    params : array
+        1-D opaque weights, see :func:`canonical_to_params`.
+    sequence_lengths : array of int, optional
+        ``[B]`` lengths in ``[0, T]``, in any order; None means all T.
+    rnn_mode, input_mode, direction, num_proj
+        As in :func:`params_size`.
+    dropout : float
+        Drop probability of each layer's input after the first, in training only.
+    seed, seed2 : int
+        The dropout seed is ``(seed << 32) | (seed2 & 0xffffffff)``.
+    time_major : bool
+        Layout of data and states (states are really batch-major when False).
+    is_training : bool
+        Apply dropout and return a reserve_space for :func:`backprop`.
+
+    Returns
+    -------
+    output : array
+        ``[T, B, D·P]``; zero past each sequence's length.
+    output_h, output_c : array
+        Final states, shaped like the initial ones; output_c is empty ``(0,)`` unless LSTM.
+    reserve_space : array
+        Opaque uint8 for :func:`backprop`; empty when not `is_training`.
+    """
+    lstm = rnn_mode == "lstm"
+    backend = _backend(input=input, input_h=input_h, input_c=input_c if lstm else None,
+                       params=params)
+    problem = checks.check_forward(input, input_h, input_c, params, _host_lengths(sequence_lengths),
+                                   rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                                   dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
+                                   time_major=time_major, is_training=is_training)
+    return backend.forward(problem, input, input_h, input_c, params)
+
+
+def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
+             output_backprop, output_h_backprop, output_c_backprop, reserve_space, *,
+             rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
+             dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True):
+    """Backprop of data and weights (TensorFlow's ``CudnnRNNBackpropV3``).
+
+    Parameters
+    ----------
+    input, input_h, input_c, params, sequence_lengths
+        As given to :func:`forward`.
+    output, output_h, output_c, reserve_space
+        As :func:`forward` returned them (with ``is_training=True``).
+    output_backprop, output_h_backprop, output_c_backprop : array
+        Gradients of the loss with respect to the outputs; output_c_backprop is ignored
+        unless LSTM, and output_backprop past each sequence's length is ignored.
+    rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major
+        The same attributes as the forward call.
+
+    Returns
+    -------
+    input_backprop, input_h_backprop, input_c_backprop, params_backprop : array
+        Gradients shaped like input, input_h, input_c (empty ``(0,)`` unless LSTM) and params.
+    """
+    lstm = rnn_mode == "lstm"
+    backend = _backend(input=input, input_h=input_h, input_c=input_c if lstm else None,
+                       params=params, output=output, output_h=output_h,
+                       output_c=output_c if lstm else None, output_backprop=output_backprop,
+                       output_h_backprop=output_h_backprop,
+                       output_c_backprop=output_c_backprop if lstm else None,
+                       reserve_space=reserve_space)
+    problem = checks.check_forward(input, input_h, input_c, params, _host_lengths(sequence_lengths),
+                                   rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                                   dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
+                                   time_major=time_major, is_training=True)
+    checks.check_backprop(problem, output, output_h, output_c, output_backprop,
+                          output_h_backprop, output_c_backprop, reserve_space)
+    return backend.backprop(problem, input, input_h, input_c, params, output, output_h, output_c,
+                            output_backprop, output_h_backprop, output_c_backprop, reserve_space)

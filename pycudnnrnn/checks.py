@@ -1,0 +1,259 @@
+"""Every argument check, in one place, before any computation.
+
+The public functions call :func:`check_forward` or :func:`check_backprop` (or
+:func:`make_config` for the params functions) and hand the resulting :class:`Problem`
+to a backend, which may then trust every shape, dtype and attribute. Checks read only
+``.shape``, ``.ndim`` and ``.dtype``, so they work for any array type; sequence
+lengths arrive here already on the host.
+
+Errors are ``ValueError`` (shape, length, attribute value) or ``TypeError`` (dtype,
+type), and each message names the argument, what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import numpy as np
+
+from . import layout
+from .config import DIRECTIONS, INPUT_MODES, RNN_MODES, RNNConfig
+
+FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A validated call: the configuration plus the data's shapes.
+
+    Attributes
+    ----------
+    config : RNNConfig
+    max_time, batch_size : int
+        T and B.
+    time_major : bool
+    dtype : numpy.dtype
+        The data's dtype (float16, float32 or float64).
+    lengths : numpy.ndarray or None
+        int64 [B] sequence lengths; None when every sequence has length T.
+    is_training : bool
+    """
+
+    config: RNNConfig
+    max_time: int
+    batch_size: int
+    time_major: bool
+    dtype: np.dtype
+    lengths: np.ndarray | None
+    is_training: bool = True
+
+    def data_shape(self, width: int) -> tuple:
+        """Shape of input/output-like data of the given last dimension."""
+        T, B = self.max_time, self.batch_size
+        return (T, B, width) if self.time_major else (B, T, width)
+
+    def state_shape(self, width: int) -> tuple:
+        """Shape of input_h/input_c-like states of the given last dimension."""
+        LD, B = self.config.num_pseudo_layers, self.batch_size
+        return (LD, B, width) if self.time_major else (B, LD, width)
+
+    @property
+    def full_lengths(self) -> np.ndarray:
+        """The lengths as an array, T for every sequence when none were given."""
+        if self.lengths is None:
+            return np.full(self.batch_size, self.max_time, dtype=np.int64)
+        return self.lengths
+
+
+def _choice(name, value, allowed):
+    if not isinstance(value, str) or value not in allowed:
+        options = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"{name}: expected one of {options}, got {value!r}")
+    return value
+
+
+def _integer(name, value, minimum=None):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return value
+
+
+def _boolean(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def dropout_seed(seed, seed2) -> int:
+    """TensorFlow's two seeds as one 64-bit seed: ``(seed << 32) | (seed2 & 0xffffffff)``."""
+    seed, seed2 = _integer("seed", seed), _integer("seed2", seed2)
+    return ((seed << 32) | (seed2 & 0xFFFFFFFF)) & 0xFFFFFFFFFFFFFFFF
+
+
+def make_config(*, rnn_mode, num_layers, num_units, input_size, input_mode, direction,
+                num_proj, dropout=0.0, seed=0, seed2=0) -> RNNConfig:
+    """Validate the op's attributes and sizes and build an :class:`RNNConfig`."""
+    _choice("rnn_mode", rnn_mode, RNN_MODES)
+    _choice("input_mode", input_mode, INPUT_MODES)
+    _choice("direction", direction, DIRECTIONS)
+    num_layers = _integer("num_layers", num_layers, 1)
+    num_units = _integer("num_units", num_units, 1)
+    input_size = _integer("input_size", input_size, 1)
+    num_proj = _integer("num_proj", num_proj, 0)
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+        raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__} {dropout!r}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout: expected a float in [0, 1), got {dropout!r}")
+    if num_proj and rnn_mode != "lstm":
+        raise ValueError(f"num_proj: a projection needs rnn_mode='lstm', got num_proj={num_proj} "
+                         f"with rnn_mode={rnn_mode!r}")
+    if num_proj and num_proj >= num_units:
+        raise ValueError(f"num_proj: expected 0 < num_proj < num_units={num_units}, got {num_proj}")
+    if input_mode == "auto_select":
+        skip = input_size == num_units
+    else:
+        skip = input_mode == "skip_input"
+        if skip and input_size != num_units:
+            raise ValueError(f"input_mode: 'skip_input' needs input_size == num_units, got "
+                             f"input_size={input_size} and num_units={num_units}")
+    return RNNConfig(rnn_mode=rnn_mode, skip_input=skip, bidirectional=direction == "bidirectional",
+                     num_layers=num_layers, num_units=num_units, input_size=input_size,
+                     num_proj=num_proj, dropout=float(dropout), seed=dropout_seed(seed, seed2))
+
+
+def _dtype(name, array, expected=None):
+    if array is None:
+        raise TypeError(f"{name}: expected an array, got None")
+    dtype = np.dtype(array.dtype)
+    if expected is None:
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: expected dtype float16, float32 or float64, got {dtype}")
+    elif dtype != expected:
+        raise TypeError(f"{name}: expected dtype {expected} (the dtype of input), got {dtype}")
+    return dtype
+
+
+def _ndim(name, array, ndim, what):
+    if array.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D array {what}, got shape {tuple(array.shape)}")
+
+
+def _shape(name, array, expected, what):
+    if tuple(array.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)} {what}, got {tuple(array.shape)}")
+
+
+def check_lengths(sequence_lengths, batch_size, max_time):
+    """Validate host sequence lengths; None stays None (every sequence has length T)."""
+    if sequence_lengths is None:
+        return None
+    lengths = np.asarray(sequence_lengths)
+    if lengths.dtype.kind not in "iu":
+        raise TypeError(f"sequence_lengths: expected integers, got dtype {lengths.dtype}")
+    if lengths.shape != (batch_size,):
+        raise ValueError(f"sequence_lengths: expected shape ({batch_size},) (the batch size), "
+                         f"got {lengths.shape}")
+    bad = (lengths < 0) | (lengths > max_time)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"sequence_lengths: expected values in [0, {max_time}] (max_time), "
+                         f"got {int(lengths[b])} at index {b}")
+    return lengths.astype(np.int64)
+
+
+def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode,
+                  direction, dropout, seed, seed2, num_proj, time_major, is_training) -> Problem:
+    """Validate the arguments of :func:`pycudnnrnn.forward`; return the :class:`Problem`."""
+    _choice("rnn_mode", rnn_mode, RNN_MODES)
+    _choice("direction", direction, DIRECTIONS)
+    time_major = _boolean("time_major", time_major)
+    is_training = _boolean("is_training", is_training)
+    lstm = rnn_mode == "lstm"
+    D = 2 if direction == "bidirectional" else 1
+    layout_name = "[T, B, input_size]" if time_major else "[B, T, input_size]"
+    state_name = "[L·D, B, {}]" if time_major else "[B, L·D, {}]"
+
+    dtype = _dtype("input", input)
+    _ndim("input", input, 3, layout_name)
+    T, B = input.shape[:2] if time_major else input.shape[1::-1]
+    input_size = input.shape[2]
+    if T == 0 or B == 0 or input_size == 0:
+        raise ValueError(f"input: expected non-empty max_time, batch and input_size, got shape "
+                         f"{tuple(input.shape)} ({layout_name})")
+
+    _dtype("input_h", input_h, dtype)
+    _ndim("input_h", input_h, 3, state_name.format("P"))
+    LD = input_h.shape[0] if time_major else input_h.shape[1]
+    P = input_h.shape[2]
+    if LD == 0 or LD % D or P == 0:
+        raise ValueError(f"input_h: expected shape {state_name.format('P')} with L·D a positive "
+                         f"multiple of D={D} and P > 0, got {tuple(input_h.shape)}")
+    num_layers = LD // D
+    state = (LD, B) if time_major else (B, LD)
+    _shape("input_h", input_h, state + (P,), state_name.format("P"))
+
+    if lstm:
+        if input_c is None:
+            raise TypeError("input_c: expected an array for rnn_mode='lstm', got None")
+        _dtype("input_c", input_c, dtype)
+        _ndim("input_c", input_c, 3, state_name.format("H"))
+        H = input_c.shape[2]
+        _shape("input_c", input_c, state + (H,), state_name.format("H"))
+    else:
+        H = P
+    num_proj = _integer("num_proj", num_proj, 0)
+    if num_proj and lstm and P != num_proj:
+        raise ValueError(f"input_h: expected last dimension num_proj={num_proj}, got shape "
+                         f"{tuple(input_h.shape)}")
+    if lstm and not num_proj and P != H:
+        raise ValueError(f"input_h: expected last dimension num_units={H} (input_c's; no "
+                         f"projection since num_proj=0), got shape {tuple(input_h.shape)}")
+
+    config = make_config(rnn_mode=rnn_mode, num_layers=num_layers, num_units=H,
+                         input_size=input_size, input_mode=input_mode, direction=direction,
+                         num_proj=num_proj, dropout=dropout, seed=seed, seed2=seed2)
+
+    _dtype("params", params, dtype)
+    _ndim("params", params, 1, "[params_size]")
+    expected = layout.params_size(config)
+    if params.shape[0] != expected:
+        raise ValueError(f"params: expected {expected} elements (params_size for this "
+                         f"configuration), got {params.shape[0]}")
+
+    lengths = check_lengths(sequence_lengths, B, T)
+    return Problem(config, T, B, time_major, dtype, lengths, is_training)
+
+
+def check_backprop(problem: Problem, output, output_h, output_c, output_backprop,
+                   output_h_backprop, output_c_backprop, reserve_space):
+    """Validate the arguments :func:`pycudnnrnn.backprop` adds to those of forward."""
+    c = problem.config
+    dtype = problem.dtype
+    out_shape = problem.data_shape(c.num_dirs * c.state_size)
+    h_shape = problem.state_shape(c.state_size)
+    c_shape = problem.state_shape(c.num_units)
+    data_what = "([T, B, D·P])" if problem.time_major else "([B, T, D·P])"
+    state_what = "(the shape of input_h)"
+    checks = [("output", output, out_shape, data_what),
+              ("output_h", output_h, h_shape, state_what),
+              ("output_backprop", output_backprop, out_shape, data_what),
+              ("output_h_backprop", output_h_backprop, h_shape, state_what)]
+    if c.is_lstm:
+        checks += [("output_c", output_c, c_shape, "(the shape of input_c)"),
+                   ("output_c_backprop", output_c_backprop, c_shape, "(the shape of input_c)")]
+    for name, array, shape, what in checks:
+        _dtype(name, array, dtype)
+        _shape(name, array, shape, what)
+    if reserve_space is None:
+        raise TypeError("reserve_space: expected the array forward(..., is_training=True) "
+                        "returned, got None")
+    if reserve_space.ndim != 1:
+        raise ValueError(f"reserve_space: expected a 1-D array from forward, got shape "
+                         f"{tuple(reserve_space.shape)}")
+    if reserve_space.shape[0] == 0:
+        raise ValueError("reserve_space: expected the array forward(..., is_training=True) "
+                         "returned, got an empty one (forward ran with is_training=False)")

@@ -1,0 +1,84 @@
+"""The static description of one RNN: what the op's attributes and shapes determine.
+
+`RNNConfig` is built only by :mod:`pycudnnrnn.checks` (which validates it) and read by
+everything else: the params layout, both backends and the descriptor cache, for which
+it is the hashable key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+RNN_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+INPUT_MODES = ("linear_input", "skip_input", "auto_select")
+DIRECTIONS = ("unidirectional", "bidirectional")
+
+#: Gate names in cuDNN's (and TensorFlow's canonical) order, per mode.
+GATES = {
+    "lstm": ("i", "f", "c", "o"),
+    "gru": ("r", "z", "h"),
+    "rnn_tanh": ("h",),
+    "rnn_relu": ("h",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RNNConfig:
+    """Everything that fixes the params layout and the computation, but no data.
+
+    Attributes
+    ----------
+    rnn_mode : {"lstm", "gru", "rnn_tanh", "rnn_relu"}
+    skip_input : bool
+        True for ``skip_input`` (``auto_select`` already resolved).
+    bidirectional : bool
+    num_layers, num_units, input_size : int
+    num_proj : int
+        0 when there is no projection.
+    dropout : float
+        Probability of dropping a unit of a layer's input (layers after the first).
+    seed : int
+        The combined 64-bit dropout seed.
+    """
+
+    rnn_mode: str
+    skip_input: bool
+    bidirectional: bool
+    num_layers: int
+    num_units: int
+    input_size: int
+    num_proj: int = 0
+    dropout: float = 0.0
+    seed: int = 0
+
+    @property
+    def num_dirs(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def num_gates(self) -> int:
+        return len(GATES[self.rnn_mode])
+
+    @property
+    def state_size(self) -> int:
+        """P: the width of h (num_proj with a projection, else num_units)."""
+        return self.num_proj or self.num_units
+
+    @property
+    def num_pseudo_layers(self) -> int:
+        return self.num_layers * self.num_dirs
+
+    @property
+    def is_lstm(self) -> bool:
+        return self.rnn_mode == "lstm"
+
+    def layer_input_size(self, layer: int) -> int:
+        """Width of the input of `layer`: input_size for layer 0, D·P after."""
+        return self.input_size if layer == 0 else self.num_dirs * self.state_size
+
+    def has_input_matrices(self, layer: int) -> bool:
+        """Whether `layer` has input matrices (skip_input drops them on layer 0)."""
+        return not (self.skip_input and layer == 0)
+
+    def with_dropout(self, dropout: float, seed: int) -> "RNNConfig":
+        return dataclasses.replace(self, dropout=dropout, seed=seed)

@@ -1,0 +1,176 @@
+"""Where every matrix and bias lives in the opaque ``params`` buffer.
+
+The buffer mirrors cuDNN's weight space, in the order JAX's ``jax.experimental.rnn``
+documents after testing it against cuDNN::
+
+    [ matrices of pseudo-layer 0 | matrices of pseudo-layer 1 | ... |
+      biases of pseudo-layer 0   | biases of pseudo-layer 1   | ... ]
+
+Pseudo-layer ``k = layer * D + direction``. Within one pseudo-layer the matrices are
+the input matrices gate by gate, then the recurrent matrices gate by gate, then (LSTM
+with projection) the projection matrix; the biases are the input biases gate by gate,
+then the recurrent biases gate by gate. Every matrix is row-major ``[out, in]``.
+
+Example: a one-layer unidirectional GRU with input_size 3 and num_units 2 has
+``3·(2·3) + 3·(2·2) = 30`` matrix elements followed by ``2·3·2 = 12`` bias elements;
+``W_z`` (the update gate's input matrix) is ``params[6:12].reshape(2, 3)``.
+
+Two placements are not documented by NVIDIA and are this project's choice, made here
+and nowhere else: the projection matrix ``[P, H]`` follows the recurrent matrices of
+its pseudo-layer, and ``skip_input`` removes layer 0's input matrices while keeping its
+input biases. The cuDNN backend checks this table against ``cudnnGetRNNWeightParams``.
+
+Because the canonical lists (see :func:`canonical_shapes`) are in the same order as the
+buffer, converting between them is a concatenation or a split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from .config import GATES, RNNConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """One matrix or bias vector of the params buffer.
+
+    Attributes
+    ----------
+    kind : {"weight", "bias"}
+    pseudo_layer : int
+    role : {"input", "recurrent", "projection"}
+    gate : str or None
+        Gate name from :data:`pycudnnrnn.config.GATES`; None for the projection.
+    shape : tuple of int
+    offset : int
+        Element offset in the buffer.
+    """
+
+    kind: str
+    pseudo_layer: int
+    role: str
+    gate: str | None
+    shape: tuple
+    offset: int
+
+    @property
+    def size(self) -> int:
+        size = 1
+        for n in self.shape:
+            size *= n
+        return size
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.size
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """A run of consecutive pieces of one pseudo-layer, viewed as one array.
+
+    The gate matrices of one role are consecutive, so ``params[offset:stop]`` reshaped
+    to `shape` stacks them as ``[G·H, in]`` (or ``[G·H]`` for biases), gates in cuDNN
+    order. That is how the backends use the buffer.
+    """
+
+    offset: int
+    shape: tuple
+
+    @property
+    def stop(self) -> int:
+        size = 1
+        for n in self.shape:
+            size *= n
+        return self.offset + size
+
+    def view(self, params):
+        """The block of `params` (NumPy or CuPy 1-D array) as a reshaped view."""
+        return params[self.offset:self.stop].reshape(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class PseudoLayerBlocks:
+    """The stacked blocks of one pseudo-layer; absent ones are None."""
+
+    w_input: Block | None
+    w_recurrent: Block
+    w_projection: Block | None
+    b_input: Block
+    b_recurrent: Block
+
+
+def _pseudo_layer_shapes(config: RNNConfig, k: int):
+    """(role, gate, shape) of the matrices, then of the biases, of pseudo-layer k."""
+    gates = GATES[config.rnn_mode]
+    H, P = config.num_units, config.state_size
+    layer = k // config.num_dirs
+    matrices = []
+    if config.has_input_matrices(layer):
+        matrices += [("input", g, (H, config.layer_input_size(layer))) for g in gates]
+    matrices += [("recurrent", g, (H, P)) for g in gates]
+    if config.num_proj:
+        matrices.append(("projection", None, (P, H)))
+    biases = [("input", g, (H,)) for g in gates] + [("recurrent", g, (H,)) for g in gates]
+    return matrices, biases
+
+
+@functools.lru_cache(maxsize=256)
+def pieces(config: RNNConfig) -> tuple[Piece, ...]:
+    """The whole offset table: all matrices, then all biases, in buffer order."""
+    per_layer = [_pseudo_layer_shapes(config, k) for k in range(config.num_pseudo_layers)]
+    table, offset = [], 0
+    for kind, index in (("weight", 0), ("bias", 1)):
+        for k, shapes in enumerate(per_layer):
+            for role, gate, shape in shapes[index]:
+                piece = Piece(kind, k, role, gate, shape, offset)
+                table.append(piece)
+                offset = piece.stop
+    return tuple(table)
+
+
+def params_size(config: RNNConfig) -> int:
+    """Number of elements of the params buffer."""
+    return pieces(config)[-1].stop
+
+
+def canonical_shapes(config: RNNConfig) -> tuple[list[tuple], list[tuple]]:
+    """Shapes of the canonical ``weights`` and ``biases`` lists, in order."""
+    table = pieces(config)
+    return ([p.shape for p in table if p.kind == "weight"],
+            [p.shape for p in table if p.kind == "bias"])
+
+
+@functools.lru_cache(maxsize=256)
+def pseudo_layer_blocks(config: RNNConfig) -> tuple[PseudoLayerBlocks, ...]:
+    """For each pseudo-layer, its matrices and biases as stacked blocks."""
+    result = []
+    for k in range(config.num_pseudo_layers):
+        mine = [p for p in pieces(config) if p.pseudo_layer == k]
+
+        def block(kind, role):
+            run = [p for p in mine if p.kind == kind and p.role == role]
+            if not run:
+                return None
+            rows = sum(p.shape[0] for p in run)
+            return Block(run[0].offset, (rows,) + run[0].shape[1:])
+
+        result.append(PseudoLayerBlocks(
+            w_input=block("weight", "input"),
+            w_recurrent=block("weight", "recurrent"),
+            w_projection=block("weight", "projection"),
+            b_input=block("bias", "input"),
+            b_recurrent=block("bias", "recurrent"),
+        ))
+    return tuple(result)
+
+
+def split(params, config: RNNConfig):
+    """Canonical ``(weights, biases)`` lists as views of a 1-D `params` array."""
+    weights, biases = [], []
+    for p in pieces(config):
+        (weights if p.kind == "weight" else biases).append(
+            params[p.offset:p.stop].reshape(p.shape))
+    return weights, biases

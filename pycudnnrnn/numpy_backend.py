@@ -1,0 +1,528 @@
+"""The CPU backend: cuDNN's RNN math in NumPy, forward and backprop.
+
+It is the oracle for the cuDNN backend and a real CPU fallback, so it is written for
+speed as well as for reading against cuDNN's equations (see ``docs/semantics.md``):
+
+* The batch is sorted by length, longest first, once per call. At every time step the
+  sequences still running are then a prefix ``[:k]`` of the batch in *both*
+  directions, so each step works on plain slices: no masks, no Python loop over the
+  batch. A sequence's state simply stops changing after its last step, which is
+  exactly what output_h must hold; zero-length sequences never start.
+* Data is time-major ``[T, B, width]`` inside. The input transform of all time steps
+  is one matrix product per pseudo-layer outside the time loop; so are all weight
+  gradients, from the per-step gate gradients kept in one array.
+* Gates are kept with the sigmoid gates first (LSTM i, f, o, c; GRU r, z, h), whose
+  pre-activations are pre-scaled by ½ so that one ``tanh`` over all gates and one
+  multiply-add give ``σ(x) = ½·tanh(x/2) + ½``.
+* float16 computes in float32, as cuDNN does.
+
+``reserve_space`` is a uint8 array: a header that identifies the forward call that
+made it, then the activations backprop needs (layer outputs, gate activations, LSTM
+cells, GRU's ``R_h·h + b_Rh``, dropout masks) in the compute dtype.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from . import layout
+from .checks import Problem
+
+_MAGIC = b"pycudnnrnn-cpu\x00\x01"
+_HEADER_BYTES = 32  # magic (16) + fingerprint of the call (16)
+
+
+def _compute_dtype(dtype):
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+# --------------------------------------------------------------------------- batch order
+
+class _Batch:
+    """The length-sorted order of the batch and how many sequences run at each step."""
+
+    def __init__(self, problem: Problem):
+        lengths = problem.full_lengths
+        self.order = np.argsort(-lengths, kind="stable")
+        self.inverse = np.argsort(self.order, kind="stable")
+        self.lengths = lengths[self.order]
+        steps = np.arange(problem.max_time)
+        self.active = np.count_nonzero(self.lengths[None, :] > steps[:, None], axis=1).tolist()
+        self.ragged = problem.lengths is not None and bool((self.lengths < problem.max_time).any())
+
+    def data_in(self, x, time_major, dtype):
+        """Caller's data → sorted, time-major, contiguous, compute dtype, zero padding."""
+        x = x if time_major else x.swapaxes(0, 1)
+        x = np.ascontiguousarray(x[:, self.order], dtype=dtype)
+        if self.ragged:
+            # Padding may hold anything (even NaN); zero it so no product can see it.
+            x[np.arange(x.shape[0])[:, None] >= self.lengths[None, :]] = 0
+        return x
+
+    def state_in(self, s, time_major, dtype):
+        s = s if time_major else s.swapaxes(0, 1)
+        return np.ascontiguousarray(s[:, self.order], dtype=dtype)
+
+    def data_out(self, x, time_major, dtype):
+        x = x[:, self.inverse]
+        return np.ascontiguousarray(x if time_major else x.swapaxes(0, 1), dtype=dtype)
+
+    state_out = data_out
+
+    def previous(self, outputs, initial, reverse):
+        """The state each step started from, ``[T, B, W]``, for all steps at once."""
+        prev = np.empty_like(outputs)
+        if not reverse:
+            prev[0] = initial
+            prev[1:] = outputs[:-1]
+        else:
+            prev[:-1] = outputs[1:]
+            prev[-1] = initial
+            started = np.flatnonzero(self.lengths)
+            prev[self.lengths[started] - 1, started] = initial[started]
+        return prev
+
+
+# --------------------------------------------------------------------------- reserve space
+
+def _fingerprint(problem: Problem) -> bytes:
+    key = repr((problem.config, problem.max_time, problem.batch_size, str(problem.dtype),
+                problem.full_lengths.tolist())).encode()
+    return hashlib.blake2b(key, digest_size=16).digest()
+
+
+def _dropout_layers(problem: Problem):
+    c = problem.config
+    if problem.is_training and c.dropout > 0:
+        return range(1, c.num_layers)
+    return range(0)
+
+
+def _reserve_entries(problem: Problem):
+    c = problem.config
+    T, B, H = problem.max_time, problem.batch_size, c.num_units
+    width = c.num_dirs * c.state_size
+    entries = [(f"y{l}", (T, B, width)) for l in range(c.num_layers)]
+    entries += [(f"mask{l}", (T, B, width)) for l in _dropout_layers(problem)]
+    if c.rnn_mode in ("lstm", "gru"):
+        entries += [(f"gates{k}", (T, B, c.num_gates * H)) for k in range(c.num_pseudo_layers)]
+        extra = "c" if c.is_lstm else "hr"
+        entries += [(f"{extra}{k}", (T, B, H)) for k in range(c.num_pseudo_layers)]
+    return entries
+
+
+def reserve_nbytes(problem: Problem) -> int:
+    """Bytes of the reserve_space forward makes for this problem."""
+    itemsize = _compute_dtype(problem.dtype).itemsize
+    return _HEADER_BYTES + itemsize * sum(int(np.prod(s)) for _, s in _reserve_entries(problem))
+
+
+def _carve(buffer, problem):
+    """Named views of a reserve buffer's data part."""
+    data = buffer[_HEADER_BYTES:].view(_compute_dtype(problem.dtype))
+    views, offset = {}, 0
+    for name, shape in _reserve_entries(problem):
+        size = int(np.prod(shape))
+        views[name] = data[offset:offset + size].reshape(shape)
+        offset += size
+    return views
+
+
+def _new_reserve(problem):
+    buffer = np.zeros(reserve_nbytes(problem), dtype=np.uint8)
+    buffer[:16] = np.frombuffer(_MAGIC, dtype=np.uint8)
+    buffer[16:32] = np.frombuffer(_fingerprint(problem), dtype=np.uint8)
+    return buffer
+
+
+def _open_reserve(reserve_space, problem):
+    """Check a reserve_space from forward belongs to this call; return its views."""
+    expected = reserve_nbytes(problem)
+    if reserve_space.dtype != np.uint8 or bytes(reserve_space[:16]) != _MAGIC:
+        raise ValueError("reserve_space: expected the uint8 array made by the NumPy "
+                         f"backend's forward, got a foreign {reserve_space.dtype} array of "
+                         f"{reserve_space.shape[0]} elements")
+    if reserve_space.shape[0] != expected:
+        raise ValueError(f"reserve_space: expected {expected} bytes for this configuration "
+                         f"and these shapes, got {reserve_space.shape[0]}")
+    if bytes(reserve_space[16:32]) != _fingerprint(problem):
+        raise ValueError("reserve_space: made by a forward call with a different "
+                         "configuration, dropout, dtype or sequence_lengths than this backprop")
+    return _carve(np.ascontiguousarray(reserve_space), problem)
+
+
+def _dropout_mask(problem, layer, batch, dtype):
+    """Keep-mask of layer `layer`'s input, scaled by 1/(1-p); reproducible from the seed."""
+    c = problem.config
+    rng = np.random.Generator(np.random.PCG64([c.seed, layer]))
+    shape = (problem.max_time, problem.batch_size, c.num_dirs * c.state_size)
+    keep = rng.random(shape, dtype=np.float32) >= c.dropout
+    return (keep[:, batch.order] / (1.0 - c.dropout)).astype(dtype)
+
+
+# --------------------------------------------------------------------------- weights
+
+def _gate_rows(config):
+    """Row indices taking canonical gate order to the backend's (sigmoid gates first)."""
+    H = config.num_units
+    gate_order = (0, 1, 3, 2) if config.is_lstm else tuple(range(config.num_gates))
+    return np.concatenate([np.arange(g * H, (g + 1) * H) for g in gate_order])
+
+
+def _sigmoid_width(config):
+    """How many leading (reordered) gate columns are sigmoid gates."""
+    return {"lstm": 3, "gru": 2}.get(config.rnn_mode, 0) * config.num_units
+
+
+class _Weights:
+    """One pseudo-layer's weights in the backend's gate order and compute dtype."""
+
+    def __init__(self, params, blocks, config, dtype):
+        rows = _gate_rows(config)
+        self.rows = rows
+        take = lambda block: None if block is None else block.view(params)
+        self.w_input = None if blocks.w_input is None else take(blocks.w_input)[rows].astype(dtype)
+        self.w_rec = take(blocks.w_recurrent)[rows].astype(dtype)          # [GH, P]
+        self.w_proj = None if blocks.w_projection is None else take(blocks.w_projection).astype(dtype)
+        self.b_input = take(blocks.b_input)[rows].astype(dtype)
+        self.b_rec = take(blocks.b_recurrent)[rows].astype(dtype)
+        # Biases that can join the input transform: both, except GRU's recurrent ones,
+        # which sit inside r ⊙ (R_h h + b_Rh).
+        self.b_xw = self.b_input if config.rnn_mode == "gru" else self.b_input + self.b_rec
+        scale = np.ones(len(rows), dtype=dtype)
+        scale[:_sigmoid_width(config)] = 0.5
+        self.scale = scale
+
+
+def _input_transform(x, weights, config, gh):
+    """Input-side pre-activations of all steps at once, ``W x + b``, as [T, B, G·H]."""
+    T, B, width = x.shape
+    if weights.w_input is None:  # skip input: x is added to every gate
+        xw = np.empty((T, B, gh), dtype=x.dtype)
+        xw.reshape(T, B, gh // width, width)[:] = x[:, :, None, :]
+    else:
+        xw = np.matmul(x.reshape(T * B, width), weights.w_input.T).reshape(T, B, gh)
+    xw += weights.b_xw
+    return xw
+
+
+def _input_gradient(dxw, weights, width):
+    """Gradient of the pseudo-layer's input from its input-gate gradients [T, B, G·H]."""
+    T, B, gh = dxw.shape
+    if weights.w_input is None:
+        return dxw.reshape(T, B, gh // width, width).sum(axis=2)
+    return np.matmul(dxw.reshape(T * B, gh), weights.w_input).reshape(T, B, width)
+
+
+# --------------------------------------------------------------------------- cells, forward
+
+def _steps(T, reverse):
+    return range(T - 1, -1, -1) if reverse else range(T)
+
+
+def _lstm_forward(xw, w, h, c, y, store, active, reverse):
+    H = c.shape[1]
+    gates, cells = store["gates"], store["c"]
+    rec = np.ascontiguousarray((w.w_rec * w.scale[:, None]).T)  # pre-scaled, [P, 4H]
+    proj = None if w.w_proj is None else np.ascontiguousarray(w.w_proj.T)
+    xw *= w.scale
+    tmp = np.empty_like(c)
+    m = np.empty_like(c)
+    for t in _steps(len(active), reverse):
+        k = active[t]
+        if k == 0:
+            continue
+        g = gates[t, :k]
+        np.matmul(h[:k], rec, out=g)
+        g += xw[t, :k]
+        np.tanh(g, out=g)
+        sig = g[:, :3 * H]
+        sig *= 0.5
+        sig += 0.5
+        ck, tk = c[:k], tmp[:k]
+        ck *= g[:, H:2 * H]
+        np.multiply(g[:, :H], g[:, 3 * H:], out=tk)
+        ck += tk
+        cells[t, :k] = ck
+        np.tanh(ck, out=tk)
+        if proj is None:
+            np.multiply(g[:, 2 * H:3 * H], tk, out=h[:k])
+        else:
+            np.multiply(g[:, 2 * H:3 * H], tk, out=m[:k])
+            np.matmul(m[:k], proj, out=h[:k])
+        y[t, :k] = h[:k]
+
+
+def _gru_forward(xw, w, h, c, y, store, active, reverse):
+    H = h.shape[1]
+    gates, hr_store = store["gates"], store["hr"]
+    rec = np.ascontiguousarray((w.w_rec * w.scale[:, None]).T)  # r, z pre-scaled
+    b_rec = w.b_rec * w.scale
+    xw *= w.scale
+    hr = np.empty((h.shape[0], 3 * H), dtype=h.dtype)
+    tmp = np.empty_like(h)
+    for t in _steps(len(active), reverse):
+        k = active[t]
+        if k == 0:
+            continue
+        g, r_k = gates[t, :k], hr[:k]
+        np.matmul(h[:k], rec, out=r_k)
+        r_k += b_rec
+        rz = g[:, :2 * H]
+        np.add(xw[t, :k, :2 * H], r_k[:, :2 * H], out=rz)
+        np.tanh(rz, out=rz)
+        rz *= 0.5
+        rz += 0.5
+        hr_store[t, :k] = r_k[:, 2 * H:]
+        n = g[:, 2 * H:]
+        np.multiply(g[:, :H], r_k[:, 2 * H:], out=n)
+        n += xw[t, :k, 2 * H:]
+        np.tanh(n, out=n)
+        tk = tmp[:k]
+        np.subtract(h[:k], n, out=tk)
+        tk *= g[:, H:2 * H]
+        np.add(tk, n, out=h[:k])
+        y[t, :k] = h[:k]
+
+
+def _rnn_forward(activation):
+    def forward(xw, w, h, c, y, store, active, reverse):
+        rec = np.ascontiguousarray(w.w_rec.T)
+        pre = np.empty_like(h)
+        for t in _steps(len(active), reverse):
+            k = active[t]
+            if k == 0:
+                continue
+            p = pre[:k]
+            np.matmul(h[:k], rec, out=p)
+            p += xw[t, :k]
+            activation(p, out=h[:k])
+            y[t, :k] = h[:k]
+    return forward
+
+
+_relu = lambda x, out: np.maximum(x, 0, out=out)
+_FORWARD = {"lstm": _lstm_forward, "gru": _gru_forward,
+            "rnn_tanh": _rnn_forward(np.tanh), "rnn_relu": _rnn_forward(_relu)}
+
+
+# --------------------------------------------------------------------------- cells, backward
+
+def _lstm_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
+    """Returns the input-side and recurrent gate gradients (the same array for LSTM)."""
+    T = dy.shape[0]
+    H = dc.shape[1]
+    gates, cells = store["gates"], store["c"]
+    i, f, o, g = (gates[..., j * H:(j + 1) * H] for j in range(4))
+    tanh_c = np.tanh(cells)
+    do_dm = tanh_c                       # d(m)/d(o)
+    dc_dm = o * (1 - tanh_c * tanh_c)    # d(m)/d(c), through tanh
+    act_grad = np.empty_like(gates)      # derivative of each gate's activation
+    sig = gates[..., :3 * H]
+    np.multiply(sig, 1 - sig, out=act_grad[..., :3 * H])
+    np.multiply(g, g, out=act_grad[..., 3 * H:])
+    np.subtract(1, act_grad[..., 3 * H:], out=act_grad[..., 3 * H:])
+    dgates = np.zeros_like(gates)
+    dhs = None if w.w_proj is None else np.zeros(dy.shape, dtype=dy.dtype)
+    rec = w.w_rec
+    dm_buf = np.empty_like(dc)
+    tmp = np.empty_like(dc)
+    for t in _steps(T, not reverse):
+        k = batch.active[t]
+        if k == 0:
+            continue
+        dh_k = dh[:k]
+        dh_k += dy[t, :k]
+        if dhs is None:
+            dm = dh_k
+        else:
+            dhs[t, :k] = dh_k
+            dm = np.matmul(dh_k, w.w_proj, out=dm_buf[:k])
+        dg = dgates[t, :k]
+        dc_k, t_k = dc[:k], tmp[:k]
+        np.multiply(dm, do_dm[t, :k], out=dg[:, 2 * H:3 * H])
+        np.multiply(dm, dc_dm[t, :k], out=t_k)
+        dc_k += t_k
+        np.multiply(dc_k, g[t, :k], out=dg[:, :H])
+        np.multiply(dc_k, prev_c[t, :k], out=dg[:, H:2 * H])
+        np.multiply(dc_k, i[t, :k], out=dg[:, 3 * H:])
+        dg *= act_grad[t, :k]
+        dc_k *= f[t, :k]
+        np.matmul(dg, rec, out=dh_k)
+    grads = {}
+    if dhs is not None:
+        m = o * tanh_c
+        grads["w_proj"] = np.matmul(dhs.reshape(-1, dhs.shape[2]).T, m.reshape(-1, H))
+    return dgates, dgates, grads
+
+
+def _gru_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
+    T = dy.shape[0]
+    H = dh.shape[1]
+    gates, hr = store["gates"], store["hr"]
+    r, z, n = (gates[..., j * H:(j + 1) * H] for j in range(3))
+    dn_dh = (1 - z) * (1 - n * n)           # d(h')/d(n) · tanh'
+    dz_dh = (prev_h - n) * z * (1 - z)      # d(h')/d(z) · σ'
+    dr_dn = hr * r * (1 - r)                # d(n pre-act)/d(r) · σ'
+    dxg = np.zeros_like(gates)
+    dhg = np.zeros_like(gates)
+    rec = w.w_rec
+    tmp = np.empty_like(dh)
+    for t in _steps(T, not reverse):
+        k = batch.active[t]
+        if k == 0:
+            continue
+        dh_k = dh[:k]
+        dh_k += dy[t, :k]
+        dx_t, dh_t = dxg[t, :k], dhg[t, :k]
+        np.multiply(dh_k, dn_dh[t, :k], out=dx_t[:, 2 * H:])
+        np.multiply(dh_k, dz_dh[t, :k], out=dx_t[:, H:2 * H])
+        np.multiply(dx_t[:, 2 * H:], dr_dn[t, :k], out=dx_t[:, :H])
+        dh_t[:, :2 * H] = dx_t[:, :2 * H]
+        np.multiply(dx_t[:, 2 * H:], r[t, :k], out=dh_t[:, 2 * H:])
+        dh_k *= z[t, :k]
+        t_k = tmp[:k]
+        np.matmul(dh_t, rec, out=t_k)
+        dh_k += t_k
+    return dxg, dhg, {}
+
+
+def _rnn_backward(derivative):
+    def backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
+        act_grad = derivative(store["y"])
+        dgates = np.zeros_like(dy)
+        rec = w.w_rec
+        for t in _steps(dy.shape[0], not reverse):
+            k = batch.active[t]
+            if k == 0:
+                continue
+            dh_k = dh[:k]
+            dh_k += dy[t, :k]
+            dg = dgates[t, :k]
+            np.multiply(dh_k, act_grad[t, :k], out=dg)
+            np.matmul(dg, rec, out=dh_k)
+        return dgates, dgates, {}
+    return backward
+
+
+_BACKWARD = {"lstm": _lstm_backward, "gru": _gru_backward,
+             "rnn_tanh": _rnn_backward(lambda y: 1 - y * y),
+             "rnn_relu": _rnn_backward(lambda y: (y > 0).astype(y.dtype))}
+
+
+# --------------------------------------------------------------------------- the passes
+
+def _pseudo_store(views, config, layer, direction):
+    """The reserve views one pseudo-layer reads and writes."""
+    k = layer * config.num_dirs + direction
+    P = config.state_size
+    store = {"y": views[f"y{layer}"][..., direction * P:(direction + 1) * P]}
+    for name in ("gates", "c", "hr"):
+        if f"{name}{k}" in views:
+            store[name] = views[f"{name}{k}"]
+    return k, store
+
+
+def _layer_input(views, x0, layer):
+    x = x0 if layer == 0 else views[f"y{layer - 1}"]
+    if f"mask{layer}" in views:
+        x = x * views[f"mask{layer}"]
+    return x
+
+
+def forward(problem: Problem, input, input_h, input_c, params):
+    """Forward pass on NumPy arrays; see :func:`pycudnnrnn.forward`."""
+    c = problem.config
+    cdt = _compute_dtype(problem.dtype)
+    batch = _Batch(problem)
+    x0 = batch.data_in(input, problem.time_major, cdt)
+    h = batch.state_in(input_h, problem.time_major, cdt)
+    cell = batch.state_in(input_c, problem.time_major, cdt) if c.is_lstm else None
+    reserve = _new_reserve(problem) if problem.is_training else \
+        np.zeros(reserve_nbytes(problem), dtype=np.uint8)
+    views = _carve(reserve, problem)
+    for layer in _dropout_layers(problem):
+        views[f"mask{layer}"][:] = _dropout_mask(problem, layer, batch, cdt)
+
+    blocks = layout.pseudo_layer_blocks(c)
+    gh = c.num_gates * c.num_units
+    step = _FORWARD[c.rnn_mode]
+    for layer in range(c.num_layers):
+        x = _layer_input(views, x0, layer)
+        for direction in range(c.num_dirs):
+            k, store = _pseudo_store(views, c, layer, direction)
+            w = _Weights(params, blocks[k], c, cdt)
+            step(_input_transform(x, w, c, gh), w, h[k], None if cell is None else cell[k],
+                 store["y"], store, batch.active, reverse=direction == 1)
+
+    dtype, tm = problem.dtype, problem.time_major
+    output = batch.data_out(views[f"y{c.num_layers - 1}"], tm, dtype)
+    output_h = batch.state_out(h, tm, dtype)
+    output_c = batch.state_out(cell, tm, dtype) if c.is_lstm else np.zeros((0,), dtype)
+    if not problem.is_training:
+        reserve = np.zeros((0,), dtype=np.uint8)
+    return output, output_h, output_c, reserve
+
+
+def backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,
+             output_backprop, output_h_backprop, output_c_backprop, reserve_space):
+    """Backprop of data and weights on NumPy arrays; see :func:`pycudnnrnn.backprop`.
+
+    `output`, `output_h` and `output_c` are not read: the reserve space holds what
+    forward computed, so a caller cannot make the two disagree.
+    """
+    c = problem.config
+    cdt = _compute_dtype(problem.dtype)
+    views = _open_reserve(reserve_space, problem)
+    batch = _Batch(problem)
+    tm = problem.time_major
+    x0 = batch.data_in(input, tm, cdt)
+    h0 = batch.state_in(input_h, tm, cdt)
+    c0 = batch.state_in(input_c, tm, cdt) if c.is_lstm else None
+    dh = batch.state_in(output_h_backprop, tm, cdt)
+    dc = batch.state_in(output_c_backprop, tm, cdt) if c.is_lstm else None
+    dy = batch.data_in(output_backprop, tm, cdt)
+
+    blocks = layout.pseudo_layer_blocks(c)
+    dparams = np.zeros(layout.params_size(c), dtype=cdt)
+    backward = _BACKWARD[c.rnn_mode]
+    P = c.state_size
+    for layer in reversed(range(c.num_layers)):
+        x = _layer_input(views, x0, layer)
+        dx = np.zeros(x.shape, dtype=cdt)
+        for direction in range(c.num_dirs):
+            k, store = _pseudo_store(views, c, layer, direction)
+            reverse = direction == 1
+            w = _Weights(params, blocks[k], c, cdt)
+            prev_h = batch.previous(store["y"], h0[k], reverse)
+            prev_c = batch.previous(store["c"], c0[k], reverse) if c.is_lstm else None
+            dxg, dhg, extra = backward(dy[..., direction * P:(direction + 1) * P], dh[k],
+                                       None if dc is None else dc[k], w, store, prev_h,
+                                       prev_c, batch, reverse)
+            dx += _input_gradient(dxg, w, x.shape[2])
+            _store_weight_grads(dparams, blocks[k], w, x, prev_h, dxg, dhg, extra)
+        if f"mask{layer}" in views:
+            dx *= views[f"mask{layer}"]
+        dy = dx
+
+    dtype = problem.dtype
+    return (batch.data_out(dy, tm, dtype),
+            batch.state_out(dh, tm, dtype),
+            batch.state_out(dc, tm, dtype) if c.is_lstm else np.zeros((0,), dtype),
+            dparams.astype(dtype, copy=False))
+
+
+def _store_weight_grads(dparams, blocks, w, x, prev_h, dxg, dhg, extra):
+    """All weight and bias gradients of one pseudo-layer, as a few large products."""
+    gh = dxg.shape[2]
+    dxg2, dhg2 = dxg.reshape(-1, gh), dhg.reshape(-1, gh)
+    rows = w.rows
+    if blocks.w_input is not None:
+        blocks.w_input.view(dparams)[rows] = dxg2.T @ x.reshape(-1, x.shape[2])
+    blocks.w_recurrent.view(dparams)[rows] = dhg2.T @ prev_h.reshape(-1, prev_h.shape[2])
+    blocks.b_input.view(dparams)[rows] = dxg2.sum(axis=0)
+    blocks.b_recurrent.view(dparams)[rows] = dhg2.sum(axis=0)
+    if blocks.w_projection is not None:
+        blocks.w_projection.view(dparams)[:] = extra["w_proj"]

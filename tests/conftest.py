@@ -1,0 +1,84 @@
+"""Shared builders: a random, reproducible RNN problem for any configuration."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import pycudnnrnn
+
+LENGTHS = {"full": None, "ragged": [2, 4, 1], "zero": [4, 0, 3]}
+
+
+@dataclasses.dataclass
+class Case:
+    """Arguments of one forward call, time-major copies kept for the reference."""
+
+    attrs: dict                # rnn_mode, input_mode, direction, num_proj, time_major, ...
+    input: np.ndarray
+    input_h: np.ndarray
+    input_c: np.ndarray | None
+    params: np.ndarray
+    sequence_lengths: list | None
+    size: dict                 # num_layers, num_units, input_size
+
+    @property
+    def layout_attrs(self):
+        keys = ("rnn_mode", "input_mode", "direction", "num_proj")
+        return {**{k: self.attrs[k] for k in keys}, **self.size}
+
+    def forward(self, **overrides):
+        args = dict(input=self.input, input_h=self.input_h, input_c=self.input_c,
+                    params=self.params)
+        attrs = dict(self.attrs)
+        for key, value in overrides.items():
+            (args if key in args else attrs)[key] = value
+        return pycudnnrnn.forward(args["input"], args["input_h"], args["input_c"],
+                                  args["params"], self.sequence_lengths, **attrs)
+
+    def backprop(self, fwd, dy, dh, dc, **overrides):
+        attrs = {k: v for k, v in {**self.attrs, **overrides}.items() if k != "is_training"}
+        y, hy, cy, reserve = fwd
+        return pycudnnrnn.backprop(self.input, self.input_h, self.input_c, self.params,
+                                   self.sequence_lengths, y, hy, cy, dy, dh, dc, reserve, **attrs)
+
+    def time_major_input(self):
+        return self.input if self.attrs["time_major"] else self.input.swapaxes(0, 1)
+
+    def time_major_state(self, s):
+        return s if self.attrs["time_major"] else s.swapaxes(0, 1)
+
+
+def make_case(rnn_mode="lstm", direction="unidirectional", input_mode="linear_input",
+              num_proj=0, num_layers=1, lengths="full", time_major=True, T=4, B=3,
+              input_size=3, num_units=4, dtype=np.float64, seed=0, dropout=0.0,
+              scale=0.5) -> Case:
+    """A random problem; `lengths` is a key of LENGTHS or an explicit list."""
+    rng = np.random.default_rng(seed)
+    if input_mode == "skip_input":
+        input_size = num_units
+    D = 2 if direction == "bidirectional" else 1
+    P = num_proj or num_units
+    size = dict(num_layers=num_layers, num_units=num_units, input_size=input_size)
+    attrs = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                 num_proj=num_proj, time_major=time_major, dropout=dropout)
+    n = pycudnnrnn.params_size(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                               num_proj=num_proj, **size)
+    x = rng.standard_normal((T, B, input_size))
+    h = rng.standard_normal((num_layers * D, B, P))
+    c = rng.standard_normal((num_layers * D, B, num_units)) if rnn_mode == "lstm" else None
+    params = rng.uniform(-scale, scale, n)
+    if not time_major:
+        x, h = x.swapaxes(0, 1).copy(), h.swapaxes(0, 1).copy()
+        c = None if c is None else c.swapaxes(0, 1).copy()
+    if isinstance(lengths, str):
+        lengths = LENGTHS[lengths]
+    if lengths is not None:
+        lengths = [min(n, T) for n in lengths][:B] + [T] * max(0, B - len(lengths))
+    cast = lambda a: None if a is None else a.astype(dtype)
+    return Case(attrs, cast(x), cast(h), cast(c), cast(params), lengths, size)
+
+
+@pytest.fixture
+def case_factory():
+    return make_case

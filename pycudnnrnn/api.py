@@ -85,12 +85,6 @@ def params_size(*, rnn_mode="lstm", num_layers, num_units, input_size,
                                       direction, num_proj))
 
 
-def _describe(piece):
-    what = "projection matrix" if piece.role == "projection" else \
-        f"{piece.role} {'matrix' if piece.kind == 'weight' else 'bias'} of gate {piece.gate!r}"
-    return f"pseudo-layer {piece.pseudo_layer} {what}"
-
-
 def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_units, input_size,
                         input_mode="linear_input", direction="unidirectional", num_proj=0):
     """Pack canonical weights and biases into one opaque params buffer.
@@ -111,22 +105,10 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
         1-D params of length :func:`params_size`, of the pieces' array type and dtype.
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
-    table = layout.pieces(config)
-    given = {"weight": list(weights), "bias": list(biases)}
-    expected = {kind: [p for p in table if p.kind == kind] for kind in given}
-    for kind, name in (("weight", "weights"), ("bias", "biases")):
-        if len(given[kind]) != len(expected[kind]):
-            raise ValueError(f"{name}: expected {len(expected[kind])} arrays for this "
-                             f"configuration, got {len(given[kind])}")
-    arrays = given["weight"] + given["bias"]
-    pieces = expected["weight"] + expected["bias"]
-    names = [f"weights[{i}]" for i in range(len(given["weight"]))] + \
-            [f"biases[{i}]" for i in range(len(given["bias"]))]
-    _backend(**dict(zip(names, arrays)))
-    dtype = checks._dtype(names[0], arrays[0])
-    for name, array, piece in zip(names, arrays, pieces):
-        checks._dtype(name, array, dtype)
-        checks._shape(name, array, piece.shape, f"({_describe(piece)})")
+    weights, biases = list(weights), list(biases)
+    _backend(**{f"weights[{i}]": a for i, a in enumerate(weights)},
+             **{f"biases[{i}]": a for i, a in enumerate(biases)})
+    arrays = checks.check_canonical(weights, biases, config)
     xp = _array_module(arrays[0])
     return xp.concatenate([a.reshape(-1) for a in arrays])
 
@@ -149,12 +131,7 @@ def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
     _backend(params=params)
-    checks._dtype("params", params)
-    checks._ndim("params", params, 1, "[params_size]")
-    expected = layout.params_size(config)
-    if params.shape[0] != expected:
-        raise ValueError(f"params: expected {expected} elements (params_size for this "
-                         f"configuration), got {params.shape[0]}")
+    checks.check_params(params, config)
     return layout.split(params, config)
 
 

@@ -125,7 +125,7 @@ def make_config(*, rnn_mode, num_layers, num_units, input_size, input_mode, dire
                      num_proj=num_proj, dropout=float(dropout), seed=dropout_seed(seed, seed2))
 
 
-def _dtype(name, array, expected=None):
+def _dtype(name, array, expected=None, reference="input"):
     if array is None:
         raise TypeError(f"{name}: expected an array, got None")
     dtype = np.dtype(array.dtype)
@@ -133,7 +133,7 @@ def _dtype(name, array, expected=None):
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name}: expected dtype float16, float32 or float64, got {dtype}")
     elif dtype != expected:
-        raise TypeError(f"{name}: expected dtype {expected} (the dtype of input), got {dtype}")
+        raise TypeError(f"{name}: expected dtype {expected} (the dtype of {reference}), got {dtype}")
     return dtype
 
 
@@ -163,6 +163,43 @@ def check_lengths(sequence_lengths, batch_size, max_time):
         raise ValueError(f"sequence_lengths: expected values in [0, {max_time}] (max_time), "
                          f"got {int(lengths[b])} at index {b}")
     return lengths.astype(np.int64)
+
+
+def check_params(params, config: RNNConfig, dtype=None):
+    """A 1-D float params buffer of length params_size (and of `dtype`, if given)."""
+    _dtype("params", params, dtype)
+    _ndim("params", params, 1, "[params_size]")
+    expected = layout.params_size(config)
+    if params.shape[0] != expected:
+        raise ValueError(f"params: expected {expected} elements (params_size for this "
+                         f"configuration), got {params.shape[0]}")
+
+
+def _describe(piece: layout.Piece) -> str:
+    if piece.role == "projection":
+        return f"pseudo-layer {piece.pseudo_layer} projection matrix"
+    kind = "matrix" if piece.kind == "weight" else "bias"
+    return f"pseudo-layer {piece.pseudo_layer} {piece.role} {kind} of gate {piece.gate!r}"
+
+
+def check_canonical(weights, biases, config: RNNConfig) -> list:
+    """Canonical weights and biases of the right count, shapes and one dtype.
+
+    Returns them as one list in buffer order.
+    """
+    table = layout.pieces(config)
+    named = []
+    for kind, name, given in (("weight", "weights", list(weights)), ("bias", "biases", list(biases))):
+        expected = [p for p in table if p.kind == kind]
+        if len(given) != len(expected):
+            raise ValueError(f"{name}: expected {len(expected)} arrays for this configuration, "
+                             f"got {len(given)}")
+        named += [(f"{name}[{i}]", a, p) for i, (a, p) in enumerate(zip(given, expected))]
+    dtype = _dtype(named[0][0], named[0][1])
+    for name, array, piece in named:
+        _dtype(name, array, dtype, reference=named[0][0])
+        _shape(name, array, piece.shape, f"({_describe(piece)})")
+    return [array for _, array, _ in named]
 
 
 def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode,
@@ -217,13 +254,7 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
                          input_size=input_size, input_mode=input_mode, direction=direction,
                          num_proj=num_proj, dropout=dropout, seed=seed, seed2=seed2)
 
-    _dtype("params", params, dtype)
-    _ndim("params", params, 1, "[params_size]")
-    expected = layout.params_size(config)
-    if params.shape[0] != expected:
-        raise ValueError(f"params: expected {expected} elements (params_size for this "
-                         f"configuration), got {params.shape[0]}")
-
+    check_params(params, config, dtype)
     lengths = check_lengths(sequence_lengths, B, T)
     return Problem(config, T, B, time_major, dtype, lengths, is_training)
 

@@ -1,0 +1,110 @@
+"""The params layout: sizes, canonical order and shapes, and round trips."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import pycudnnrnn
+from pycudnnrnn import layout
+from pycudnnrnn.checks import make_config
+
+CONFIGS = [
+    dict(rnn_mode=m, direction=d, input_mode=i, num_proj=p, num_layers=l, num_units=4,
+         input_size=4 if i == "skip_input" else 3)
+    for m, d, i, p, l in itertools.product(
+        ["lstm", "gru", "rnn_tanh", "rnn_relu"], ["unidirectional", "bidirectional"],
+        ["linear_input", "skip_input"], [0, 2], [1, 2, 3])
+    if not (p and m != "lstm")
+]
+
+
+def _canonical(attrs):
+    defaults = dict(rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
+                    num_proj=0)
+    cfg = make_config(**{**defaults, **attrs})
+    return layout.canonical_shapes(cfg)
+
+
+@pytest.mark.parametrize("attrs", CONFIGS)
+def test_size_is_the_sum_of_the_canonical_pieces(attrs):
+    weights, biases = _canonical(attrs)
+    total = sum(int(np.prod(s)) for s in weights + biases)
+    assert pycudnnrnn.params_size(**attrs) == total
+
+
+@pytest.mark.parametrize("attrs", CONFIGS)
+def test_round_trip_is_the_identity(attrs):
+    n = pycudnnrnn.params_size(**attrs)
+    params = np.random.default_rng(0).standard_normal(n)
+    weights, biases = pycudnnrnn.params_to_canonical(params, **attrs)
+    assert ([w.shape for w in weights], [b.shape for b in biases]) == _canonical(attrs)
+    back = pycudnnrnn.canonical_to_params(weights, biases, **attrs)
+    np.testing.assert_array_equal(back, params)
+    again = pycudnnrnn.params_to_canonical(back, **attrs)
+    for a, b in zip(weights + biases, again[0] + again[1]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("attrs", CONFIGS)
+def test_pieces_tile_the_buffer_matrices_first(attrs):
+    table = layout.pieces(make_config(**attrs))
+    assert table[-1].stop == pycudnnrnn.params_size(**attrs)
+    offset = 0
+    for piece in table:
+        assert piece.offset == offset
+        offset = piece.stop
+    kinds = [p.kind for p in table]
+    assert kinds == sorted(kinds, key=lambda k: k == "bias"), "all matrices precede all biases"
+
+
+def test_canonical_order_and_shapes_by_hand():
+    """Bidirectional 2-layer LSTM, input 3, units 4, projection 2 (H=4, P=2, D=2)."""
+    attrs = dict(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3,
+                 direction="bidirectional", num_proj=2)
+    weights, biases = _canonical(attrs)
+    layer0 = [(4, 3)] * 4 + [(4, 2)] * 4 + [(2, 4)]
+    layer1 = [(4, 4)] * 4 + [(4, 2)] * 4 + [(2, 4)]   # in_width = D·P = 4
+    assert weights == layer0 + layer0 + layer1 + layer1
+    assert biases == [(4,)] * 32
+    # TensorFlow's documented formula for the same network without projection:
+    # per pseudo-layer G·(H·in + H·H) matrices and 2·G·H biases
+    plain = dict(attrs, num_proj=0)
+    expected = 2 * (4 * (4 * 3 + 16) + 32) + 2 * (4 * (4 * 8 + 16) + 32)
+    assert pycudnnrnn.params_size(**plain) == expected
+
+
+def test_canonical_order_gru_by_hand_and_views():
+    attrs = dict(rnn_mode="gru", num_layers=1, num_units=2, input_size=3)
+    params = np.arange(pycudnnrnn.params_size(**attrs), dtype=np.float64)
+    weights, biases = pycudnnrnn.params_to_canonical(params, **attrs)
+    assert params.size == 30 + 12
+    np.testing.assert_array_equal(weights[1], np.arange(6, 12).reshape(2, 3))  # W_z
+    np.testing.assert_array_equal(weights[3], np.arange(18, 22).reshape(2, 2))  # R_r
+    np.testing.assert_array_equal(biases[5], [40, 41])  # b_Rh
+    weights[0][0, 0] = -1  # views of params, not copies
+    assert params[0] == -1
+
+
+def test_skip_input_drops_layer0_input_matrices_only():
+    attrs = dict(rnn_mode="gru", num_layers=2, num_units=4, input_size=4,
+                 direction="bidirectional")
+    linear, _ = _canonical(dict(attrs, input_mode="linear_input"))
+    skip, skip_biases = _canonical(dict(attrs, input_mode="skip_input"))
+    assert len(linear) - len(skip) == 2 * 3  # two directions × three gates
+    assert skip[:3] == [(4, 4)] * 3  # recurrent matrices open the list
+    assert len(skip_biases) == 4 * 6
+    auto, _ = _canonical(dict(attrs, input_mode="auto_select"))
+    assert auto == skip
+
+
+def test_blocks_stack_gates_of_one_role():
+    cfg = make_config(rnn_mode="lstm", num_layers=1, num_units=3, input_size=2,
+                      input_mode="linear_input", direction="unidirectional", num_proj=0)
+    params = np.random.default_rng(1).standard_normal(layout.params_size(cfg))
+    weights, biases = layout.split(params, cfg)
+    blocks = layout.pseudo_layer_blocks(cfg)[0]
+    np.testing.assert_array_equal(blocks.w_input.view(params), np.concatenate(weights[:4]))
+    np.testing.assert_array_equal(blocks.w_recurrent.view(params), np.concatenate(weights[4:8]))
+    np.testing.assert_array_equal(blocks.b_recurrent.view(params), np.concatenate(biases[4:]))
+    assert blocks.w_projection is None

@@ -1,0 +1,156 @@
+"""What forward computes: the SPEC equations, lengths, directions and batch order."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from conftest import make_case
+from reference import reference_forward
+
+MODES = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
+CONFIGS = [
+    (mode, direction, input_mode, proj, lengths, time_major, layers)
+    for mode, direction, input_mode, proj, lengths, time_major, layers in itertools.product(
+        MODES, ["unidirectional", "bidirectional"], ["linear_input", "skip_input", "auto_select"],
+        [0, 2], ["full", "ragged", "zero"], [True, False], [1, 3])
+    if not (proj and mode != "lstm")
+]
+
+
+def _time_major_outputs(case, fwd):
+    y, hy, cy, _ = fwd
+    return case.time_major_state(y), case.time_major_state(hy), \
+        (case.time_major_state(cy) if cy.size else None)
+
+
+@pytest.mark.parametrize("mode,direction,input_mode,proj,lengths,time_major,layers", CONFIGS,
+                         ids=["-".join(map(str, c)) for c in CONFIGS])
+def test_forward_matches_the_equations(mode, direction, input_mode, proj, lengths, time_major,
+                                       layers):
+    case = make_case(mode, direction, input_mode, num_proj=proj, num_layers=layers,
+                     lengths=lengths, time_major=time_major, seed=3)
+    y, hy, cy = _time_major_outputs(case, case.forward())
+    c0 = None if case.input_c is None else case.time_major_state(case.input_c)
+    ry, rh, rc = reference_forward(case.time_major_input(), case.time_major_state(case.input_h),
+                                   c0, case.params, case.sequence_lengths, rnn_mode=mode,
+                                   direction=direction, input_mode=input_mode, num_proj=proj)
+    np.testing.assert_allclose(y, ry, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(hy, rh, rtol=1e-12, atol=1e-12)
+    if mode == "lstm":
+        np.testing.assert_allclose(cy, rc, rtol=1e-12, atol=1e-12)
+    else:
+        assert cy is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("direction", ["unidirectional", "bidirectional"])
+def test_lengths_outputs_and_final_states(mode, direction):
+    lengths = [5, 0, 2, 4, 1]
+    case = make_case(mode, direction, num_layers=2, lengths=lengths, T=5, B=5,
+                     num_proj=2 if mode == "lstm" else 0)
+    y, hy, cy, _ = case.forward()
+    P = y.shape[2] // (2 if direction == "bidirectional" else 1)
+    top = hy.shape[0] - (2 if direction == "bidirectional" else 1)  # first top pseudo-layer
+    for b, n in enumerate(lengths):
+        assert np.all(y[n:, b] == 0), "outputs past the length are exactly zero"
+        if n == 0:
+            np.testing.assert_array_equal(hy[:, b], case.input_h[:, b])
+            if mode == "lstm":
+                np.testing.assert_array_equal(cy[:, b], case.input_c[:, b])
+            continue
+        # forward direction: final state is the output at the sequence's own last step
+        np.testing.assert_array_equal(hy[top, b], y[n - 1, b, :P])
+        if direction == "bidirectional":
+            # reverse direction ends at t = 0, having started at t = n - 1
+            np.testing.assert_array_equal(hy[top + 1, b], y[0, b, P:])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_sequence_is_its_own_truncated_run(mode):
+    """A ragged batch gives, per sequence, what that sequence alone of its own length gives:
+    in particular the reverse direction starts at each sequence's own last step."""
+    lengths = [3, 5, 1]
+    case = make_case(mode, "bidirectional", num_layers=2, lengths=lengths, T=5, B=3)
+    y, hy, cy, _ = case.forward()
+    for b, n in enumerate(lengths):
+        alone = make_case(mode, "bidirectional", num_layers=2, T=n, B=1)
+        alone.params = case.params
+        alone.input = case.input[:n, b:b + 1]
+        alone.input_h = case.input_h[:, b:b + 1]
+        alone.input_c = None if case.input_c is None else case.input_c[:, b:b + 1]
+        ya, ha, ca, _ = alone.forward()
+        np.testing.assert_allclose(y[:n, b:b + 1], ya, rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(hy[:, b:b + 1], ha, rtol=1e-13, atol=1e-14)
+        if mode == "lstm":
+            np.testing.assert_allclose(cy[:, b:b + 1], ca, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("time_major", [True, False])
+@pytest.mark.parametrize("mode", MODES)
+def test_independent_of_batch_order(mode, time_major):
+    case = make_case(mode, "bidirectional", num_layers=2, lengths=[4, 1, 0, 3, 4], B=5,
+                     time_major=time_major)
+    fwd = case.forward()
+    rng = np.random.default_rng(0)
+    dy, dh = rng.standard_normal(fwd[0].shape), rng.standard_normal(fwd[1].shape)
+    dc = rng.standard_normal(fwd[2].shape)
+    grads = case.backprop(fwd, dy, dh, dc)
+
+    perm = np.array([3, 0, 4, 2, 1])
+    axis = 1 if time_major else 0
+    take = lambda a: a if a is None or a.size == 0 else np.take(a, perm, axis=axis)
+    shuffled = make_case(mode, "bidirectional", num_layers=2, B=5, time_major=time_major)
+    shuffled.params = case.params
+    shuffled.input, shuffled.input_h, shuffled.input_c = map(take, (case.input, case.input_h,
+                                                                    case.input_c))
+    shuffled.sequence_lengths = [case.sequence_lengths[i] for i in perm]
+    fwd2 = shuffled.forward()
+    for a, b in zip(fwd[:3], fwd2[:3]):
+        np.testing.assert_allclose(take(a), b, rtol=1e-14, atol=1e-15)
+    grads2 = shuffled.backprop(fwd2, take(dy), take(dh), take(dc))
+    for a, b in zip(grads[:3], grads2[:3]):
+        np.testing.assert_allclose(take(a), b, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(grads[3], grads2[3], rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batch_major_is_the_transpose_of_time_major(mode):
+    tm = make_case(mode, "bidirectional", num_layers=2, lengths="zero")
+    bm = make_case(mode, "bidirectional", num_layers=2, lengths="zero", time_major=False)
+    assert np.array_equal(bm.input, tm.input.swapaxes(0, 1))
+    assert np.array_equal(bm.input_h, tm.input_h.swapaxes(0, 1))  # states really batch-major
+    for a, b in zip(tm.forward()[:3], bm.forward()[:3]):
+        np.testing.assert_array_equal(a.swapaxes(0, 1) if a.ndim == 3 else a, b)
+
+
+def test_zero_length_sequence_passes_state_gradients_through():
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths=[4, 0, 2])
+    fwd = case.forward()
+    rng = np.random.default_rng(5)
+    dy, dh, dc = (rng.standard_normal(a.shape) for a in fwd[:3])
+    dx, dh0, dc0, dparams = case.backprop(fwd, dy, dh, dc)
+    np.testing.assert_array_equal(dh0[:, 1], dh[:, 1])
+    np.testing.assert_array_equal(dc0[:, 1], dc[:, 1])
+    assert np.all(dx[:, 1] == 0)
+    # it adds nothing to params_backprop: its output gradients change nothing there
+    dy2, dh2, dc2 = dy.copy(), dh.copy(), dc.copy()
+    dy2[:, 1], dh2[:, 1], dc2[:, 1] = 7.0, -3.0, 2.0
+    np.testing.assert_array_equal(case.backprop(fwd, dy2, dh2, dc2)[3], dparams)
+
+
+def test_inference_matches_training_without_dropout():
+    case = make_case("gru", "bidirectional", num_layers=2, lengths="zero")
+    train = case.forward(is_training=True)
+    infer = case.forward(is_training=False)
+    for a, b in zip(train[:3], infer[:3]):
+        np.testing.assert_array_equal(a, b)
+    assert infer[3].shape == (0,) and train[3].size > 0 and train[3].dtype == np.uint8
+
+
+def test_non_lstm_modes_return_empty_cell_outputs():
+    case = make_case("rnn_tanh")
+    y, hy, cy, reserve = case.forward()
+    assert cy.shape == (0,) and cy.dtype == y.dtype
+    grads = case.backprop((y, hy, cy, reserve), np.ones_like(y), np.ones_like(hy), None)
+    assert grads[2].shape == (0,)

@@ -196,15 +196,21 @@ class _Weights:
         self.scale = scale
 
 
-def _input_transform(x, weights, config, gh):
-    """Input-side pre-activations of all steps at once, ``W x + b``, as [T, B, G·H]."""
+def _input_transform(x, weights, gh):
+    """Input-side pre-activations of all steps at once, ``W x + b``, as [T, B, G·H].
+
+    Already multiplied by ``weights.scale`` (½ on sigmoid gates), folded into the
+    small weight matrix rather than applied to the large result.
+    """
     T, B, width = x.shape
+    scale = weights.scale
     if weights.w_input is None:  # skip input: x is added to every gate
         xw = np.empty((T, B, gh), dtype=x.dtype)
-        xw.reshape(T, B, gh // width, width)[:] = x[:, :, None, :]
+        np.multiply(x[:, :, None, :], scale.reshape(-1, width), out=xw.reshape(T, B, -1, width))
     else:
-        xw = np.matmul(x.reshape(T * B, width), weights.w_input.T).reshape(T, B, gh)
-    xw += weights.b_xw
+        w_scaled = weights.w_input * scale[:, None]
+        xw = np.matmul(x.reshape(T * B, width), w_scaled.T).reshape(T, B, gh)
+    xw += weights.b_xw * scale
     return xw
 
 
@@ -227,7 +233,6 @@ def _lstm_forward(xw, w, h, c, y, store, active, reverse):
     gates, cells = store["gates"], store["c"]
     rec = np.ascontiguousarray((w.w_rec * w.scale[:, None]).T)  # pre-scaled, [P, 4H]
     proj = None if w.w_proj is None else np.ascontiguousarray(w.w_proj.T)
-    xw *= w.scale
     tmp = np.empty_like(c)
     m = np.empty_like(c)
     for t in _steps(len(active), reverse):
@@ -260,7 +265,6 @@ def _gru_forward(xw, w, h, c, y, store, active, reverse):
     gates, hr_store = store["gates"], store["hr"]
     rec = np.ascontiguousarray((w.w_rec * w.scale[:, None]).T)  # r, z pre-scaled
     b_rec = w.b_rec * w.scale
-    xw *= w.scale
     hr = np.empty((h.shape[0], 3 * H), dtype=h.dtype)
     tmp = np.empty_like(h)
     for t in _steps(len(active), reverse):
@@ -319,10 +323,9 @@ def _lstm_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
     tanh_c = np.tanh(cells)
     do_dm = tanh_c                       # d(m)/d(o)
     dc_dm = o * (1 - tanh_c * tanh_c)    # d(m)/d(c), through tanh
-    act_grad = np.empty_like(gates)      # derivative of each gate's activation
-    sig = gates[..., :3 * H]
-    np.multiply(sig, 1 - sig, out=act_grad[..., :3 * H])
-    np.multiply(g, g, out=act_grad[..., 3 * H:])
+    # Derivative of each gate's activation, s - s² and 1 - g², without temporaries.
+    act_grad = np.multiply(gates, gates)
+    np.subtract(gates[..., :3 * H], act_grad[..., :3 * H], out=act_grad[..., :3 * H])
     np.subtract(1, act_grad[..., 3 * H:], out=act_grad[..., 3 * H:])
     dgates = np.zeros_like(gates)
     dhs = None if w.w_proj is None else np.zeros(dy.shape, dtype=dy.dtype)
@@ -454,7 +457,7 @@ def forward(problem: Problem, input, input_h, input_c, params):
         for direction in range(c.num_dirs):
             k, store = _pseudo_store(views, c, layer, direction)
             w = _Weights(params, blocks[k], c, cdt)
-            step(_input_transform(x, w, c, gh), w, h[k], None if cell is None else cell[k],
+            step(_input_transform(x, w, gh), w, h[k], None if cell is None else cell[k],
                  store["y"], store, batch.active, reverse=direction == 1)
 
     dtype, tm = problem.dtype, problem.time_major

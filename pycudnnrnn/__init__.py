@@ -2,12 +2,25 @@
 
 The functional API mirrors TensorFlow's ``CudnnRNNV3`` / ``CudnnRNNBackpropV3`` op pair:
 :func:`forward` and :func:`backprop` over an opaque :func:`params_size`-long buffer,
-which :func:`canonical_to_params` and :func:`params_to_canonical` convert.
+which :func:`canonical_to_params` and :func:`params_to_canonical` convert. NumPy arrays
+run on the CPU backend; CuPy arrays, and any DLPack array on a CUDA device, on cuDNN.
 """
 
 from .api import backprop, canonical_to_params, forward, params_size, params_to_canonical
+from .errors import (CudnnBadParamError, CudnnError, CudnnExecutionFailedError,
+                     CudnnInternalError, CudnnNotInitializedError, CudnnNotSupportedError,
+                     CudnnUnavailableError)
+
+
+def set_allow_tf32(enabled: bool) -> None:
+    """Let float32 RNNs on the GPU use TF32 tensor cores (off by default: strict FP32)."""
+    from . import cudnn_backend
+    cudnn_backend.set_allow_tf32(enabled)
+
 
 __version__ = "0.1.0"
 
 __all__ = ["params_size", "canonical_to_params", "params_to_canonical", "forward", "backprop",
-           "__version__"]
+           "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
+           "CudnnNotInitializedError", "CudnnInternalError", "CudnnExecutionFailedError",
+           "CudnnUnavailableError", "__version__"]

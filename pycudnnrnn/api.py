@@ -18,7 +18,7 @@ _DEFAULTS = dict(rnn_mode="lstm", input_mode="linear_input", direction="unidirec
 _DLPACK_CUDA = (2, 13)
 
 
-def _device_kind(name, array):
+def _device_kind(name, array, strict=True):
     """"cpu" for NumPy arrays, "cuda" for CUDA arrays; anything else is a TypeError."""
     if isinstance(array, np.ndarray):
         return "cpu"
@@ -30,30 +30,85 @@ def _device_kind(name, array):
             device_type = None
         if device_type in _DLPACK_CUDA:
             return "cuda"
+    if not strict:
+        return "other"
     raise TypeError(f"{name}: expected a numpy.ndarray or a CUDA array (CuPy, or any array with "
                     f"__dlpack__ on a CUDA device), got {type(array).__module__}."
                     f"{type(array).__qualname__}")
 
 
-def _backend(**arrays):
-    """The backend module for these arrays; mixing devices is a TypeError."""
-    kinds = {name: _device_kind(name, a) for name, a in arrays.items() if a is not None}
-    if len(set(kinds.values())) > 1:
-        detail = ", ".join(f"{n} on {k}" for n, k in kinds.items())
-        raise TypeError(f"arrays must all be NumPy (CPU) or all CUDA, got {detail}")
-    if "cuda" in kinds.values():
-        raise TypeError("CUDA arrays need the cuDNN backend, which this version of "
-                        "pycudnnrnn does not have yet; pass NumPy arrays to use the CPU backend")
-    from . import numpy_backend
-    return numpy_backend
+class _Route:
+    """Where a call runs, and how its arrays get there and back.
+
+    NumPy arrays go to the NumPy backend as they are. CUDA arrays go to the cuDNN backend
+    as CuPy arrays (DLPack, no copy), on their own device, and results return in the
+    array type of the call's first array.
+    """
+
+    def __init__(self, arrays: dict):
+        kinds = {name: _device_kind(name, a) for name, a in arrays.items() if a is not None}
+        if len(set(kinds.values())) > 1:
+            detail = ", ".join(f"{n} on {k}" for n, k in kinds.items())
+            raise TypeError(f"arrays must all be NumPy (CPU) or all CUDA, got {detail}")
+        self.cuda = "cuda" in kinds.values()
+        self.template = next((a for a in arrays.values() if a is not None), None)
+        if not self.cuda:
+            from . import numpy_backend
+            self.backend = numpy_backend
+            return
+        from . import cudnn_backend
+        self.backend = cudnn_backend
+        self.cupy = cudnn_backend._cupy()
+        converted = {n: self._to_cupy(a) for n, a in arrays.items() if a is not None}
+        devices = {n: a.device.id for n, a in converted.items()}
+        if len(set(devices.values())) > 1:
+            detail = ", ".join(f"{n} on cuda:{d}" for n, d in devices.items())
+            raise TypeError(f"arrays must all be on one CUDA device, got {detail}")
+        self.device = next(iter(devices.values()))
+
+    def _to_cupy(self, array):
+        return array if isinstance(array, self.cupy.ndarray) else self.cupy.from_dlpack(array)
+
+    def inputs(self, *arrays):
+        """The arrays as the backend takes them (None stays None)."""
+        if not self.cuda:
+            return arrays
+        return tuple(None if a is None else self._to_cupy(a) for a in arrays)
+
+    def outputs(self, results):
+        """Backend results in the caller's array type."""
+        if not self.cuda or isinstance(self.template, self.cupy.ndarray):
+            return results
+        wrap = _from_dlpack_like(self.template)
+        return tuple(wrap(r) for r in results)
+
+    def run(self, function, *args):
+        if not self.cuda:
+            return function(*args)
+        with self.cupy.cuda.Device(self.device):
+            return function(*args)
+
+
+def _from_dlpack_like(template):
+    """A function making arrays of `template`'s library from DLPack (CuPy as a fallback)."""
+    library = type(template).__module__.split(".")[0]
+    if library == "torch":
+        import torch
+        return torch.from_dlpack
+    if library in ("jax", "jaxlib"):
+        import jax.numpy as jnp
+        return jnp.from_dlpack
+    return lambda array: array
 
 
 def _host_lengths(sequence_lengths):
     """sequence_lengths as a host array (they steer the computation, so they live on the CPU)."""
-    if sequence_lengths is None:
-        return None
-    if hasattr(sequence_lengths, "get") and not isinstance(sequence_lengths, np.ndarray):
-        return np.asarray(sequence_lengths.get())  # CuPy
+    if sequence_lengths is None or isinstance(sequence_lengths, (list, tuple, np.ndarray)):
+        return None if sequence_lengths is None else np.asarray(sequence_lengths)
+    if hasattr(sequence_lengths, "__dlpack_device__") and \
+            _device_kind("sequence_lengths", sequence_lengths, strict=False) == "cuda":
+        from .cudnn_backend import _cupy
+        return _cupy().asnumpy(_cupy().from_dlpack(sequence_lengths))
     return np.asarray(sequence_lengths)
 
 
@@ -106,11 +161,11 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
     weights, biases = list(weights), list(biases)
-    _backend(**{f"weights[{i}]": a for i, a in enumerate(weights)},
-             **{f"biases[{i}]": a for i, a in enumerate(biases)})
-    arrays = checks.check_canonical(weights, biases, config)
-    xp = _array_module(arrays[0])
-    return xp.concatenate([a.reshape(-1) for a in arrays])
+    route = _Route({**{f"weights[{i}]": a for i, a in enumerate(weights)},
+                    **{f"biases[{i}]": a for i, a in enumerate(biases)}})
+    arrays = route.inputs(*checks.check_canonical(weights, biases, config))
+    xp = route.cupy if route.cuda else np
+    return route.outputs((xp.concatenate([a.reshape(-1) for a in arrays]),))[0]
 
 
 def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input_size,
@@ -130,13 +185,9 @@ def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input
         Views of `params`, in the order :func:`canonical_to_params` takes.
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
-    _backend(params=params)
+    _Route({"params": params})
     checks.check_params(params, config)
     return layout.split(params, config)
-
-
-def _array_module(array):
-    return np if isinstance(array, np.ndarray) else __import__("cupy")
 
 
 def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
@@ -178,13 +229,14 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
         Opaque uint8 for :func:`backprop`; empty when not `is_training`.
     """
     lstm = rnn_mode == "lstm"
-    backend = _backend(input=input, input_h=input_h, input_c=input_c if lstm else None,
-                       params=params)
+    route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
+                        params=params))
     problem = checks.check_forward(input, input_h, input_c, params, _host_lengths(sequence_lengths),
                                    rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
                                    dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
                                    time_major=time_major, is_training=is_training)
-    return backend.forward(problem, input, input_h, input_c, params)
+    args = route.inputs(input, input_h, input_c if lstm else None, params)
+    return route.outputs(route.run(route.backend.forward, problem, *args))
 
 
 def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
@@ -211,17 +263,19 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
         Gradients shaped like input, input_h, input_c (empty ``(0,)`` unless LSTM) and params.
     """
     lstm = rnn_mode == "lstm"
-    backend = _backend(input=input, input_h=input_h, input_c=input_c if lstm else None,
-                       params=params, output=output, output_h=output_h,
-                       output_c=output_c if lstm else None, output_backprop=output_backprop,
-                       output_h_backprop=output_h_backprop,
-                       output_c_backprop=output_c_backprop if lstm else None,
-                       reserve_space=reserve_space)
+    route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
+                        params=params, output=output, output_h=output_h,
+                        output_c=output_c if lstm else None, output_backprop=output_backprop,
+                        output_h_backprop=output_h_backprop,
+                        output_c_backprop=output_c_backprop if lstm else None,
+                        reserve_space=reserve_space))
     problem = checks.check_forward(input, input_h, input_c, params, _host_lengths(sequence_lengths),
                                    rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
                                    dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
                                    time_major=time_major, is_training=True)
     checks.check_backprop(problem, output, output_h, output_c, output_backprop,
                           output_h_backprop, output_c_backprop, reserve_space)
-    return backend.backprop(problem, input, input_h, input_c, params, output, output_h, output_c,
-                            output_backprop, output_h_backprop, output_c_backprop, reserve_space)
+    args = route.inputs(input, input_h, input_c if lstm else None, params, output, output_h,
+                        output_c if lstm else None, output_backprop, output_h_backprop,
+                        output_c_backprop if lstm else None, reserve_space)
+    return route.outputs(route.run(route.backend.backprop, problem, *args))

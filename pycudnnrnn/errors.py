@@ -1,0 +1,63 @@
+"""Exceptions raised by the cuDNN path.
+
+A failing cuDNN call raises a :class:`CudnnError` subclass chosen by the status's family
+(cuDNN 9 numbers statuses by family: 1xxx not initialised, 2xxx bad parameter, 3xxx not
+supported, 4xxx internal, 5xxx execution failed), so callers can catch
+``CudnnNotSupportedError`` without parsing messages.
+"""
+
+from __future__ import annotations
+
+
+class CudnnUnavailableError(RuntimeError):
+    """cuDNN 9, CuPy or a GPU is missing; the message says what was tried and what to install."""
+
+
+class CudnnError(RuntimeError):
+    """A cuDNN call returned a status other than CUDNN_STATUS_SUCCESS.
+
+    Attributes
+    ----------
+    status : int
+        The ``cudnnStatus_t`` value.
+    status_name : str
+        Its name, e.g. ``"CUDNN_STATUS_NOT_SUPPORTED"``.
+    function : str
+        The cuDNN function that failed.
+    detail : str
+        cuDNN's own ``cudnnGetLastErrorString`` text (may be empty).
+    """
+
+    def __init__(self, status: int, status_name: str, function: str, detail: str = ""):
+        self.status, self.status_name, self.function, self.detail = status, status_name, function, detail
+        message = f"{function} failed with {status_name} ({status})"
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class CudnnNotInitializedError(CudnnError):
+    """1xxx: cuDNN could not start (no GPU, driver or sub-library mismatch, ...)."""
+
+
+class CudnnBadParamError(CudnnError):
+    """2xxx: a parameter cuDNN rejected."""
+
+
+class CudnnNotSupportedError(CudnnError):
+    """3xxx: a configuration cuDNN does not support."""
+
+
+class CudnnInternalError(CudnnError):
+    """4xxx: an error inside cuDNN (including failed allocations)."""
+
+
+class CudnnExecutionFailedError(CudnnError):
+    """5xxx: a kernel or a library cuDNN relies on failed while running."""
+
+
+_FAMILIES = {1: CudnnNotInitializedError, 2: CudnnBadParamError, 3: CudnnNotSupportedError,
+             4: CudnnInternalError, 5: CudnnExecutionFailedError}
+
+
+def error_class(status: int) -> type[CudnnError]:
+    """The exception class for a cuDNN status (its family is ``status // 1000``)."""
+    return _FAMILIES.get(status // 1000, CudnnError)

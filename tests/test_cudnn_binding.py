@@ -1,0 +1,279 @@
+"""The cuDNN binding without a GPU: loading, the prototype table against the wheel's
+headers, descriptors read back, error mapping, and ownership (nothing leaks)."""
+
+import ctypes
+import gc
+import glob
+import itertools
+import os
+import re
+
+import numpy as np
+import pytest
+
+import pycudnnrnn
+from pycudnnrnn import errors
+from pycudnnrnn.checks import make_config
+from pycudnnrnn.cudnn import capi, descriptors, loader
+
+
+# --------------------------------------------------------------------------- loading
+
+def test_loads_cudnn9_from_the_wheel():
+    lib = loader.load()
+    assert loader.version()[0] == 9
+    path = loader.library_path()
+    assert path.endswith("libcudnn.so.9")
+    assert os.sep + "nvidia" + os.sep in path, "the pip wheel comes before the system loader"
+    assert lib.cudnnGetVersion() == capi.api().cudnnGetVersion()
+
+
+def test_missing_library_says_what_was_tried_and_what_to_install(monkeypatch):
+    monkeypatch.setattr(loader, "nvidia_wheel_roots", lambda: ["/nonexistent/site-packages/nvidia"])
+    monkeypatch.setattr(loader, "SONAME", "libcudnn_no_such_library.so.9")
+    monkeypatch.setenv(loader.ENV_VAR, "/nowhere/libcudnn.so.9")
+    loader.load.cache_clear()
+    try:
+        with pytest.raises(errors.CudnnUnavailableError) as info:
+            loader.load()
+    finally:
+        loader.load.cache_clear()
+    message = str(info.value)
+    assert "/nowhere/libcudnn.so.9 (no such file)" in message
+    assert "/nonexistent/site-packages/nvidia/cudnn/lib/libcudnn_no_such_library.so.9" in message
+    assert "libcudnn_no_such_library.so.9 (" in message  # the system loader's own complaint
+    assert "pip install nvidia-cudnn-cu12" in message and loader.ENV_VAR in message
+
+
+def test_environment_variable_comes_first(monkeypatch):
+    monkeypatch.setenv(loader.ENV_VAR, "/custom/libcudnn.so.9")
+    assert loader.candidates()[0] == "/custom/libcudnn.so.9"
+    assert loader.candidates()[-1] == "libcudnn.so.9"
+
+
+# --------------------------------------------------------------------------- prototypes vs headers
+
+def _header_declarations():
+    include = [os.path.join(root, "cudnn", "include") for root in loader.nvidia_wheel_roots()]
+    include = next(d for d in include if os.path.isdir(d))
+    declarations = {}
+    for path in glob.glob(os.path.join(include, "cudnn*.h")):
+        text = open(path, encoding="utf-8", errors="replace").read()
+        text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+        text = re.sub(r"//[^\n]*", " ", text)
+        text = re.sub(r"\bCUDNN_DEPRECATED\b", " ", text)
+        for m in re.finditer(r"([A-Za-z_][\w\s\*]*?)\s*\bCUDNNWINAPI\s+(\w+)\s*\(([^)]*)\)\s*;", text):
+            declarations[m.group(2)] = (m.group(1).split(";")[-1].split("}")[-1].strip(),
+                                        m.group(3))
+    return declarations
+
+
+_HANDLES = re.compile(r"^(cudnn\w*(Descriptor|Handle)_t|cudaStream_t)$")
+_SCALARS = {"int": ctypes.c_int, "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32,
+            "size_t": ctypes.c_size_t, "float": ctypes.c_float,
+            "unsigned long long": ctypes.c_ulonglong}
+
+
+def _ctype(declaration):
+    """The ctypes type a C parameter or return type maps to."""
+    text = re.sub(r"\bconst\b", " ", declaration)
+    stars = text.count("*") + text.count("[]")
+    text = re.sub(r"\[\s*\]", " ", text).replace("*", " ")
+    words = text.split()
+    base = " ".join(words)
+    for known in list(_SCALARS) + ["void", "char"]:
+        if base == known or base.startswith(known + " "):
+            base = known
+            break
+    else:
+        base = words[0]
+    if base == "void":
+        return {0: None, 1: ctypes.c_void_p, 2: ctypes.POINTER(ctypes.c_void_p)}[stars]
+    if base == "char" and stars == 1:
+        return ctypes.c_char_p
+    if _HANDLES.match(base):
+        t = ctypes.c_void_p
+    elif base in _SCALARS:
+        t = _SCALARS[base]
+    elif re.match(r"^(cudnn\w+_t|libraryPropertyType)$", base):
+        t = ctypes.c_int  # an enum
+    else:
+        raise AssertionError(f"unknown C type {declaration!r}")
+    for _ in range(stars):
+        t = ctypes.POINTER(t)
+    return t
+
+
+def _parameters(text):
+    text = text.strip()
+    if text in ("", "void"):
+        return []
+    return [p.strip() for p in text.split(",")]
+
+
+DECLARATIONS = _header_declarations()
+
+
+@pytest.mark.parametrize("name", sorted(capi.PROTOTYPES))
+def test_prototype_matches_the_header(name):
+    assert name in DECLARATIONS, f"{name} is not declared in the wheel's cudnn*.h"
+    c_return, c_params = DECLARATIONS[name]
+    restype, argtypes = capi.PROTOTYPES[name]
+    expected_args = [_ctype(p) for p in _parameters(c_params)]
+    assert len(argtypes) == len(expected_args), f"{name}: argument count"
+    for i, (ours, theirs) in enumerate(zip(argtypes, expected_args)):
+        assert ours == theirs, f"{name} argument {i} ({_parameters(c_params)[i]})"
+    assert restype == _ctype(c_return), f"{name}: return type {c_return}"
+
+
+def test_header_parser_sees_the_functions_we_call():
+    assert {"cudnnRNNForward", "cudnnRNNBackwardData_v8", "cudnnGetRNNWeightParams"} <= set(DECLARATIONS)
+    assert "cudnnRNNForwardTraining" not in DECLARATIONS, "cuDNN 9 removed the legacy RNN API"
+
+
+def test_every_prototype_binds():
+    api = capi.api()
+    for name in capi.PROTOTYPES:
+        assert callable(getattr(api, name))
+    with pytest.raises(AttributeError, match="not in pycudnnrnn's prototype table"):
+        api.cudnnRNNForwardTraining
+
+
+# --------------------------------------------------------------------------- descriptors
+
+CONFIGS = [
+    (mode, direction, skip, proj, layers, dtype)
+    for mode, direction, skip, proj, layers, dtype in itertools.product(
+        ["lstm", "gru", "rnn_tanh", "rnn_relu"], ["unidirectional", "bidirectional"],
+        [False, True], [0, 3], [1, 3], [np.float16, np.float32, np.float64])
+    if not (proj and mode != "lstm")
+]
+
+
+@pytest.mark.parametrize("mode,direction,skip,proj,layers,dtype", CONFIGS)
+def test_rnn_descriptor_reads_back(mode, direction, skip, proj, layers, dtype):
+    config = make_config(rnn_mode=mode, num_layers=layers, num_units=6,
+                         input_size=6 if skip else 5,
+                         input_mode="skip_input" if skip else "linear_input",
+                         direction=direction, num_proj=proj)
+    with descriptors.DropoutDescriptor() as dropout:
+        with descriptors.RNNDescriptor(config, dtype, dropout) as desc:
+            values = desc.read()
+            assert values["dropoutDesc"] == dropout._as_parameter_.value
+    expected = descriptors.rnn_descriptor_values(config, dtype)
+    assert {k: values[k] for k in expected} == expected
+    # and the values themselves are the ones cuDNN's headers name
+    assert values["cellMode"] == {"lstm": 2, "gru": 3, "rnn_tanh": 1, "rnn_relu": 0}[mode]
+    assert values["dirMode"] == (direction == "bidirectional")
+    assert values["inputMode"] == int(skip)
+    assert values["projSize"] == (proj or 6) and values["hiddenSize"] == 6
+    assert values["biasMode"] == 2 and values["auxFlags"] == 1  # double bias, padded I/O
+    assert values["dataType"] == {np.float16: 2, np.float32: 0, np.float64: 1}[dtype]
+    assert values["mathPrec"] == (1 if dtype == np.float64 else 0)  # half computes in float
+
+
+def test_math_modes():
+    assert descriptors.math_settings(np.float32) == (capi.CUDNN_DATA_FLOAT, capi.CUDNN_FMA_MATH)
+    assert descriptors.math_settings(np.float32, allow_tf32=True)[1] == capi.CUDNN_DEFAULT_MATH
+    assert descriptors.math_settings(np.float16) == (capi.CUDNN_DATA_FLOAT, capi.CUDNN_TENSOR_OP_MATH)
+    assert descriptors.math_settings(np.float64) == (capi.CUDNN_DATA_DOUBLE, capi.CUDNN_DEFAULT_MATH)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("time_major", [True, False])
+def test_rnn_data_descriptor_reads_back(dtype, time_major):
+    with descriptors.RNNDataDescriptor(dtype, time_major, 7, 3, 5, [7, 2, 1]) as desc:
+        values = desc.read(3)
+    assert values["dataType"] == descriptors.data_type(dtype)
+    assert values["layout"] == (0 if time_major else 2)
+    assert (values["maxSeqLength"], values["batchSize"], values["vectorSize"]) == (7, 3, 5)
+    assert values["seqLengthArray"] == [7, 2, 1]
+    width = np.dtype(dtype).itemsize  # a zero of the data's own width, no more
+    assert values["paddingFill"] == b"\x00" * width + b"\xff" * (8 - width)
+
+
+def test_tensor_descriptor_reads_back():
+    with descriptors.TensorDescriptor(np.float64, [4, 3, 6]) as desc:
+        assert desc.read() == dict(dataType=capi.CUDNN_DATA_DOUBLE, dims=[4, 3, 6], strides=[18, 6, 1])
+
+
+@pytest.mark.parametrize("config,error,reason", [
+    (dict(rnn_mode="gru", num_proj=3), errors.CudnnNotSupportedError, "CUDNN_STATUS_NOT_SUPPORTED"),
+    (dict(rnn_mode="lstm", num_proj=7), errors.CudnnNotSupportedError, "CUDNN_STATUS_NOT_SUPPORTED"),
+])
+def test_rejected_configuration_raises_its_family(config, error, reason):
+    cfg = pycudnnrnn.config.RNNConfig(skip_input=False, bidirectional=False, num_layers=1,
+                                      num_units=6, input_size=5, **config)
+    with descriptors.DropoutDescriptor() as dropout:
+        with pytest.raises(error, match=reason) as info:
+            descriptors.RNNDescriptor(cfg, np.float32, dropout)
+    assert info.value.function == "cudnnSetRNNDescriptor_v8"
+    assert info.value.status == 3000 and info.value.status_name == reason
+
+
+def test_cudnn_reason_is_in_the_message():
+    """projSize 0 (what cuDNN gets if nobody maps 'no projection' to hiddenSize)."""
+    config = make_config(rnn_mode="lstm", num_layers=1, num_units=6, input_size=5,
+                         input_mode="linear_input", direction="unidirectional", num_proj=0)
+    with descriptors.DropoutDescriptor() as dropout, \
+            descriptors.RNNDescriptor(config, np.float32, dropout) as desc:
+        v = descriptors.rnn_descriptor_values(config, np.float32)
+        with pytest.raises(errors.CudnnBadParamError, match=r"CUDNN_STATUS_BAD_PARAM \(2000\): projSize <= 0") as info:
+            capi.api().cudnnSetRNNDescriptor_v8(
+                desc, v["algo"], v["cellMode"], v["biasMode"], v["dirMode"], v["inputMode"],
+                v["dataType"], v["mathPrec"], v["mathType"], v["inputSize"], v["hiddenSize"], 0,
+                v["numLayers"], dropout, v["auxFlags"])
+    assert info.value.detail == "projSize <= 0"
+    with pytest.raises(errors.CudnnBadParamError, match="currentSeqLength"):
+        descriptors.RNNDataDescriptor(np.float32, True, 5, 2, 3, [6, 1])
+
+
+def test_error_classes_by_family():
+    assert errors.error_class(1001) is errors.CudnnNotInitializedError
+    assert errors.error_class(2008) is errors.CudnnBadParamError
+    assert errors.error_class(3000) is errors.CudnnNotSupportedError
+    assert errors.error_class(4003) is errors.CudnnInternalError
+    assert errors.error_class(5002) is errors.CudnnExecutionFailedError
+    assert errors.error_class(9999) is errors.CudnnError
+    for cls in (errors.CudnnBadParamError, errors.CudnnNotSupportedError):
+        assert issubclass(cls, pycudnnrnn.CudnnError)
+
+
+def test_handle_without_a_gpu_is_not_initialised():
+    with pytest.raises(errors.CudnnNotInitializedError, match="cudnnCreate failed with CUDNN_STATUS_NOT_INITIALIZED"):
+        descriptors.Handle()
+
+
+def test_descriptors_are_freed_exactly_once_and_do_not_accumulate():
+    config = make_config(rnn_mode="gru", num_layers=2, num_units=4, input_size=3,
+                         input_mode="linear_input", direction="bidirectional", num_proj=0)
+    gc.collect()
+    before = dict(descriptors.LIVE)
+    dropout = descriptors.DropoutDescriptor()
+    for i in range(1000):
+        descriptors.RNNDescriptor(config, np.float32, dropout)
+        descriptors.RNNDataDescriptor(np.float32, True, 5, 2, 3, [5, i % 5])
+        with descriptors.TensorDescriptor(np.float32, [4, 2, 4]):
+            pass
+    dropout.close()
+    dropout.close()  # idempotent
+    gc.collect()
+    assert {k: v for k, v in descriptors.LIVE.items() if v != before.get(k, 0)} == {}
+    assert dropout.closed
+    with pytest.raises(ValueError, match="DropoutDescriptor is closed"):
+        dropout._as_parameter_
+
+
+# --------------------------------------------------------------------------- dispatch without a GPU
+
+class _FakeCudaArray:
+    shape, ndim, dtype = (4, 3, 3), 3, np.float32
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_cuda_arrays_without_a_gpu_say_so():
+    fake = _FakeCudaArray()
+    with pytest.raises(errors.CudnnUnavailableError, match="no usable GPU|no GPU"):
+        pycudnnrnn.forward(fake, fake, fake, fake)

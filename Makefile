@@ -23,3 +23,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# On a machine with an NVIDIA GPU: its own python3 and packages, no virtual environment.
+gpu-check:
+	PYTHONPATH=. python3 benchmarks/gpu_check.py

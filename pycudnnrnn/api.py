@@ -42,7 +42,8 @@ class _Route:
 
     NumPy arrays go to the NumPy backend as they are. CUDA arrays go to the cuDNN backend
     as CuPy arrays (DLPack, no copy), on their own device, and results return in the
-    array type of the call's first array.
+    array type of the call's first array. ``arrays`` holds the converted arguments by
+    name (None stays None), ready for the checks and the backend.
     """
 
     def __init__(self, arrays: dict):
@@ -54,38 +55,31 @@ class _Route:
         self.template = next((a for a in arrays.values() if a is not None), None)
         if not self.cuda:
             from . import numpy_backend
-            self.backend = numpy_backend
+            self.backend, self.xp, self.arrays = numpy_backend, np, dict(arrays)
             return
         from . import cudnn_backend
         self.backend = cudnn_backend
-        self.cupy = cudnn_backend._cupy()
-        converted = {n: self._to_cupy(a) for n, a in arrays.items() if a is not None}
-        devices = {n: a.device.id for n, a in converted.items()}
+        self.xp = cupy = cudnn_backend._cupy()
+        self.arrays = {n: a if a is None or isinstance(a, cupy.ndarray) else cupy.from_dlpack(a)
+                       for n, a in arrays.items()}
+        devices = {n: a.device.id for n, a in self.arrays.items() if a is not None}
         if len(set(devices.values())) > 1:
             detail = ", ".join(f"{n} on cuda:{d}" for n, d in devices.items())
             raise TypeError(f"arrays must all be on one CUDA device, got {detail}")
         self.device = next(iter(devices.values()))
 
-    def _to_cupy(self, array):
-        return array if isinstance(array, self.cupy.ndarray) else self.cupy.from_dlpack(array)
-
-    def inputs(self, *arrays):
-        """The arrays as the backend takes them (None stays None)."""
-        if not self.cuda:
-            return arrays
-        return tuple(None if a is None else self._to_cupy(a) for a in arrays)
-
     def outputs(self, results):
         """Backend results in the caller's array type."""
-        if not self.cuda or isinstance(self.template, self.cupy.ndarray):
+        if not self.cuda or isinstance(self.template, self.xp.ndarray):
             return results
         wrap = _from_dlpack_like(self.template)
         return tuple(wrap(r) for r in results)
 
     def run(self, function, *args):
+        """Call the backend on the arrays' device."""
         if not self.cuda:
             return function(*args)
-        with self.cupy.cuda.Device(self.device):
+        with self.xp.cuda.Device(self.device):
             return function(*args)
 
 
@@ -161,11 +155,12 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
     weights, biases = list(weights), list(biases)
-    route = _Route({**{f"weights[{i}]": a for i, a in enumerate(weights)},
-                    **{f"biases[{i}]": a for i, a in enumerate(biases)}})
-    arrays = route.inputs(*checks.check_canonical(weights, biases, config))
-    xp = route.cupy if route.cuda else np
-    return route.outputs((xp.concatenate([a.reshape(-1) for a in arrays]),))[0]
+    names = [f"weights[{i}]" for i in range(len(weights))] + \
+        [f"biases[{i}]" for i in range(len(biases))]
+    route = _Route(dict(zip(names, list(weights) + list(biases))))
+    pieces = [route.arrays[n] for n in names]
+    arrays = checks.check_canonical(pieces[:len(weights)], pieces[len(weights):], config)
+    return route.outputs((route.xp.concatenate([a.reshape(-1) for a in arrays]),))[0]
 
 
 def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input_size,
@@ -185,9 +180,10 @@ def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input
         Views of `params`, in the order :func:`canonical_to_params` takes.
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
-    _Route({"params": params})
-    checks.check_params(params, config)
-    return layout.split(params, config)
+    route = _Route({"params": params})
+    checks.check_params(route.arrays["params"], config)
+    weights, biases = layout.split(route.arrays["params"], config)
+    return list(route.outputs(weights)), list(route.outputs(biases))
 
 
 def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
@@ -231,12 +227,13 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
     lstm = rnn_mode == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
                         params=params))
-    problem = checks.check_forward(input, input_h, input_c, params, _host_lengths(sequence_lengths),
-                                   rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
-                                   dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
+    a = route.arrays
+    problem = checks.check_forward(a["input"], a["input_h"], a["input_c"], a["params"],
+                                   _host_lengths(sequence_lengths), rnn_mode=rnn_mode,
+                                   input_mode=input_mode, direction=direction, dropout=dropout,
+                                   seed=seed, seed2=seed2, num_proj=num_proj,
                                    time_major=time_major, is_training=is_training)
-    args = route.inputs(input, input_h, input_c if lstm else None, params)
-    return route.outputs(route.run(route.backend.forward, problem, *args))
+    return route.outputs(route.run(route.backend.forward, problem, *a.values()))
 
 
 def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
@@ -269,13 +266,13 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
                         output_h_backprop=output_h_backprop,
                         output_c_backprop=output_c_backprop if lstm else None,
                         reserve_space=reserve_space))
-    problem = checks.check_forward(input, input_h, input_c, params, _host_lengths(sequence_lengths),
-                                   rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
-                                   dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
-                                   time_major=time_major, is_training=True)
-    checks.check_backprop(problem, output, output_h, output_c, output_backprop,
-                          output_h_backprop, output_c_backprop, reserve_space)
-    args = route.inputs(input, input_h, input_c if lstm else None, params, output, output_h,
-                        output_c if lstm else None, output_backprop, output_h_backprop,
-                        output_c_backprop if lstm else None, reserve_space)
-    return route.outputs(route.run(route.backend.backprop, problem, *args))
+    a = route.arrays
+    problem = checks.check_forward(a["input"], a["input_h"], a["input_c"], a["params"],
+                                   _host_lengths(sequence_lengths), rnn_mode=rnn_mode,
+                                   input_mode=input_mode, direction=direction, dropout=dropout,
+                                   seed=seed, seed2=seed2, num_proj=num_proj, time_major=time_major,
+                                   is_training=True)
+    checks.check_backprop(problem, *[a[n] for n in ("output", "output_h", "output_c",
+                                                    "output_backprop", "output_h_backprop",
+                                                    "output_c_backprop", "reserve_space")])
+    return route.outputs(route.run(route.backend.backprop, problem, *a.values()))

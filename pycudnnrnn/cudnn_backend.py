@@ -27,6 +27,7 @@ import numpy as np
 
 from . import layout
 from .checks import Problem
+from .config import GATES
 from .cudnn import capi
 from .cudnn.capi import api
 from .cudnn.descriptors import (DropoutDescriptor, Handle, RNNDataDescriptor, RNNDescriptor,
@@ -182,8 +183,10 @@ def clear_caches():
 def weight_params(cupy, handle, desc: RNNDescriptor):
     """Offsets (in elements) and shapes of every matrix and bias, from cuDNN.
 
-    Returns a list of ``(pseudo_layer, lin_layer_id, kind, offset, shape)``; pieces cuDNN
-    reports as absent (skip input's layer-0 matrices, the projection's bias) are left out.
+    Returns the weight-space size in bytes and a list of
+    ``(pseudo_layer, lin_layer_id, kind, offset, size)``; pieces cuDNN reports as absent
+    (skip input's layer-0 matrices, the projection's bias) are left out. Sizes, not
+    shapes, are compared: the dims cuDNN reports are metadata and may carry unit axes.
     """
     c, itemsize = desc.config, desc.dtype.itemsize
     size = ctypes.c_size_t()
@@ -201,23 +204,22 @@ def weight_params(cupy, handle, desc: RNNDescriptor):
                                               ctypes.byref(b_addr))
                 for kind, addr, tensor in (("weight", m_addr, m_desc), ("bias", b_addr, b_desc)):
                     if addr.value:
-                        dims = [d for d in tensor.read()["dims"] if d != 1] or [1]
-                        table.append((k, lin, kind, (addr.value - base) // itemsize, tuple(dims)))
+                        size = int(np.prod(tensor.read()["dims"]))
+                        table.append((k, lin, kind, (addr.value - base) // itemsize, size))
     return size.value, table
 
 
 def _expected_table(config):
-    """Our layout as (pseudo_layer, lin_layer_id, kind, offset, shape), in cuDNN's IDs."""
+    """Our layout as (pseudo_layer, lin_layer_id, kind, offset, size), in cuDNN's IDs."""
     G = config.num_gates
-    gate_index = {g: i for i, g in enumerate(layout.GATES[config.rnn_mode])}
+    gate_index = {g: i for i, g in enumerate(GATES[config.rnn_mode])}
     rows = []
     for p in layout.pieces(config):
         if p.role == "projection":
             lin = 2 * G
         else:
             lin = gate_index[p.gate] + (G if p.role == "recurrent" else 0)
-        shape = tuple(d for d in p.shape if d != 1) or (1,)
-        rows.append((p.pseudo_layer, lin, p.kind, p.offset, shape))
+        rows.append((p.pseudo_layer, lin, p.kind, p.offset, p.size))
     return sorted(rows)
 
 
@@ -231,7 +233,7 @@ def check_layout(cupy, handle, desc: RNNDescriptor):
     expected = _expected_table(desc.config)
     if sorted(table) != expected:
         diff = sorted(set(table) ^ set(expected))[:6]
-        problems.append(f"pieces differ (pseudo_layer, linLayerID, kind, offset, shape): {diff}")
+        problems.append(f"pieces differ (pseudo_layer, linLayerID, kind, offset, size): {diff}")
     if problems:
         raise RuntimeError(f"pycudnnrnn's params layout disagrees with cuDNN for {desc.config} "
                            f"({desc.dtype}): " + "; ".join(problems) + ". Please report this.")
@@ -344,9 +346,8 @@ class _Call:
         cp = self.cupy
         if self.all_rows:
             full = s_run
-        else:
-            full = cp.ascontiguousarray(passthrough if self.problem.time_major
-                                        else passthrough.swapaxes(0, 1))
+        else:  # an explicit copy: the caller's array must not change
+            full = (passthrough if self.problem.time_major else passthrough.swapaxes(0, 1)).copy()
             full[:, self.rows] = s_run
         return full if self.problem.time_major else cp.ascontiguousarray(full.swapaxes(0, 1))
 

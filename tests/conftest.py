@@ -82,3 +82,26 @@ def make_case(rnn_mode="lstm", direction="unidirectional", input_mode="linear_in
 @pytest.fixture
 def case_factory():
     return make_case
+
+
+def _gpu_reason():
+    """Why GPU tests cannot run here, or None when they can."""
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device"
+        from pycudnnrnn.cudnn import descriptors
+        descriptors.Handle().close()
+    except Exception as exc:  # no CuPy, no driver, no device, no cuDNN
+        return f"no usable GPU with cuDNN 9 ({type(exc).__name__}: {exc})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_reason()
+    if reason:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=reason))

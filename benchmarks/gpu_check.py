@@ -1,0 +1,121 @@
+"""``make gpu-check``: validate the GPU path on a machine with an NVIDIA GPU.
+
+Uses that machine's own python3 and packages (CuPy, cuDNN 9 from an nvidia-cudnn wheel,
+PyTorch, pytest) with PYTHONPATH=. and no installs. Runs every ``gpu`` test, then a short
+benchmark, writes a report (``gpu-report.md``, the pytest log and JUnit XML, the
+benchmark JSON) into ``$OUT`` when it is set, and prints a summary table last.
+Exits non-zero without a GPU, on any failure, or when no GPU test passed.
+"""
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+TEST_TIMEOUT_S = 270
+BENCH_TIMEOUT_S = 60
+
+
+def environment():
+    """Facts for the report; raises SystemExit(2) at once without a usable GPU."""
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        sys.exit(f"gpu-check: no usable GPU ({type(exc).__name__}: {exc}); nothing was run")
+    if count < 1:
+        sys.exit("gpu-check: CUDA reports no GPU; nothing was run")
+    from pycudnnrnn.cudnn import loader
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+        "gpus": count,
+        "cudnn": ".".join(map(str, loader.version())),
+        "cudnn_path": loader.library_path(),
+        "cupy": cupy.__version__,
+        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+        "torch": torch_version,
+        "python": platform.python_version(),
+    }
+
+
+def run_tests(out):
+    xml_path = os.path.join(out, "gpu-tests.xml")
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider",
+           f"--junitxml={xml_path}", os.path.join(ROOT, "tests")]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=TEST_TIMEOUT_S)
+        log, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        log, rc = f"{exc.stdout or ''}\n{exc.stderr or ''}\nTIMED OUT after {TEST_TIMEOUT_S} s", 124
+    with open(os.path.join(out, "gpu-tests.log"), "w") as f:
+        f.write(log if isinstance(log, str) else log.decode(errors="replace"))
+    counts = dict(tests=0, failures=0, errors=0, skipped=0)
+    if os.path.exists(xml_path):
+        suite = ET.parse(xml_path).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        counts = {k: int(suite.get(k, 0)) for k in counts}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return rc, counts, log
+
+
+def run_bench(out):
+    path = os.path.join(out, "gpu-bench.json")
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_bench.py"), "--json", path]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=BENCH_TIMEOUT_S)
+        text = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired:
+        text = f"benchmark TIMED OUT after {BENCH_TIMEOUT_S} s"
+    return text
+
+
+def main():
+    env = environment()
+    out = os.environ.get("OUT") or os.path.join(ROOT, "gpu-check-report")
+    os.makedirs(out, exist_ok=True)
+    rc, counts, log = run_tests(out)
+    bench = run_bench(out)
+    ok = rc == 0 and counts["passed"] > 0 and counts["failures"] == counts["errors"] == 0
+    tail = "\n".join(log.strip().splitlines()[-40:])
+    report = ["# pycudnnrnn gpu-check", "",
+              *[f"- {k}: {v}" for k, v in env.items()], "",
+              "## gpu tests", "",
+              f"passed {counts['passed']}, failed {counts['failures']}, errors {counts['errors']}, "
+              f"skipped {counts['skipped']} (pytest exit {rc})", "", "```", tail, "```", "",
+              "## benchmark", "", "```", bench.strip(), "```", ""]
+    with open(os.path.join(out, "gpu-report.md"), "w") as f:
+        f.write("\n".join(report))
+    with open(os.path.join(out, "gpu-summary.json"), "w") as f:
+        json.dump(dict(environment=env, tests=counts, pytest_exit=rc, ok=ok), f, indent=2)
+    print(tail)
+    print()
+    print(bench.strip())
+    print()
+    print(f"{'GPU':28s} {env['gpu']}")
+    print(f"{'cuDNN':28s} {env['cudnn']} ({env['cudnn_path']})")
+    print(f"{'CuPy / torch':28s} {env['cupy']} / {env['torch']}")
+    print(f"{'gpu tests':28s} passed {counts['passed']}, failed {counts['failures']}, "
+          f"errors {counts['errors']}, skipped {counts['skipped']}")
+    print(f"{'result':28s} {'OK' if ok else 'FAILED'}  (report in {out})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,9 +19,11 @@ _DLPACK_CUDA = (2, 13)
 
 
 def _device_kind(name, array, strict=True):
-    """"cpu" for NumPy arrays, "cuda" for CUDA arrays; anything else is a TypeError."""
-    if isinstance(array, np.ndarray):
-        return "cpu"
+    """"cpu" for NumPy arrays, "cuda" for CUDA arrays; anything else is a TypeError.
+
+    The array's own ``__dlpack_device__`` decides, so even an ndarray subclass that lives
+    on a GPU goes to the GPU.
+    """
     dlpack_device = getattr(array, "__dlpack_device__", None)
     if dlpack_device is not None:
         try:
@@ -30,6 +32,8 @@ def _device_kind(name, array, strict=True):
             device_type = None
         if device_type in _DLPACK_CUDA:
             return "cuda"
+    if isinstance(array, np.ndarray):
+        return "cpu"
     if not strict:
         return "other"
     raise TypeError(f"{name}: expected a numpy.ndarray or a CUDA array (CuPy, or any array with "

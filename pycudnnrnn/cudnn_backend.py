@@ -204,8 +204,8 @@ def weight_params(cupy, handle, desc: RNNDescriptor):
                                               ctypes.byref(b_addr))
                 for kind, addr, tensor in (("weight", m_addr, m_desc), ("bias", b_addr, b_desc)):
                     if addr.value:
-                        size = int(np.prod(tensor.read()["dims"]))
-                        table.append((k, lin, kind, (addr.value - base) // itemsize, size))
+                        count = int(np.prod(tensor.read()["dims"]))
+                        table.append((k, lin, kind, (addr.value - base) // itemsize, count))
     return size.value, table
 
 

@@ -1,0 +1,139 @@
+"""The cuDNN backend's own code, run in CI on a stand-in GPU (see fake_cuda.py).
+
+Checks the plumbing a GPU test would otherwise be first to see: routing, descriptors and
+sizes handed to cuDNN, ctypes marshalling of every GPU call, zero-length rows kept out of
+cuDNN, batch-major states, reserve-space headers, caches, and that caller arrays are
+never written to. Results must equal the NumPy backend's exactly.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import pycudnnrnn
+from conftest import make_case
+from fake_cuda import FakeCudnn, FakeCupy, FakeDeviceArray, _device
+from pycudnnrnn import cudnn_backend
+from pycudnnrnn.cudnn import descriptors
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    fake_cupy, fake_api = FakeCupy(), FakeCudnn()
+    monkeypatch.setattr(cudnn_backend, "_cupy", lambda: fake_cupy)
+    monkeypatch.setattr(cudnn_backend, "api", lambda: fake_api)
+    monkeypatch.setattr(descriptors, "api", lambda: fake_api)
+    monkeypatch.setattr(cudnn_backend, "_local", type(cudnn_backend._local)())
+    cudnn_backend.clear_caches()
+    yield fake_api
+    cudnn_backend.clear_caches()
+
+
+def _to_device(case):
+    return [None if a is None else _device(a) for a in (case.input, case.input_h, case.input_c,
+                                                        case.params)]
+
+
+MODES = [("lstm", 0), ("lstm", 2), ("gru", 0), ("rnn_tanh", 0), ("rnn_relu", 0)]
+GRID = list(itertools.product(MODES, ["unidirectional", "bidirectional"],
+                              ["full", "ragged", "zero", [0, 0, 0]], [True, False],
+                              [np.float64, np.float32]))
+
+
+@pytest.mark.parametrize("mode_proj,direction,lengths,time_major,dtype", GRID)
+def test_same_results_as_the_numpy_backend(fake_gpu, mode_proj, direction, lengths, time_major,
+                                           dtype):
+    mode, proj = mode_proj
+    case = make_case(mode, direction, num_proj=proj, num_layers=2, lengths=lengths,
+                     time_major=time_major, dtype=dtype, seed=4)
+    originals = [None if a is None else a.copy() for a in _to_device(case)]
+    cpu = case.forward()
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal(a.shape).astype(dtype) for a in cpu[:3]]
+    cpu_grads = case.backprop(cpu, *grads)
+
+    args = _to_device(case)
+    gpu = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    attrs = {k: v for k, v in case.attrs.items()}
+    device_grads = [_device(g) for g in grads]
+    gpu_grads = pycudnnrnn.backprop(*args, case.sequence_lengths, *gpu[:3], *device_grads, gpu[3],
+                                    **attrs)
+    for got, want in zip(gpu[:3] + tuple(gpu_grads), cpu[:3] + tuple(cpu_grads)):
+        assert isinstance(got, FakeDeviceArray)
+        np.testing.assert_array_equal(np.asarray(got), want)
+    for before, after in zip(originals, args):  # caller arrays are never written to
+        if before is not None:
+            np.testing.assert_array_equal(before, after)
+    empty = lengths == [0, 0, 0]
+    assert ("cudnnRNNForward" in fake_gpu.calls) != empty  # an all-empty batch never reaches cuDNN
+    assert gpu[3].dtype == np.uint8 and bytes(np.asarray(gpu[3][:14])) == b"pycudnnrnn-gpu"
+
+
+def test_inference_has_no_reserve_space(fake_gpu):
+    case = make_case("gru", "bidirectional", num_layers=2, lengths="zero")
+    out = pycudnnrnn.forward(*_to_device(case), case.sequence_lengths, **case.attrs,
+                             is_training=False)
+    assert out[3].size == 0
+    np.testing.assert_array_equal(np.asarray(out[0]), case.forward(is_training=False)[0])
+
+
+def test_reserve_space_is_checked(fake_gpu):
+    case = make_case("lstm", num_layers=2)
+    args = _to_device(case)
+    y, hy, cy, reserve = pycudnnrnn.forward(*args)
+    grads = [_device(np.ones_like(a)) for a in (y, hy, cy)]
+    with pytest.raises(ValueError, match=r"reserve_space: expected \d+ bytes .* got \d+"):
+        pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, reserve[:-8])
+    with pytest.raises(ValueError, match="reserve_space: expected the uint8 array made by the cuDNN backend's forward, got a foreign uint8"):
+        pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, _device(np.zeros_like(reserve)))
+    with pytest.raises(ValueError, match="reserve_space: made by a forward call with a different"):
+        pycudnnrnn.backprop(*args, [4, 1, 2], y, hy, cy, *grads, reserve)
+    with pytest.raises(ValueError, match="got an empty one"):
+        pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, _device(np.zeros(0, np.uint8)))
+
+
+def test_descriptors_are_cached_and_layout_checked_once(fake_gpu):
+    case = make_case("lstm", "bidirectional", num_layers=2, num_proj=2, lengths="ragged")
+    args = _to_device(case)
+    for _ in range(3):
+        pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    layout_queries = fake_gpu.calls.count("cudnnGetRNNWeightParams")
+    assert layout_queries == 4 * (2 * 4 + 1) * 1  # L·D pseudo-layers × (2G + projection), once
+    assert fake_gpu.calls.count("cudnnRNNForward") == 3
+    assert len(cudnn_backend._rnn_descriptors) == 1
+
+
+def test_a_layout_disagreement_is_reported(fake_gpu, monkeypatch):
+    original = fake_gpu._cudnnGetRNNWeightSpaceSize
+
+    def wrong(handle, desc, size):
+        original(handle, desc, size)
+        size[0] += 4
+
+    monkeypatch.setattr(fake_gpu, "_cudnnGetRNNWeightSpaceSize", wrong)
+    case = make_case("gru")
+    with pytest.raises(RuntimeError, match="params layout disagrees with cuDNN.*weight space is"):
+        pycudnnrnn.forward(*_to_device(case), **case.attrs)
+
+
+def test_canonical_conversion_stays_on_the_device(fake_gpu):
+    attrs = dict(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3, num_proj=2)
+    params = _device(np.arange(pycudnnrnn.params_size(**attrs), dtype=np.float32))
+    weights, biases = pycudnnrnn.params_to_canonical(params, **attrs)
+    assert all(isinstance(a, FakeDeviceArray) for a in weights + biases)
+    back = pycudnnrnn.canonical_to_params(weights, biases, **attrs)
+    assert isinstance(back, FakeDeviceArray)
+    np.testing.assert_array_equal(np.asarray(back), np.asarray(params))
+
+
+def test_dropout_states_are_initialised_once_per_seed(fake_gpu):
+    case = make_case("lstm", "bidirectional", num_layers=2)
+    args = _to_device(case)
+    for dropout, seed in [(0.3, 1), (0.3, 1), (0.5, 1), (0.3, 2), (0.0, 1)]:
+        pycudnnrnn.forward(*args, **{**case.attrs, "dropout": dropout, "seed": seed})
+    calls = fake_gpu.calls
+    assert calls.count("cudnnSetDropoutDescriptor") == 3  # seeds 1 and 2, and p = 0 (no states)
+    assert calls.count("cudnnRestoreDropoutDescriptor") == 1  # p = 0.5 reuses seed 1's states
+    assert calls.count("cudnnDropoutGetStatesSize") == 2
+    assert len(cudnn_backend._rnn_descriptors) == 4

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import hashlib
 import threading
 
 import numpy as np
 
-from . import layout
+from . import layout, reserve_header
 from .checks import Problem
 from .config import GATES
 from .cudnn import capi
@@ -241,28 +240,12 @@ def check_layout(cupy, handle, desc: RNNDescriptor):
 
 # --------------------------------------------------------------------------- reserve space
 
-def _fingerprint(problem: Problem) -> bytes:
-    key = repr((problem.config, problem.max_time, problem.batch_size, str(problem.dtype),
-                problem.full_lengths.tolist(), get_allow_tf32())).encode()
-    return _MAGIC + hashlib.blake2b(key, digest_size=16).digest()
-
-
 def _open_reserve(cupy, reserve_space, problem, cudnn_bytes):
-    expected = _HEADER_BYTES + cudnn_bytes
-    if reserve_space.dtype != cupy.uint8 or reserve_space.size < 32:
-        raise ValueError("reserve_space: expected the uint8 array made by the cuDNN backend's "
-                         f"forward, got a foreign {reserve_space.dtype} array of "
-                         f"{reserve_space.size} elements")
-    header = bytes(cupy.asnumpy(reserve_space[:32]))  # 32 bytes to the host
-    if header[:16] != _MAGIC:
-        raise ValueError("reserve_space: expected the uint8 array made by the cuDNN backend's "
-                         f"forward, got a foreign uint8 array of {reserve_space.size} elements")
-    if reserve_space.size != expected:
-        raise ValueError(f"reserve_space: expected {expected} bytes for this configuration and "
-                         f"these shapes, got {reserve_space.size}")
-    if header != _fingerprint(problem):
-        raise ValueError("reserve_space: made by a forward call with a different configuration, "
-                         "dropout, dtype or sequence_lengths than this backprop")
+    n = reserve_header.HEADER_BYTES
+    readable = reserve_space.dtype == cupy.uint8 and reserve_space.size >= n
+    head = bytes(cupy.asnumpy(reserve_space[:n])) if readable else None  # 32 bytes to the host
+    reserve_header.check(head, reserve_space.dtype, reserve_space.size,
+                         _HEADER_BYTES + cudnn_bytes, problem, _MAGIC, "cuDNN", get_allow_tf32())
     return cupy.ascontiguousarray(reserve_space)
 
 
@@ -393,9 +376,10 @@ def forward(problem: Problem, input, input_h, input_c, params):
 
 
 def _new_reserve(cp, problem, cudnn_bytes):
-    reserve = cp.empty(_HEADER_BYTES + cudnn_bytes, dtype=cp.uint8)
-    reserve[:32] = cp.asarray(np.frombuffer(_fingerprint(problem), dtype=np.uint8))
-    return reserve
+    buffer = cp.empty(_HEADER_BYTES + cudnn_bytes, dtype=cp.uint8)
+    head = reserve_header.header(problem, _MAGIC, get_allow_tf32())
+    buffer[:reserve_header.HEADER_BYTES] = cp.asarray(np.frombuffer(head, dtype=np.uint8))
+    return buffer
 
 
 def backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,

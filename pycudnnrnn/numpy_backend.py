@@ -23,15 +23,13 @@ cells, GRU's ``R_h·h + b_Rh``, dropout masks) in the compute dtype.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
-from . import layout
+from . import layout, reserve_header
 from .checks import Problem
 
 _MAGIC = b"pycudnnrnn-cpu\x00\x01"
-_HEADER_BYTES = 32  # magic (16) + fingerprint of the call (16)
+_HEADER_BYTES = reserve_header.HEADER_BYTES
 
 
 def _compute_dtype(dtype):
@@ -87,12 +85,6 @@ class _Batch:
 
 # --------------------------------------------------------------------------- reserve space
 
-def _fingerprint(problem: Problem) -> bytes:
-    key = repr((problem.config, problem.max_time, problem.batch_size, str(problem.dtype),
-                problem.full_lengths.tolist())).encode()
-    return hashlib.blake2b(key, digest_size=16).digest()
-
-
 def _dropout_layers(problem: Problem):
     c = problem.config
     if problem.is_training and c.dropout > 0:
@@ -132,24 +124,15 @@ def _carve(buffer, problem):
 
 def _new_reserve(problem):
     buffer = np.zeros(reserve_nbytes(problem), dtype=np.uint8)
-    buffer[:16] = np.frombuffer(_MAGIC, dtype=np.uint8)
-    buffer[16:32] = np.frombuffer(_fingerprint(problem), dtype=np.uint8)
+    buffer[:_HEADER_BYTES] = np.frombuffer(reserve_header.header(problem, _MAGIC), dtype=np.uint8)
     return buffer
 
 
 def _open_reserve(reserve_space, problem):
     """Check a reserve_space from forward belongs to this call; return its views."""
-    expected = reserve_nbytes(problem)
-    if reserve_space.dtype != np.uint8 or bytes(reserve_space[:16]) != _MAGIC:
-        raise ValueError("reserve_space: expected the uint8 array made by the NumPy "
-                         f"backend's forward, got a foreign {reserve_space.dtype} array of "
-                         f"{reserve_space.shape[0]} elements")
-    if reserve_space.shape[0] != expected:
-        raise ValueError(f"reserve_space: expected {expected} bytes for this configuration "
-                         f"and these shapes, got {reserve_space.shape[0]}")
-    if bytes(reserve_space[16:32]) != _fingerprint(problem):
-        raise ValueError("reserve_space: made by a forward call with a different "
-                         "configuration, dropout, dtype or sequence_lengths than this backprop")
+    head = bytes(reserve_space[:_HEADER_BYTES]) if reserve_space.dtype == np.uint8 else None
+    reserve_header.check(head, reserve_space.dtype, reserve_space.shape[0],
+                         reserve_nbytes(problem), problem, _MAGIC, "NumPy")
     return _carve(np.ascontiguousarray(reserve_space), problem)
 
 
@@ -443,9 +426,9 @@ def forward(problem: Problem, input, input_h, input_c, params):
     x0 = batch.data_in(input, problem.time_major, cdt)
     h = batch.state_in(input_h, problem.time_major, cdt)
     cell = batch.state_in(input_c, problem.time_major, cdt) if c.is_lstm else None
-    reserve = _new_reserve(problem) if problem.is_training else \
+    buffer = _new_reserve(problem) if problem.is_training else \
         np.zeros(reserve_nbytes(problem), dtype=np.uint8)
-    views = _carve(reserve, problem)
+    views = _carve(buffer, problem)
     for layer in _dropout_layers(problem):
         views[f"mask{layer}"][:] = _dropout_mask(problem, layer, batch, cdt)
 
@@ -465,8 +448,8 @@ def forward(problem: Problem, input, input_h, input_c, params):
     output_h = batch.state_out(h, tm, dtype)
     output_c = batch.state_out(cell, tm, dtype) if c.is_lstm else np.zeros((0,), dtype)
     if not problem.is_training:
-        reserve = np.zeros((0,), dtype=np.uint8)
-    return output, output_h, output_c, reserve
+        buffer = np.zeros((0,), dtype=np.uint8)
+    return output, output_h, output_c, buffer
 
 
 def backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,

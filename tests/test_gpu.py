@@ -184,7 +184,7 @@ def test_dropout_acts_in_training_only():
 def test_reserve_space_checks_on_gpu():
     case = make_case("lstm", num_layers=2, num_units=8)
     args = [_gpu(case.input), _gpu(case.input_h), _gpu(case.input_c), _gpu(case.params)]
-    y, hy, cy, reserve = pycudnnrnn.forward(*args)
+    y, hy, cy, reserve = pycudnnrnn.forward(*args, **case.attrs)
     grads = [cupy.ones_like(a) for a in (y, hy, cy)]
     with pytest.raises(ValueError, match="wrong|bytes"):
         pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, reserve[:-256])
@@ -250,7 +250,7 @@ def test_dlpack_inputs_are_not_copied():
     case = make_case("rnn_tanh", num_units=4, dtype=np.float32)
     to_t = lambda a: torch.from_numpy(a).cuda()
     y, hy, cy, reserve = pycudnnrnn.forward(to_t(case.input), to_t(case.input_h), None,
-                                            to_t(case.params))
+                                            to_t(case.params), **case.attrs)
     assert all(isinstance(a, torch.Tensor) and a.is_cuda for a in (y, hy, cy, reserve))
     np.testing.assert_allclose(y.cpu().numpy(), case.forward()[0], rtol=1e-5, atol=1e-6)
 
@@ -258,10 +258,10 @@ def test_dlpack_inputs_are_not_copied():
 def test_mixed_devices_and_dtypes_are_type_errors():
     case = make_case("gru", num_units=4)
     with pytest.raises(TypeError, match="all be NumPy"):
-        pycudnnrnn.forward(_gpu(case.input), case.input_h, None, _gpu(case.params))
+        pycudnnrnn.forward(_gpu(case.input), case.input_h, None, _gpu(case.params), **case.attrs)
     with pytest.raises(TypeError, match="dtype"):
         pycudnnrnn.forward(_gpu(case.input), _gpu(case.input_h).astype(cupy.float32), None,
-                           _gpu(case.params))
+                           _gpu(case.params), **case.attrs)
 
 
 def test_memory_is_stable_over_1000_calls():
@@ -272,8 +272,8 @@ def test_memory_is_stable_over_1000_calls():
     pool = cupy.get_default_memory_pool()
 
     def step():
-        y, hy, cy, r = pycudnnrnn.forward(*args, case.sequence_lengths)
-        pycudnnrnn.backprop(*args, case.sequence_lengths, y, hy, cy, y, hy, cy, r)
+        y, hy, cy, r = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+        pycudnnrnn.backprop(*args, case.sequence_lengths, y, hy, cy, y, hy, cy, r, **case.attrs)
 
     for _ in range(5):
         step()
@@ -318,10 +318,10 @@ def test_tf32_is_opt_in():
     case = make_case("lstm", num_layers=2, num_units=64, input_size=64, T=8, B=8,
                      dtype=np.float32, seed=3)
     args = [_gpu(case.input), _gpu(case.input_h), _gpu(case.input_c), _gpu(case.params)]
-    strict = pycudnnrnn.forward(*args)[0]
+    strict = pycudnnrnn.forward(*args, **case.attrs)[0]
     try:
         pycudnnrnn.set_allow_tf32(True)
-        fast = pycudnnrnn.forward(*args)[0]
+        fast = pycudnnrnn.forward(*args, **case.attrs)[0]
     finally:
         pycudnnrnn.set_allow_tf32(False)
     cpu = case.forward()[0]

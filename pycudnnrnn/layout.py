@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from .config import GATES, RNNConfig
 
@@ -57,10 +58,7 @@ class Piece:
 
     @property
     def size(self) -> int:
-        size = 1
-        for n in self.shape:
-            size *= n
-        return size
+        return math.prod(self.shape)
 
     @property
     def stop(self) -> int:
@@ -81,10 +79,7 @@ class Block:
 
     @property
     def stop(self) -> int:
-        size = 1
-        for n in self.shape:
-            size *= n
-        return self.offset + size
+        return self.offset + math.prod(self.shape)
 
     def view(self, params):
         """The block of `params` (NumPy or CuPy 1-D array) as a reshaped view."""

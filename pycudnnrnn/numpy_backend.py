@@ -207,8 +207,10 @@ def _input_gradient(dxw, weights, width):
 
 # --------------------------------------------------------------------------- cells, forward
 
-def _steps(T, reverse):
-    return range(T - 1, -1, -1) if reverse else range(T)
+def _active_steps(active, reverse):
+    """(t, k) for each step in processing order, k = sequences running at t (a prefix)."""
+    steps = range(len(active) - 1, -1, -1) if reverse else range(len(active))
+    return ((t, active[t]) for t in steps if active[t])
 
 
 def _lstm_forward(xw, w, h, c, y, store, active, reverse):
@@ -218,10 +220,7 @@ def _lstm_forward(xw, w, h, c, y, store, active, reverse):
     proj = None if w.w_proj is None else np.ascontiguousarray(w.w_proj.T)
     tmp = np.empty_like(c)
     m = np.empty_like(c)
-    for t in _steps(len(active), reverse):
-        k = active[t]
-        if k == 0:
-            continue
+    for t, k in _active_steps(active, reverse):
         g = gates[t, :k]
         np.matmul(h[:k], rec, out=g)
         g += xw[t, :k]
@@ -250,10 +249,7 @@ def _gru_forward(xw, w, h, c, y, store, active, reverse):
     b_rec = w.b_rec * w.scale
     hr = np.empty((h.shape[0], 3 * H), dtype=h.dtype)
     tmp = np.empty_like(h)
-    for t in _steps(len(active), reverse):
-        k = active[t]
-        if k == 0:
-            continue
+    for t, k in _active_steps(active, reverse):
         g, r_k = gates[t, :k], hr[:k]
         np.matmul(h[:k], rec, out=r_k)
         r_k += b_rec
@@ -278,10 +274,7 @@ def _rnn_forward(activation):
     def forward(xw, w, h, c, y, store, active, reverse):
         rec = np.ascontiguousarray(w.w_rec.T)
         pre = np.empty_like(h)
-        for t in _steps(len(active), reverse):
-            k = active[t]
-            if k == 0:
-                continue
+        for t, k in _active_steps(active, reverse):
             p = pre[:k]
             np.matmul(h[:k], rec, out=p)
             p += xw[t, :k]
@@ -299,7 +292,6 @@ _FORWARD = {"lstm": _lstm_forward, "gru": _gru_forward,
 
 def _lstm_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
     """Returns the input-side and recurrent gate gradients (the same array for LSTM)."""
-    T = dy.shape[0]
     H = dc.shape[1]
     gates, cells = store["gates"], store["c"]
     i, f, o, g = (gates[..., j * H:(j + 1) * H] for j in range(4))
@@ -315,10 +307,7 @@ def _lstm_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
     rec = w.w_rec
     dm_buf = np.empty_like(dc)
     tmp = np.empty_like(dc)
-    for t in _steps(T, not reverse):
-        k = batch.active[t]
-        if k == 0:
-            continue
+    for t, k in _active_steps(batch.active, not reverse):
         dh_k = dh[:k]
         dh_k += dy[t, :k]
         if dhs is None:
@@ -345,7 +334,6 @@ def _lstm_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
 
 
 def _gru_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
-    T = dy.shape[0]
     H = dh.shape[1]
     gates, hr = store["gates"], store["hr"]
     r, z, n = (gates[..., j * H:(j + 1) * H] for j in range(3))
@@ -356,10 +344,7 @@ def _gru_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
     dhg = np.zeros_like(gates)
     rec = w.w_rec
     tmp = np.empty_like(dh)
-    for t in _steps(T, not reverse):
-        k = batch.active[t]
-        if k == 0:
-            continue
+    for t, k in _active_steps(batch.active, not reverse):
         dh_k = dh[:k]
         dh_k += dy[t, :k]
         dx_t, dh_t = dxg[t, :k], dhg[t, :k]
@@ -380,10 +365,7 @@ def _rnn_backward(derivative):
         act_grad = derivative(store["y"])
         dgates = np.zeros_like(dy)
         rec = w.w_rec
-        for t in _steps(dy.shape[0], not reverse):
-            k = batch.active[t]
-            if k == 0:
-                continue
+        for t, k in _active_steps(batch.active, not reverse):
             dh_k = dh[:k]
             dh_k += dy[t, :k]
             dg = dgates[t, :k]

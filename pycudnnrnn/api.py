@@ -1,8 +1,9 @@
 """The public functions: find the backend, check the arguments, run the backend.
 
 Data flows one way: public function → :mod:`~pycudnnrnn.checks` → backend → result.
-The backend follows the arrays: NumPy arrays run on :mod:`~pycudnnrnn.numpy_backend`;
-CUDA arrays (CuPy, or anything whose ``__dlpack_device__`` is CUDA) on cuDNN.
+The backend follows the arrays: CPU arrays (NumPy, or DLPack arrays on the CPU) run on
+:mod:`~pycudnnrnn.numpy_backend`; CUDA arrays (CuPy, or anything whose
+``__dlpack_device__`` is CUDA) on cuDNN.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ _DEFAULTS = dict(rnn_mode="lstm", input_mode="linear_input", direction="unidirec
                  num_proj=0)
 
 # DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
+_DLPACK_CPU = 1
 _DLPACK_CUDA = (2, 13)
 
 
 def _device_kind(name, array, strict=True):
-    """"cpu" for NumPy arrays, "cuda" for CUDA arrays; anything else is a TypeError.
+    """"cpu" or "cuda", from the array's ``__dlpack_device__`` (NumPy arrays are "cpu").
 
-    The array's own ``__dlpack_device__`` decides, so even an ndarray subclass that lives
-    on a GPU goes to the GPU.
+    Anything that is neither a NumPy array nor a DLPack array on the CPU or a CUDA device
+    is a TypeError (or "other" when not `strict`).
     """
     dlpack_device = getattr(array, "__dlpack_device__", None)
     if dlpack_device is not None:
@@ -32,22 +34,25 @@ def _device_kind(name, array, strict=True):
             device_type = None
         if device_type in _DLPACK_CUDA:
             return "cuda"
+        if device_type == _DLPACK_CPU and hasattr(array, "__dlpack__"):
+            return "cpu"
     if isinstance(array, np.ndarray):
         return "cpu"
     if not strict:
         return "other"
-    raise TypeError(f"{name}: expected a numpy.ndarray or a CUDA array (CuPy, or any array with "
-                    f"__dlpack__ on a CUDA device), got {type(array).__module__}."
-                    f"{type(array).__qualname__}")
+    raise TypeError(f"{name}: expected a NumPy array, a CUDA array (CuPy, or any array with "
+                    f"__dlpack__ on a CUDA device) or a DLPack array on the CPU, got "
+                    f"{type(array).__module__}.{type(array).__qualname__}")
 
 
 class _Route:
     """Where a call runs, and how its arrays get there and back.
 
-    NumPy arrays go to the NumPy backend as they are. CUDA arrays go to the cuDNN backend
-    as CuPy arrays (DLPack, no copy), on their own device, and results return in the
-    array type of the call's first array. ``arrays`` holds the converted arguments by
-    name (None stays None), ready for the checks and the backend.
+    CPU arrays (NumPy, or any DLPack array on the CPU, such as a PyTorch CPU tensor) go
+    to the NumPy backend; CUDA arrays go to the cuDNN backend as CuPy arrays. Both ways
+    through DLPack, without a copy; results return in the array type of the call's first
+    array. ``arrays`` holds the converted arguments by name (None stays None), ready for
+    the checks and the backend.
     """
 
     def __init__(self, arrays: dict):
@@ -59,7 +64,9 @@ class _Route:
         self.template = next((a for a in arrays.values() if a is not None), None)
         if not self.cuda:
             from . import numpy_backend
-            self.backend, self.xp, self.arrays = numpy_backend, np, dict(arrays)
+            self.backend, self.xp = numpy_backend, np
+            self.arrays = {n: a if a is None or isinstance(a, np.ndarray) else np.from_dlpack(a)
+                           for n, a in arrays.items()}
             return
         from . import cudnn_backend
         self.backend = cudnn_backend
@@ -74,7 +81,7 @@ class _Route:
 
     def outputs(self, results):
         """Backend results in the caller's array type."""
-        if not self.cuda or isinstance(self.template, self.xp.ndarray):
+        if isinstance(self.template, self.xp.ndarray):
             return results
         wrap = _from_dlpack_like(self.template)
         return tuple(wrap(r) for r in results)
@@ -88,7 +95,11 @@ class _Route:
 
 
 def _from_dlpack_like(template):
-    """A function making arrays of `template`'s library from DLPack (CuPy as a fallback)."""
+    """A function making arrays of `template`'s library from DLPack.
+
+    PyTorch and JAX are known; for anything else results stay the backend's own arrays
+    (NumPy or CuPy).
+    """
     library = type(template).__module__.split(".")[0]
     if library == "torch":
         import torch

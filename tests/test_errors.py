@@ -72,7 +72,7 @@ FORWARD_ERRORS = [
     ("skip_input sizes", _fwd(C, input_mode="skip_input"), ValueError,
      r"input_mode: 'skip_input' needs input_size == num_units, got input_size=3 and num_units=4"),
     # array types and devices
-    ("list input", _fwd(C, input=C.input.tolist()), TypeError, r"input: expected a numpy.ndarray or a CUDA array"),
+    ("list input", _fwd(C, input=C.input.tolist()), TypeError, r"input: expected a NumPy array, a CUDA array .* or a DLPack array on the CPU, got builtins.list"),
 ]
 
 

@@ -327,3 +327,29 @@ def test_tf32_is_opt_in():
     cpu = case.forward()[0]
     _assert_close(strict, cpu, np.float32, "strict fp32")
     np.testing.assert_allclose(_cpu(fast), cpu, rtol=1e-2, atol=1e-2)
+
+
+def test_torch_module_on_cuda_matches_cpu():
+    torch = pytest.importorskip("torch")
+    from pycudnnrnn import convert
+    from pycudnnrnn.torch import CudnnRNN
+    torch.manual_seed(0)
+    cpu = CudnnRNN(3, 8, 2, rnn_mode="gru", bidirectional=True).double()
+    gpu = CudnnRNN(3, 8, 2, rnn_mode="gru", bidirectional=True).double().cuda()
+    with torch.no_grad():
+        gpu.params.copy_(cpu.params)
+    x = torch.randn(5, 4, 3, dtype=torch.float64)
+    lengths = [5, 0, 2, 4]
+    results = []
+    for model, xx in ((cpu, x.clone().requires_grad_()), (gpu, x.cuda().requires_grad_())):
+        out, h = model(xx, sequence_lengths=lengths)
+        (out.square().sum() + h.sum()).backward()
+        results.append([out.detach().cpu(), h.detach().cpu(), xx.grad.cpu(), model.params.grad.cpu()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    module = torch.nn.LSTM(3, 8, proj_size=4).cuda()
+    params, attrs = convert.from_torch(module)
+    assert params.is_cuda
+    rebuilt = convert.to_torch(params, **attrs)
+    for key, value in module.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[key], value)

@@ -302,3 +302,16 @@ def test_matches_keras_layers(mode, direction):
     # and back: Keras computes the same with the weights we give it
     layer.set_weights(convert.to_keras(params, **attrs)[0])
     np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), y, rtol=1e-10, atol=1e-12)
+
+
+def test_the_documented_round_trip_runs():
+    """docs/examples/torch_roundtrip.py, as the interop page shows it."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "docs", "examples", "torch_roundtrip.py")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "to_torch gives the same network: True" in proc.stdout
+    diff = float(proc.stdout.split("max |pycudnnrnn - PyTorch|:")[1].split()[0])
+    assert diff < 1e-5

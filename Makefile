@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench gpu-check clean
+.PHONY: demo test bench docs gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m pycudnnrnn.demo
+	$(PY) -m pycudnnrnn check
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -23,8 +23,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/cpu_bench.py
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache site
 
 # On a machine with an NVIDIA GPU: its own python3 and packages, no virtual environment.
 gpu-check:

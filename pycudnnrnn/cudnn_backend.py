@@ -62,11 +62,12 @@ def _cupy():
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no driver, or no device
-        raise CudnnUnavailableError(f"CUDA arrays were given but CUDA reports no usable GPU "
-                                    f"({exc}); install an NVIDIA driver, or pass NumPy arrays "
-                                    "to use the CPU backend") from exc
+        raise CudnnUnavailableError(f"CUDA reports no usable GPU ({exc}); the cuDNN backend "
+                                    "needs an NVIDIA GPU and driver (NumPy arrays run on the "
+                                    "CPU backend)") from exc
     if count == 0:
-        raise CudnnUnavailableError("CUDA arrays were given but CUDA reports no GPU")
+        raise CudnnUnavailableError("CUDA reports no GPU; the cuDNN backend needs one (NumPy "
+                                    "arrays run on the CPU backend)")
     return cupy
 
 

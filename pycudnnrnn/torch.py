@@ -91,6 +91,8 @@ class CudnnRNN(torch.nn.Module):
     device, dtype
         Of ``params``.
 
+    Notes
+    -----
     ``params`` is initialised like PyTorch's RNNs, uniformly in ±1/√hidden_size; its
     layout is cuDNN's (see :func:`pycudnnrnn.params_to_canonical`).
     """

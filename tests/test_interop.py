@@ -189,7 +189,7 @@ def test_module_trains_and_matches_functional():
         loss = (model(x.detach(), sequence_lengths=lengths)[0] - target).square().mean()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
 
 

@@ -1,0 +1,103 @@
+"""The command line through its real entry points (subprocesses)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pycudnnrnn import selfcheck
+
+
+def _run(*args, env=None, entry="module"):
+    if entry == "script":
+        script = shutil.which("pycudnnrnn", path=os.path.dirname(sys.executable))
+        command = [script, *args]
+    else:
+        command = [sys.executable, "-m", "pycudnnrnn", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("entry", ["module", "script"])
+def test_info_prints_what_a_bug_report_needs(entry):
+    proc = _run("info", entry=entry)
+    assert proc.returncode == 0, proc.stderr
+    for field in ("pycudnnrnn", "python", "numpy", "cupy", "cudnn", "cudnn library", "gpus",
+                  "backend for NumPy arrays", "backend for CUDA arrays"):
+        assert any(line.startswith(field + " ") for line in proc.stdout.splitlines()), field
+    assert "9." in proc.stdout  # the cuDNN version from the wheel
+
+
+def test_check_passes_on_a_good_configuration():
+    proc = _run("check", "--backend", "cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "d/dparams vs finite differences" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "6 passed, 0 failed"
+
+
+@pytest.mark.parametrize("options", [
+    ["--mode", "gru", "--dtype", "float32", "--batch-major"],
+    ["--mode", "rnn_relu", "--direction", "unidirectional", "--layers", "3", "--lengths", "4,4"],
+    ["--num-proj", "3", "--input-mode", "skip_input", "--input-size", "6", "--dtype", "float16"],
+])
+def test_check_other_configurations(options):
+    proc = _run("check", "--backend", "cpu", *options)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " 0 failed" in proc.stdout
+
+
+def test_check_fails_on_a_corrupted_gradient():
+    proc = _run("check", "--backend", "cpu", env={selfcheck.CORRUPT_ENV: "1.01"})
+    assert proc.returncode == 1
+    assert "d/dparams vs finite differences" in proc.stdout and "FAIL" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "5 passed, 1 failed"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["check", "--layers", "0"], "argument --layers: expected a positive integer, got 0"),
+    (["check", "--mode", "lstmm"], "argument --mode: invalid choice: 'lstmm'"),
+    (["check", "--lengths", "3,x"], "argument --lengths: expected comma-separated integers"),
+    (["check", "--lengths", "3,9", "--max-time", "4"], "--lengths: expected values in [0, 4]"),
+    (["check", "--mode", "gru", "--num-proj", "2"], "num_proj: a projection needs rnn_mode='lstm'"),
+    (["bench", "--seq-lengths", ""], "argument --seq-lengths: expected at least one integer"),
+    (["bench", "--dtype", "int8"], "argument --dtype: invalid choice"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ([], "the following arguments are required"),
+])
+def test_bad_options_are_usage_errors(args, message):
+    proc = _run(*args)
+    assert proc.returncode == 2
+    assert "usage: pycudnnrnn" in proc.stderr and message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_gpu_backend_without_a_gpu_is_a_usage_error():
+    from pycudnnrnn.environment import gpu_status
+    if gpu_status()[0]:
+        pytest.skip("this machine has a GPU")
+    proc = _run("check", "--backend", "gpu")
+    assert proc.returncode == 2 and "--backend gpu: no usable GPU" in proc.stderr
+
+
+def test_bench_writes_json_and_png(tmp_path):
+    json_path, png_path = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "4,8", "--input-size", "8",
+                "--hidden-size", "16", "--batch", "4", "--repeat", "3", "--warmup", "1",
+                "--json", str(json_path), "--plot", str(png_path), "--progress", "always")
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(json_path.read_text())["results"]
+    assert [r["max_time"] for r in results] == [4, 8]
+    for r in results:
+        assert r["device"] == "cpu" and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > r["fwd_ms"] * 0.5
+        assert r["torch_fwd_ms"] > 0  # torch is in the test environment
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 5000
+    assert "configuration" in proc.stdout and "2/2" in proc.stderr  # table and progress bar
+
+
+@pytest.mark.parametrize("command", ["info", "check", "bench"])
+def test_every_command_has_help(command):
+    proc = _run(command, "--help")
+    assert proc.returncode == 0 and f"usage: pycudnnrnn {command}" in proc.stdout

@@ -12,8 +12,6 @@ import numpy as np
 
 from . import checks, layout
 
-_DEFAULTS = dict(rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
-                 num_proj=0)
 
 # DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
 _DLPACK_CPU = 1

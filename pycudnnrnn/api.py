@@ -108,7 +108,7 @@ def _from_dlpack_like(template):
     return lambda array: array
 
 
-def _host_lengths(sequence_lengths):
+def host_lengths(sequence_lengths):
     """sequence_lengths as a host array (they steer the computation, so they live on the CPU)."""
     if sequence_lengths is None or isinstance(sequence_lengths, (list, tuple, np.ndarray)):
         return None if sequence_lengths is None else np.asarray(sequence_lengths)
@@ -242,7 +242,7 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
                         params=params))
     a = route.arrays
     problem = checks.check_forward(a["input"], a["input_h"], a["input_c"], a["params"],
-                                   _host_lengths(sequence_lengths), rnn_mode=rnn_mode,
+                                   host_lengths(sequence_lengths), rnn_mode=rnn_mode,
                                    input_mode=input_mode, direction=direction, dropout=dropout,
                                    seed=seed, seed2=seed2, num_proj=num_proj,
                                    time_major=time_major, is_training=is_training)
@@ -281,7 +281,7 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
                         reserve_space=reserve_space))
     a = route.arrays
     problem = checks.check_forward(a["input"], a["input_h"], a["input_c"], a["params"],
-                                   _host_lengths(sequence_lengths), rnn_mode=rnn_mode,
+                                   host_lengths(sequence_lengths), rnn_mode=rnn_mode,
                                    input_mode=input_mode, direction=direction, dropout=dropout,
                                    seed=seed, seed2=seed2, num_proj=num_proj, time_major=time_major,
                                    is_training=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from . import api
@@ -22,14 +21,6 @@ def _detached(tensor):
     return None if tensor is None else tensor.detach()
 
 
-def _host_lengths(sequence_lengths):
-    if sequence_lengths is None:
-        return None
-    if isinstance(sequence_lengths, torch.Tensor):
-        return sequence_lengths.detach().cpu().numpy()
-    return np.asarray(sequence_lengths)
-
-
 class CudnnRNNFunction(torch.autograd.Function):
     """``forward``/``backprop`` as one differentiable op.
 
@@ -40,7 +31,7 @@ class CudnnRNNFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, input_h, input_c, params, sequence_lengths, attrs, is_training):
-        lengths = _host_lengths(sequence_lengths)
+        lengths = api.host_lengths(sequence_lengths)  # once: backward reuses them
         args = [_detached(t) for t in (input, input_h, input_c, params)]
         y, hy, cy, reserve = api.forward(*args, lengths, **attrs, is_training=is_training)
         outputs = (y, hy, cy)

@@ -137,3 +137,15 @@ def test_dropout_states_are_initialised_once_per_seed(fake_gpu):
     assert calls.count("cudnnRestoreDropoutDescriptor") == 1  # p = 0.5 reuses seed 1's states
     assert calls.count("cudnnDropoutGetStatesSize") == 2
     assert len(cudnn_backend._rnn_descriptors) == 4
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_check_command_gpu_path(fake_gpu, dtype):
+    """`pycudnnrnn check --backend gpu` compares cuDNN with NumPy; here the stand-in GPU."""
+    from pycudnnrnn import selfcheck
+    cfg = selfcheck.CheckConfig(backend="gpu", dtype=dtype, time_major=False,
+                                lengths=(7, 0, 5, 2))
+    rows = selfcheck.run(cfg)
+    assert [r.name for r in rows][:2] == ["output cuDNN vs NumPy", "output_h cuDNN vs NumPy"]
+    assert all(r.ok for r in rows), rows
+    assert "cudnnRNNBackwardWeights_v8" in fake_gpu.calls

@@ -99,10 +99,17 @@ def _reserve_entries(problem: Problem):
     entries = [(f"y{l}", (T, B, width)) for l in range(c.num_layers)]
     entries += [(f"mask{l}", (T, B, width)) for l in _dropout_layers(problem)]
     if c.rnn_mode in ("lstm", "gru"):
-        entries += [(f"gates{k}", (T, B, c.num_gates * H)) for k in range(c.num_pseudo_layers)]
+        slots = range(_activation_slots(problem))
+        entries += [(f"gates{k}", (T, B, c.num_gates * H)) for k in slots]
         extra = "c" if c.is_lstm else "hr"
-        entries += [(f"{extra}{k}", (T, B, H)) for k in range(c.num_pseudo_layers)]
+        entries += [(f"{extra}{k}", (T, B, H)) for k in slots]
     return entries
+
+
+def _activation_slots(problem: Problem) -> int:
+    """Pseudo-layers whose gate activations are kept: all for backprop; in inference one
+    slot serves every pseudo-layer in turn."""
+    return problem.config.num_pseudo_layers if problem.is_training else 1
 
 
 def reserve_nbytes(problem: Problem) -> int:
@@ -382,14 +389,16 @@ _BACKWARD = {"lstm": _lstm_backward, "gru": _gru_backward,
 
 # --------------------------------------------------------------------------- the passes
 
-def _pseudo_store(views, config, layer, direction):
-    """The reserve views one pseudo-layer reads and writes."""
+def _pseudo_store(views, problem, layer, direction):
+    """Pseudo-layer index and the reserve views it reads and writes."""
+    config = problem.config
     k = layer * config.num_dirs + direction
+    slot = k % _activation_slots(problem)
     P = config.state_size
     store = {"y": views[f"y{layer}"][..., direction * P:(direction + 1) * P]}
     for name in ("gates", "c", "hr"):
-        if f"{name}{k}" in views:
-            store[name] = views[f"{name}{k}"]
+        if f"{name}{slot}" in views:
+            store[name] = views[f"{name}{slot}"]
     return k, store
 
 
@@ -420,7 +429,7 @@ def forward(problem: Problem, input, input_h, input_c, params):
     for layer in range(c.num_layers):
         x = _layer_input(views, x0, layer)
         for direction in range(c.num_dirs):
-            k, store = _pseudo_store(views, c, layer, direction)
+            k, store = _pseudo_store(views, problem, layer, direction)
             w = _Weights(params, blocks[k], c, cdt)
             step(_input_transform(x, w, gh), w, h[k], None if cell is None else cell[k],
                  store["y"], store, batch.active, reverse=direction == 1)
@@ -461,7 +470,7 @@ def backprop(problem: Problem, input, input_h, input_c, params, output, output_h
         x = _layer_input(views, x0, layer)
         dx = np.zeros(x.shape, dtype=cdt)
         for direction in range(c.num_dirs):
-            k, store = _pseudo_store(views, c, layer, direction)
+            k, store = _pseudo_store(views, problem, layer, direction)
             reverse = direction == 1
             w = _Weights(params, blocks[k], c, cdt)
             prev_h = batch.previous(store["y"], h0[k], reverse)

@@ -154,3 +154,18 @@ def test_non_lstm_modes_return_empty_cell_outputs():
     assert cy.shape == (0,) and cy.dtype == y.dtype
     grads = case.backprop((y, hy, cy, reserve), np.ones_like(y), np.ones_like(hy), None)
     assert grads[2].shape == (0,)
+
+
+def test_inference_keeps_one_pseudo_layer_of_activations():
+    """Training keeps every pseudo-layer's gates for backprop; inference reuses one slot."""
+    import tracemalloc
+    case = make_case("lstm", "bidirectional", num_layers=3, T=50, B=8, input_size=16,
+                     num_units=32)
+    peaks = {}
+    for training in (True, False):
+        tracemalloc.start()
+        case.forward(is_training=training)
+        peaks[training] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    # gates + cells are 5H per step and pseudo-layer: six pseudo-layers' worth vs one
+    assert peaks[False] < 0.5 * peaks[True], peaks

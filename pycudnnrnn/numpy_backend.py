@@ -298,22 +298,20 @@ _FORWARD = {"lstm": _lstm_forward, "gru": _gru_forward,
 # --------------------------------------------------------------------------- cells, backward
 
 def _lstm_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
-    """Returns the input-side and recurrent gate gradients (the same array for LSTM)."""
+    """Returns the input-side and recurrent gate gradients (the same array for LSTM).
+
+    Derivatives are formed step by step on the rows that run, while they are in cache,
+    rather than as whole-sequence arrays.
+    """
     H = dc.shape[1]
     gates, cells = store["gates"], store["c"]
     i, f, o, g = (gates[..., j * H:(j + 1) * H] for j in range(4))
-    tanh_c = np.tanh(cells)
-    do_dm = tanh_c                       # d(m)/d(o)
-    dc_dm = o * (1 - tanh_c * tanh_c)    # d(m)/d(c), through tanh
-    # Derivative of each gate's activation, s - s² and 1 - g², without temporaries.
-    act_grad = np.multiply(gates, gates)
-    np.subtract(gates[..., :3 * H], act_grad[..., :3 * H], out=act_grad[..., :3 * H])
-    np.subtract(1, act_grad[..., 3 * H:], out=act_grad[..., 3 * H:])
-    dgates = np.zeros_like(gates)
+    # Rows past a sequence's end are never written, and must read as zero below.
+    dgates = (np.zeros_like if batch.ragged else np.empty_like)(gates)
     dhs = None if w.w_proj is None else np.zeros(dy.shape, dtype=dy.dtype)
     rec = w.w_rec
-    dm_buf = np.empty_like(dc)
-    tmp = np.empty_like(dc)
+    dm_buf, tanh_buf, tmp = np.empty_like(dc), np.empty_like(dc), np.empty_like(dc)
+    act_buf = np.empty(gates.shape[1:], dtype=gates.dtype)
     for t, k in _active_steps(batch.active, not reverse):
         dh_k = dh[:k]
         dh_k += dy[t, :k]
@@ -322,45 +320,63 @@ def _lstm_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
         else:
             dhs[t, :k] = dh_k
             dm = np.matmul(dh_k, w.w_proj, out=dm_buf[:k])
-        dg = dgates[t, :k]
-        dc_k, t_k = dc[:k], tmp[:k]
-        np.multiply(dm, do_dm[t, :k], out=dg[:, 2 * H:3 * H])
-        np.multiply(dm, dc_dm[t, :k], out=t_k)
+        dg, dc_k, tc, t_k = dgates[t, :k], dc[:k], tanh_buf[:k], tmp[:k]
+        np.tanh(cells[t, :k], out=tc)
+        np.multiply(dm, tc, out=dg[:, 2 * H:3 * H])          # through o
+        np.multiply(tc, tc, out=t_k)                           # through tanh(c'): o·(1 - tanh²)
+        np.subtract(1, t_k, out=t_k)
+        t_k *= o[t, :k]
+        t_k *= dm
         dc_k += t_k
         np.multiply(dc_k, g[t, :k], out=dg[:, :H])
         np.multiply(dc_k, prev_c[t, :k], out=dg[:, H:2 * H])
         np.multiply(dc_k, i[t, :k], out=dg[:, 3 * H:])
-        dg *= act_grad[t, :k]
+        act = act_buf[:k]                                      # s - s² and 1 - g²
+        np.multiply(gates[t, :k], gates[t, :k], out=act)
+        np.subtract(gates[t, :k, :3 * H], act[:, :3 * H], out=act[:, :3 * H])
+        np.subtract(1, act[:, 3 * H:], out=act[:, 3 * H:])
+        dg *= act
         dc_k *= f[t, :k]
         np.matmul(dg, rec, out=dh_k)
     grads = {}
     if dhs is not None:
-        m = o * tanh_c
+        m = o * np.tanh(cells)
         grads["w_proj"] = np.matmul(dhs.reshape(-1, dhs.shape[2]).T, m.reshape(-1, H))
     return dgates, dgates, grads
 
 
 def _gru_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
+    """Returns the input-side and the recurrent gate gradients, which differ for the GRU
+    in the new gate: r multiplies only R_h·h + b_Rh."""
     H = dh.shape[1]
     gates, hr = store["gates"], store["hr"]
     r, z, n = (gates[..., j * H:(j + 1) * H] for j in range(3))
-    dn_dh = (1 - z) * (1 - n * n)           # d(h')/d(n) · tanh'
-    dz_dh = (prev_h - n) * z * (1 - z)      # d(h')/d(z) · σ'
-    dr_dn = hr * r * (1 - r)                # d(n pre-act)/d(r) · σ'
-    dxg = np.zeros_like(gates)
-    dhg = np.zeros_like(gates)
+    new = np.zeros_like if batch.ragged else np.empty_like  # unwritten rows must read zero
+    dxg, dhg = new(gates), new(gates)
     rec = w.w_rec
-    tmp = np.empty_like(dh)
+    tmp, one_minus_z, d = np.empty_like(dh), np.empty_like(dh), np.empty_like(dh)
     for t, k in _active_steps(batch.active, not reverse):
         dh_k = dh[:k]
         dh_k += dy[t, :k]
         dx_t, dh_t = dxg[t, :k], dhg[t, :k]
-        np.multiply(dh_k, dn_dh[t, :k], out=dx_t[:, 2 * H:])
-        np.multiply(dh_k, dz_dh[t, :k], out=dx_t[:, H:2 * H])
-        np.multiply(dx_t[:, 2 * H:], dr_dn[t, :k], out=dx_t[:, :H])
+        r_t, z_t, n_t = r[t, :k], z[t, :k], n[t, :k]
+        omz, d_k = one_minus_z[:k], d[:k]
+        np.subtract(1, z_t, out=omz)
+        np.multiply(n_t, n_t, out=d_k)                   # n: h' = (1-z)·n + z·h, tanh'
+        np.subtract(1, d_k, out=d_k)
+        d_k *= omz
+        np.multiply(dh_k, d_k, out=dx_t[:, 2 * H:])
+        np.subtract(prev_h[t, :k], n_t, out=d_k)         # z: (h - n)·σ'
+        d_k *= z_t
+        d_k *= omz
+        np.multiply(dh_k, d_k, out=dx_t[:, H:2 * H])
+        np.subtract(1, r_t, out=d_k)                     # r: (R_h·h + b_Rh)·σ'
+        d_k *= r_t
+        d_k *= hr[t, :k]
+        np.multiply(dx_t[:, 2 * H:], d_k, out=dx_t[:, :H])
         dh_t[:, :2 * H] = dx_t[:, :2 * H]
-        np.multiply(dx_t[:, 2 * H:], r[t, :k], out=dh_t[:, 2 * H:])
-        dh_k *= z[t, :k]
+        np.multiply(dx_t[:, 2 * H:], r_t, out=dh_t[:, 2 * H:])
+        dh_k *= z_t
         t_k = tmp[:k]
         np.matmul(dh_t, rec, out=t_k)
         dh_k += t_k
@@ -370,7 +386,7 @@ def _gru_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
 def _rnn_backward(derivative):
     def backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
         act_grad = derivative(store["y"])
-        dgates = np.zeros_like(dy)
+        dgates = (np.zeros_like if batch.ragged else np.empty_like)(dy)
         rec = w.w_rec
         for t, k in _active_steps(batch.active, not reverse):
             dh_k = dh[:k]

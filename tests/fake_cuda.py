@@ -51,7 +51,6 @@ class FakeCupy(types.ModuleType):
     def __init__(self):
         super().__init__("fake_cupy")
         stream = types.SimpleNamespace(ptr=0)
-        device = types.SimpleNamespace(id=0, __enter__=lambda s: s, __exit__=lambda s, *a: None)
 
         class Device:
             def __init__(self, id=0):
@@ -66,9 +65,9 @@ class FakeCupy(types.ModuleType):
         self.cuda = types.SimpleNamespace(
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
             Device=Device, get_current_stream=lambda: stream)
-        del device
 
     def empty(self, shape, dtype=np.float32):
+        # Garbage, as on a GPU: NaN for floats, so a read of unwritten memory shows.
         return _device(np.full(shape, np.nan if np.dtype(dtype).kind == "f" else 0xAB, dtype))
 
     def zeros(self, shape, dtype=np.float32):

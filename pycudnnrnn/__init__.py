@@ -1,8 +1,8 @@
 """pycudnnrnn: cuDNN's recurrent networks for any array library, with a NumPy twin.
 
 The functional API mirrors TensorFlow's ``CudnnRNNV3`` / ``CudnnRNNBackpropV3`` op pair:
-:func:`forward` and :func:`backprop` over an opaque :func:`params_size`-long buffer,
-which :func:`canonical_to_params` and :func:`params_to_canonical` convert. NumPy arrays
+``forward`` and ``backprop`` over an opaque ``params_size``-long buffer,
+which ``canonical_to_params`` and ``params_to_canonical`` convert. NumPy arrays
 run on the CPU backend; CuPy arrays, and any DLPack array on a CUDA device, on cuDNN.
 """
 

@@ -1,4 +1,4 @@
-"""``python -m pycudnnrnn``: the command line (see :mod:`pycudnnrnn.cli`)."""
+"""``python -m pycudnnrnn``: the command line (see ``pycudnnrnn.cli``)."""
 
 import sys
 

@@ -1,8 +1,8 @@
 """The public functions: find the backend, check the arguments, run the backend.
 
-Data flows one way: public function → :mod:`~pycudnnrnn.checks` → backend → result.
+Data flows one way: public function → ``pycudnnrnn.checks`` → backend → result.
 The backend follows the arrays: CPU arrays (NumPy, or DLPack arrays on the CPU) run on
-:mod:`~pycudnnrnn.numpy_backend`; CUDA arrays (CuPy, or anything whose
+``pycudnnrnn.numpy_backend``; CUDA arrays (CuPy, or anything whose
 ``__dlpack_device__`` is CUDA) on cuDNN.
 """
 
@@ -131,12 +131,18 @@ def params_size(*, rnn_mode="lstm", num_layers, num_units, input_size,
 
     Parameters
     ----------
-    rnn_mode : {"lstm", "gru", "rnn_tanh", "rnn_relu"}
-    num_layers, num_units, input_size : int
-    input_mode : {"linear_input", "skip_input", "auto_select"}
-    direction : {"unidirectional", "bidirectional"}
-    num_proj : int
-        LSTM projection size; 0 for none.
+    rnn_mode : {"lstm", "gru", "rnn_tanh", "rnn_relu"}, default "lstm"
+        The cell.
+    num_layers : int
+    num_units : int
+        H, the hidden size.
+    input_size : int
+    input_mode : {"linear_input", "skip_input", "auto_select"}, default "linear_input"
+        Whether layer 0 multiplies its input by a matrix or adds it to every gate as it is
+        (``skip_input`` needs input_size == num_units; ``auto_select`` picks it then).
+    direction : {"unidirectional", "bidirectional"}, default "unidirectional"
+    num_proj : int, default 0
+        LSTM projection size P (0 < num_proj < num_units); 0 for none.
 
     Returns
     -------
@@ -154,17 +160,23 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
     Parameters
     ----------
     weights, biases : sequence of arrays
-        In the order and shapes of :func:`params_to_canonical` (TensorFlow's
+        In the order and shapes of ``params_to_canonical`` (TensorFlow's
         ``CudnnRNNParamsToCanonicalV2``): per pseudo-layer, the input matrices gate by
         gate ``[H, in_width]``, the recurrent matrices ``[H, P]``, the projection
         ``[P, H]``; then per pseudo-layer the input and recurrent biases ``[H]``.
-    rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj
-        As in :func:`params_size`.
+    rnn_mode : str, default "lstm"
+        See ``params_size`` for this and the next six.
+    num_layers : int
+    num_units : int
+    input_size : int
+    input_mode : str, default "linear_input"
+    direction : str, default "unidirectional"
+    num_proj : int, default 0
 
     Returns
     -------
     array
-        1-D params of length :func:`params_size`, of the pieces' array type and dtype.
+        1-D params of length ``params_size``, of the pieces' array type and dtype.
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
     weights, biases = list(weights), list(biases)
@@ -183,14 +195,20 @@ def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input
     Parameters
     ----------
     params : array
-        1-D, of length :func:`params_size`.
-    rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj
-        As in :func:`params_size`.
+        1-D, of length ``params_size``.
+    rnn_mode : str, default "lstm"
+        See ``params_size`` for this and the next six.
+    num_layers : int
+    num_units : int
+    input_size : int
+    input_mode : str, default "linear_input"
+    direction : str, default "unidirectional"
+    num_proj : int, default 0
 
     Returns
     -------
     weights, biases : list of arrays
-        Views of `params`, in the order :func:`canonical_to_params` takes.
+        Views of `params`, in the order ``canonical_to_params`` takes.
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
     route = _Route({"params": params})
@@ -214,19 +232,27 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
     input_c : array or None
         Initial cell state (LSTM only) ``[L·D, B, H]``, likewise; ignored otherwise.
     params : array
-        1-D opaque weights, see :func:`canonical_to_params`.
+        1-D opaque weights, see ``canonical_to_params``.
     sequence_lengths : array of int, optional
         ``[B]`` lengths in ``[0, T]``, in any order; None means all T.
-    rnn_mode, input_mode, direction, num_proj
-        As in :func:`params_size`.
-    dropout : float
+    rnn_mode : {"lstm", "gru", "rnn_tanh", "rnn_relu"}, default "lstm"
+        The cell.
+    input_mode : {"linear_input", "skip_input", "auto_select"}, default "linear_input"
+        Whether layer 0 multiplies its input by a matrix or adds it to every gate as it is
+        (``skip_input`` needs input_size == num_units; ``auto_select`` picks it then).
+    direction : {"unidirectional", "bidirectional"}, default "unidirectional"
+    num_proj : int, default 0
+        LSTM projection size P (0 < num_proj < num_units); 0 for none.
+    dropout : float, default 0.0
         Drop probability of each layer's input after the first, in training only.
-    seed, seed2 : int
-        The dropout seed is ``(seed << 32) | (seed2 & 0xffffffff)``.
-    time_major : bool
+    seed : int, default 0
+        High 32 bits of the dropout seed.
+    seed2 : int, default 0
+        Low 32 bits: the dropout seed is ``(seed << 32) | (seed2 & 0xffffffff)``.
+    time_major : bool, default True
         Layout of data and states (states are really batch-major when False).
-    is_training : bool
-        Apply dropout and return a reserve_space for :func:`backprop`.
+    is_training : bool, default True
+        Apply dropout and return a reserve_space for ``backprop``.
 
     Returns
     -------
@@ -235,7 +261,7 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
     output_h, output_c : array
         Final states, shaped like the initial ones; output_c is empty ``(0,)`` unless LSTM.
     reserve_space : array
-        Opaque uint8 for :func:`backprop`; empty when not `is_training`.
+        Opaque uint8 for ``backprop``; empty when not `is_training`.
     """
     lstm = rnn_mode == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
@@ -258,14 +284,21 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     Parameters
     ----------
     input, input_h, input_c, params, sequence_lengths
-        As given to :func:`forward`.
+        As given to ``forward``.
     output, output_h, output_c, reserve_space
-        As :func:`forward` returned them (with ``is_training=True``).
+        As ``forward`` returned them (with ``is_training=True``).
     output_backprop, output_h_backprop, output_c_backprop : array
         Gradients of the loss with respect to the outputs; output_c_backprop is ignored
         unless LSTM, and output_backprop past each sequence's length is ignored.
-    rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major
-        The same attributes as the forward call.
+    rnn_mode : str, default "lstm"
+        The attributes of the forward call, with its defaults; see ``forward``.
+    input_mode : str, default "linear_input"
+    direction : str, default "unidirectional"
+    dropout : float, default 0.0
+    seed : int, default 0
+    seed2 : int, default 0
+    num_proj : int, default 0
+    time_major : bool, default True
 
     Returns
     -------

@@ -1,7 +1,7 @@
 """Every argument check, in one place, before any computation.
 
-The public functions call :func:`check_forward` or :func:`check_backprop` (or
-:func:`make_config` for the params functions) and hand the resulting :class:`Problem`
+The public functions call ``check_forward`` or ``check_backprop`` (or
+``make_config`` for the params functions) and hand the resulting ``Problem``
 to a backend, which may then trust every shape, dtype and attribute. Checks read only
 ``.shape``, ``.ndim`` and ``.dtype``, so they work for any array type; sequence
 lengths arrive here already on the host.
@@ -96,7 +96,7 @@ def dropout_seed(seed, seed2) -> int:
 
 def make_config(*, rnn_mode, num_layers, num_units, input_size, input_mode, direction,
                 num_proj, dropout=0.0, seed=0, seed2=0) -> RNNConfig:
-    """Validate the op's attributes and sizes and build an :class:`RNNConfig`."""
+    """Validate the op's attributes and sizes and build an ``RNNConfig``."""
     _choice("rnn_mode", rnn_mode, RNN_MODES)
     _choice("input_mode", input_mode, INPUT_MODES)
     _choice("direction", direction, DIRECTIONS)
@@ -204,7 +204,7 @@ def check_canonical(weights, biases, config: RNNConfig) -> list:
 
 def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode,
                   direction, dropout, seed, seed2, num_proj, time_major, is_training) -> Problem:
-    """Validate the arguments of :func:`pycudnnrnn.forward`; return the :class:`Problem`."""
+    """Validate the arguments of ``pycudnnrnn.forward``; return the ``Problem``."""
     _choice("rnn_mode", rnn_mode, RNN_MODES)
     _choice("direction", direction, DIRECTIONS)
     time_major = _boolean("time_major", time_major)
@@ -261,7 +261,7 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
 
 def check_backprop(problem: Problem, output, output_h, output_c, output_backprop,
                    output_h_backprop, output_c_backprop, reserve_space):
-    """Validate the arguments :func:`pycudnnrnn.backprop` adds to those of forward."""
+    """Validate the arguments ``pycudnnrnn.backprop`` adds to those of forward."""
     c = problem.config
     dtype = problem.dtype
     out_shape = problem.data_shape(c.num_dirs * c.state_size)

@@ -1,6 +1,6 @@
 """The static description of one RNN: what the op's attributes and shapes determine.
 
-`RNNConfig` is built only by :mod:`pycudnnrnn.checks` (which validates it) and read by
+`RNNConfig` is built only by ``pycudnnrnn.checks`` (which validates it) and read by
 everything else: the params layout, both backends and the descriptor cache, for which
 it is the hashable key.
 """

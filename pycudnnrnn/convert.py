@@ -1,6 +1,6 @@
 """Moving trained RNN weights between frameworks and pycudnnrnn's opaque params.
 
-Everything goes through the canonical form (:func:`pycudnnrnn.params_to_canonical`):
+Everything goes through the canonical form (``pycudnnrnn.params_to_canonical``):
 per pseudo-layer, gate matrices ``[H, in]`` and two biases per gate, gates in cuDNN
 order (LSTM i, f, c, o; GRU r, z, h). NumPy does the work; a framework is imported only
 inside the function that needs it, and none is a dependency.
@@ -58,7 +58,7 @@ def from_torch(module):
     module : torch.nn.LSTM, torch.nn.GRU or torch.nn.RNN
         With or without ``proj_size`` (LSTM). A module built with ``bias=False`` gets
         zero biases (the same function). ``batch_first`` only concerns data layout: pass
-        ``time_major=not module.batch_first`` to :func:`pycudnnrnn.forward`.
+        ``time_major=not module.batch_first`` to ``pycudnnrnn.forward``.
 
     Returns
     -------
@@ -66,7 +66,7 @@ def from_torch(module):
         1-D, on the module's device and in its dtype, detached.
     attrs : dict
         ``rnn_mode, num_layers, num_units, input_size, direction, num_proj``, ready for
-        :func:`pycudnnrnn.params_size` and friends.
+        ``pycudnnrnn.params_size`` and friends.
     """
     import torch
 
@@ -260,7 +260,7 @@ def to_keras(params, *, rnn_mode, num_layers, num_units, input_size,
 # --------------------------------------------------------------------------- TensorFlow
 
 def from_tf_canonical(weights, biases, **attrs):
-    """TensorFlow's canonical lists → params: exactly :func:`pycudnnrnn.canonical_to_params`.
+    """TensorFlow's canonical lists → params: exactly ``pycudnnrnn.canonical_to_params``.
 
     TensorFlow's ``CudnnRNNParamsToCanonicalV2`` and ``CudnnRNNCanonicalToParamsV2`` use
     the same order and shapes as this library (see ``docs/tensorflow.md``).
@@ -269,5 +269,5 @@ def from_tf_canonical(weights, biases, **attrs):
 
 
 def to_tf_canonical(params, **attrs):
-    """params → TensorFlow's canonical lists: exactly :func:`pycudnnrnn.params_to_canonical`."""
+    """params → TensorFlow's canonical lists: exactly ``pycudnnrnn.params_to_canonical``."""
     return api.params_to_canonical(params, **attrs)

@@ -1,11 +1,11 @@
 """The GPU backend: TensorFlow's CudnnRNNV3 / CudnnRNNBackpropV3 on CuPy arrays via cuDNN 9.
 
-Receives a validated :class:`~pycudnnrnn.checks.Problem` and CuPy arrays on one device
+Receives a validated ``pycudnnrnn.checks.Problem`` and CuPy arrays on one device
 (the public API converts DLPack arrays and converts results back). Per call:
 
 * descriptors come from per-device caches (the RNN descriptor by configuration, dtype and
   math mode; data and state descriptors by shape and lengths), and the weight-space
-  layout of each RNN descriptor is checked once against :mod:`pycudnnrnn.layout`;
+  layout of each RNN descriptor is checked once against ``pycudnnrnn.layout``;
 * one cuDNN handle per (thread, device), bound to CuPy's current stream on every call;
 * workspace comes from CuPy's memory pool; reserve_space is a CuPy uint8 array that
   starts with a 256-byte header identifying the call (alignment is kept for cuDNN);
@@ -224,7 +224,7 @@ def _expected_table(config):
 
 
 def check_layout(cupy, handle, desc: RNNDescriptor):
-    """Raise if cuDNN's weight space disagrees with :mod:`pycudnnrnn.layout` (a bug there)."""
+    """Raise if cuDNN's weight space disagrees with ``pycudnnrnn.layout`` (a bug there)."""
     nbytes, table = weight_params(cupy, handle, desc)
     expected_nbytes = layout.params_size(desc.config) * desc.dtype.itemsize
     problems = []
@@ -341,7 +341,7 @@ def _ptr(array):
 
 
 def forward(problem: Problem, input, input_h, input_c, params):
-    """Forward on CuPy arrays; see :func:`pycudnnrnn.forward`."""
+    """Forward on CuPy arrays; see ``pycudnnrnn.forward``."""
     cp = _cupy()
     c, dtype = problem.config, problem.dtype
     call = _Call(cp, problem, problem.is_training)
@@ -385,7 +385,7 @@ def _new_reserve(cp, problem, cudnn_bytes):
 
 def backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,
              output_backprop, output_h_backprop, output_c_backprop, reserve_space):
-    """Backprop of data, then weights, on CuPy arrays; see :func:`pycudnnrnn.backprop`."""
+    """Backprop of data, then weights, on CuPy arrays; see ``pycudnnrnn.backprop``."""
     cp = _cupy()
     c, dtype = problem.config, problem.dtype
     lstm = c.is_lstm

@@ -1,6 +1,6 @@
 """Exceptions raised by the cuDNN path.
 
-A failing cuDNN call raises a :class:`CudnnError` subclass chosen by the status's family
+A failing cuDNN call raises a ``CudnnError`` subclass chosen by the status's family
 (cuDNN 9 numbers statuses by family: 1xxx not initialised, 2xxx bad parameter, 3xxx not
 supported, 4xxx internal, 5xxx execution failed), so callers can catch
 ``CudnnNotSupportedError`` without parsing messages.

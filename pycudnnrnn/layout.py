@@ -20,7 +20,7 @@ and nowhere else: the projection matrix ``[P, H]`` follows the recurrent matrice
 its pseudo-layer, and ``skip_input`` removes layer 0's input matrices while keeping its
 input biases. The cuDNN backend checks this table against ``cudnnGetRNNWeightParams``.
 
-Because the canonical lists (see :func:`canonical_shapes`) are in the same order as the
+Because the canonical lists (see ``canonical_shapes``) are in the same order as the
 buffer, converting between them is a concatenation or a split.
 """
 
@@ -43,7 +43,7 @@ class Piece:
     pseudo_layer : int
     role : {"input", "recurrent", "projection"}
     gate : str or None
-        Gate name from :data:`pycudnnrnn.config.GATES`; None for the projection.
+        Gate name from ``pycudnnrnn.config.GATES``; None for the projection.
     shape : tuple of int
     offset : int
         Element offset in the buffer.

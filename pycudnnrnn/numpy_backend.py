@@ -426,7 +426,7 @@ def _layer_input(views, x0, layer):
 
 
 def forward(problem: Problem, input, input_h, input_c, params):
-    """Forward pass on NumPy arrays; see :func:`pycudnnrnn.forward`."""
+    """Forward pass on NumPy arrays; see ``pycudnnrnn.forward``."""
     c = problem.config
     cdt = _compute_dtype(problem.dtype)
     batch = _Batch(problem)
@@ -461,7 +461,7 @@ def forward(problem: Problem, input, input_h, input_c, params):
 
 def backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,
              output_backprop, output_h_backprop, output_c_backprop, reserve_space):
-    """Backprop of data and weights on NumPy arrays; see :func:`pycudnnrnn.backprop`.
+    """Backprop of data and weights on NumPy arrays; see ``pycudnnrnn.backprop``.
 
     `output`, `output_h` and `output_c` are not read: the reserve space holds what
     forward computed, so a caller cannot make the two disagree.

@@ -55,7 +55,7 @@ class CudnnRNNFunction(torch.autograd.Function):
 
 
 def rnn(input, input_h, input_c, params, sequence_lengths=None, *, is_training=True, **attrs):
-    """Differentiable :func:`pycudnnrnn.forward` on tensors: ``(output, output_h, output_c)``."""
+    """Differentiable ``pycudnnrnn.forward`` on tensors: ``(output, output_h, output_c)``."""
     return CudnnRNNFunction.apply(input, input_h, input_c, params, sequence_lengths, attrs,
                                   is_training)
 
@@ -85,7 +85,7 @@ class CudnnRNN(torch.nn.Module):
     Notes
     -----
     ``params`` is initialised like PyTorch's RNNs, uniformly in ±1/√hidden_size; its
-    layout is cuDNN's (see :func:`pycudnnrnn.params_to_canonical`).
+    layout is cuDNN's (see ``pycudnnrnn.params_to_canonical``).
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, *, rnn_mode="lstm",

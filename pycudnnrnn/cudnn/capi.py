@@ -3,7 +3,7 @@
 Each entry sits under the C declaration it mirrors (from cuDNN 9's headers); the table
 is the documentation of the ABI, and ``tests/test_cudnn_capi.py`` holds it against the
 installed wheel's ``cudnn*.h``. Functions are bound on first use. Every one that returns
-``cudnnStatus_t`` is checked: a failure raises the :class:`~pycudnnrnn.CudnnError`
+``cudnnStatus_t`` is checked: a failure raises the ``pycudnnrnn.CudnnError``
 subclass of its status family, carrying the status name, the function and cuDNN's
 ``cudnnGetLastErrorString`` text.
 """

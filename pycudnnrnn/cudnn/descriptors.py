@@ -2,9 +2,9 @@
 
 After llvmlite's ``ObjectRef``: each object holds one C handle, passes straight to ctypes
 through ``_as_parameter_``, frees it exactly once in ``close()`` (also by ``with`` or
-when collected), and counts itself in :data:`LIVE` so tests can see nothing leaks.
-Builders turn an :class:`~pycudnnrnn.config.RNNConfig` and a dtype into cuDNN's enums in
-one place, :func:`rnn_descriptor_values`.
+when collected), and counts itself in ``LIVE`` so tests can see nothing leaks.
+Builders turn an ``pycudnnrnn.config.RNNConfig`` and a dtype into cuDNN's enums in
+one place, ``rnn_descriptor_values``.
 """
 
 from __future__ import annotations

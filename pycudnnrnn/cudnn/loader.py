@@ -59,7 +59,7 @@ def _preload_dependencies():
 
 @functools.lru_cache(maxsize=None)
 def load() -> ctypes.CDLL:
-    """Load cuDNN 9 once; raise :class:`CudnnUnavailableError` listing what was tried."""
+    """Load cuDNN 9 once; raise ``CudnnUnavailableError`` listing what was tried."""
     _preload_dependencies()
     tried = []
     for path in candidates():

@@ -32,3 +32,15 @@ def test_quickstart_notebook_runs():
     text = "".join(o.get("text", "") for o in outputs)
     assert "finite difference" in text
     assert any("image/png" in o.get("data", {}) for o in outputs), "the gradient plot"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_quick_start_code_runs(page):
+    """The Python example on the page runs as shown."""
+    import re
+    text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, f"no python example in {page}"
+    namespace = {}
+    exec(compile(blocks[0], page, "exec"), namespace)
+    assert namespace["dparams"].shape == namespace["params"].shape

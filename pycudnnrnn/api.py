@@ -182,7 +182,7 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
     weights, biases = list(weights), list(biases)
     names = [f"weights[{i}]" for i in range(len(weights))] + \
         [f"biases[{i}]" for i in range(len(biases))]
-    route = _Route(dict(zip(names, list(weights) + list(biases))))
+    route = _Route(dict(zip(names, weights + biases)))
     pieces = [route.arrays[n] for n in names]
     arrays = checks.check_canonical(pieces[:len(weights)], pieces[len(weights):], config)
     return route.outputs((route.xp.concatenate([a.reshape(-1) for a in arrays]),))[0]

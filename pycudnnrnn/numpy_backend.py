@@ -18,7 +18,8 @@ speed as well as for reading against cuDNN's equations (see ``docs/semantics.md`
 
 ``reserve_space`` is a uint8 array: a header that identifies the forward call that
 made it, then the activations backprop needs (layer outputs, gate activations, LSTM
-cells, GRU's ``R_h·h + b_Rh``, dropout masks) in the compute dtype.
+cells, GRU's ``R_h·h + b_Rh``, dropout masks) in the compute dtype. Inference uses the
+same code with a scratch buffer that keeps only what the next step or layer reads.
 """
 
 from __future__ import annotations
@@ -96,20 +97,22 @@ def _reserve_entries(problem: Problem):
     c = problem.config
     T, B, H = problem.max_time, problem.batch_size, c.num_units
     width = c.num_dirs * c.state_size
-    entries = [(f"y{l}", (T, B, width)) for l in range(c.num_layers)]
+    entries = [(f"y{s}", (T, B, width)) for s in range(_output_slots(problem))]
     entries += [(f"mask{l}", (T, B, width)) for l in _dropout_layers(problem)]
     if c.rnn_mode in ("lstm", "gru"):
-        slots = range(_activation_slots(problem))
-        entries += [(f"gates{k}", (T, B, c.num_gates * H)) for k in slots]
+        steps = T if problem.is_training else 1
+        slots = range(c.num_pseudo_layers if problem.is_training else 1)
+        entries += [(f"gates{k}", (steps, B, c.num_gates * H)) for k in slots]
         extra = "c" if c.is_lstm else "hr"
-        entries += [(f"{extra}{k}", (T, B, H)) for k in slots]
+        entries += [(f"{extra}{k}", (steps, B, H)) for k in slots]
     return entries
 
 
-def _activation_slots(problem: Problem) -> int:
-    """Pseudo-layers whose gate activations are kept: all for backprop; in inference one
-    slot serves every pseudo-layer in turn."""
-    return problem.config.num_pseudo_layers if problem.is_training else 1
+def _output_slots(problem: Problem) -> int:
+    """Layer outputs kept: all for backprop; in inference two take turns (a layer reads
+    the one before)."""
+    layers = problem.config.num_layers
+    return layers if problem.is_training else min(layers, 2)
 
 
 def reserve_nbytes(problem: Problem) -> int:
@@ -406,20 +409,32 @@ _BACKWARD = {"lstm": _lstm_backward, "gru": _gru_backward,
 # --------------------------------------------------------------------------- the passes
 
 def _pseudo_store(views, problem, layer, direction):
-    """Pseudo-layer index and the reserve views it reads and writes."""
+    """Pseudo-layer index and the reserve views it reads and writes.
+
+    In inference nothing is kept for backprop: every pseudo-layer shares one step's worth
+    of gate activations, seen at every time step through a zero stride.
+    """
     config = problem.config
     k = layer * config.num_dirs + direction
-    slot = k % _activation_slots(problem)
     P = config.state_size
-    store = {"y": views[f"y{layer}"][..., direction * P:(direction + 1) * P]}
+    store = {"y": _layer_output(views, problem, layer)[..., direction * P:(direction + 1) * P]}
+    slot = k if problem.is_training else 0
     for name in ("gates", "c", "hr"):
         if f"{name}{slot}" in views:
-            store[name] = views[f"{name}{slot}"]
+            view = views[f"{name}{slot}"]
+            if not problem.is_training:
+                view = np.lib.stride_tricks.as_strided(
+                    view, (problem.max_time,) + view.shape[1:], (0,) + view.strides[1:])
+            store[name] = view
     return k, store
 
 
-def _layer_input(views, x0, layer):
-    x = x0 if layer == 0 else views[f"y{layer - 1}"]
+def _layer_output(views, problem, layer):
+    return views[f"y{layer % _output_slots(problem)}"]
+
+
+def _layer_input(views, problem, x0, layer):
+    x = x0 if layer == 0 else _layer_output(views, problem, layer - 1)
     if f"mask{layer}" in views:
         x = x * views[f"mask{layer}"]
     return x
@@ -443,7 +458,7 @@ def forward(problem: Problem, input, input_h, input_c, params):
     gh = c.num_gates * c.num_units
     step = _FORWARD[c.rnn_mode]
     for layer in range(c.num_layers):
-        x = _layer_input(views, x0, layer)
+        x = _layer_input(views, problem, x0, layer)
         for direction in range(c.num_dirs):
             k, store = _pseudo_store(views, problem, layer, direction)
             w = _Weights(params, blocks[k], c, cdt)
@@ -451,7 +466,7 @@ def forward(problem: Problem, input, input_h, input_c, params):
                  store["y"], store, batch.active, reverse=direction == 1)
 
     dtype, tm = problem.dtype, problem.time_major
-    output = batch.data_out(views[f"y{c.num_layers - 1}"], tm, dtype)
+    output = batch.data_out(_layer_output(views, problem, c.num_layers - 1), tm, dtype)
     output_h = batch.state_out(h, tm, dtype)
     output_c = batch.state_out(cell, tm, dtype) if c.is_lstm else np.zeros((0,), dtype)
     if not problem.is_training:
@@ -483,7 +498,7 @@ def backprop(problem: Problem, input, input_h, input_c, params, output, output_h
     backward = _BACKWARD[c.rnn_mode]
     P = c.state_size
     for layer in reversed(range(c.num_layers)):
-        x = _layer_input(views, x0, layer)
+        x = _layer_input(views, problem, x0, layer)
         dx = np.zeros(x.shape, dtype=cdt)
         for direction in range(c.num_dirs):
             k, store = _pseudo_store(views, problem, layer, direction)

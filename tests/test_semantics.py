@@ -139,13 +139,36 @@ def test_zero_length_sequence_passes_state_gradients_through():
     np.testing.assert_array_equal(case.backprop(fwd, dy2, dh2, dc2)[3], dparams)
 
 
-def test_inference_matches_training_without_dropout():
-    case = make_case("gru", "bidirectional", num_layers=2, lengths="zero")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("time_major", [True, False])
+def test_inference_matches_training_without_dropout(mode, time_major):
+    # Three layers, so inference's two alternating layer outputs are each reused.
+    case = make_case(mode, "bidirectional", num_layers=3, lengths="zero", T=5,
+                     num_proj=3 if mode == "lstm" else 0, time_major=time_major)
     train = case.forward(is_training=True)
     infer = case.forward(is_training=False)
     for a, b in zip(train[:3], infer[:3]):
         np.testing.assert_array_equal(a, b)
     assert infer[3].shape == (0,) and train[3].size > 0 and train[3].dtype == np.uint8
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_inference_scratch_does_not_grow_with_depth_or_keep_activations(mode):
+    """Inference keeps two layer outputs and one step of gate activations."""
+    from pycudnnrnn import numpy_backend
+    from pycudnnrnn.checks import Problem, make_config
+
+    def scratch_bytes(num_layers, max_time):
+        config = make_config(rnn_mode=mode, num_layers=num_layers, num_units=8, input_size=8,
+                             input_mode="linear_input", direction="bidirectional", num_proj=0)
+        problem = Problem(config, max_time, 4, True, np.dtype(np.float32), None,
+                          is_training=False)
+        return numpy_backend.reserve_nbytes(problem)
+
+    assert scratch_bytes(6, 50) == scratch_bytes(2, 50)
+    slots, B, width, itemsize = 2, 4, 2 * 8, 4  # two [T, B, D·H] float32 outputs
+    outputs = slots * B * width * itemsize
+    assert scratch_bytes(2, 51) - scratch_bytes(2, 50) == outputs
 
 
 def test_non_lstm_modes_return_empty_cell_outputs():

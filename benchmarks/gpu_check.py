@@ -1,9 +1,10 @@
 """``make gpu-check``: validate the GPU path on a machine with an NVIDIA GPU.
 
 Uses that machine's own python3 and packages (CuPy, cuDNN 9 from an nvidia-cudnn wheel,
-PyTorch, pytest) with PYTHONPATH=. and no installs. Runs every ``gpu`` test, then a short
-benchmark, writes a report (``gpu-report.md``, the pytest log and JUnit XML, the
-benchmark JSON) into ``$OUT`` when it is set, and prints a summary table last.
+PyTorch, pytest) with PYTHONPATH=. and no installs. Compares the params layout with
+cuDNN's, runs every ``gpu`` test, then a short benchmark, writes a report
+(``gpu-report.md``, the pytest log and JUnit XML, both layout tables, the benchmark JSON)
+into ``$OUT`` when it is set, and prints a summary table last.
 Exits non-zero without a GPU, on any failure, or when no GPU test passed.
 """
 
@@ -20,6 +21,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 TEST_TIMEOUT_S = 270
 BENCH_TIMEOUT_S = 60
+LAYOUT_TIMEOUT_S = 60
 
 
 def environment():
@@ -73,37 +75,41 @@ def run_tests(out):
     return rc, counts, log
 
 
-def run_bench(out):
-    path = os.path.join(out, "gpu-bench.json")
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_bench.py"), "--json", path]
+def run_script(name, out_file, timeout_s):
+    """Run ``benchmarks/<name>`` writing JSON to ``out_file``; (exit status, its output)."""
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", name), "--json", out_file]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=BENCH_TIMEOUT_S)
-        text = proc.stdout + proc.stderr
+                              timeout=timeout_s)
+        return proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired:
-        text = f"benchmark TIMED OUT after {BENCH_TIMEOUT_S} s"
-    return text
+        return 124, f"{name} TIMED OUT after {timeout_s} s"
 
 
 def main():
     env = environment()
     out = os.environ.get("OUT") or os.path.join(ROOT, "gpu-check-report")
     os.makedirs(out, exist_ok=True)
+    layout_rc, layout_text = run_script("gpu_layout.py", os.path.join(out, "gpu-layout.json"),
+                                        LAYOUT_TIMEOUT_S)
     rc, counts, log = run_tests(out)
-    bench = run_bench(out)
-    ok = rc == 0 and counts["passed"] > 0 and counts["failures"] == counts["errors"] == 0
+    _, bench = run_script("gpu_bench.py", os.path.join(out, "gpu-bench.json"), BENCH_TIMEOUT_S)
+    ok = (rc == 0 and layout_rc == 0 and counts["passed"] > 0
+          and counts["failures"] == counts["errors"] == 0)
     tail = "\n".join(log.strip().splitlines()[-40:])
     report = ["# pycudnnrnn gpu-check", "",
               *[f"- {k}: {v}" for k, v in env.items()], "",
               "## gpu tests", "",
               f"passed {counts['passed']}, failed {counts['failures']}, errors {counts['errors']}, "
               f"skipped {counts['skipped']} (pytest exit {rc})", "", "```", tail, "```", "",
+              "## params layout against cuDNN", "", "```", layout_text.strip(), "```", "",
               "## benchmark", "", "```", bench.strip(), "```", ""]
     with open(os.path.join(out, "gpu-report.md"), "w") as f:
         f.write("\n".join(report))
     with open(os.path.join(out, "gpu-summary.json"), "w") as f:
-        json.dump(dict(environment=env, tests=counts, pytest_exit=rc, ok=ok), f, indent=2)
+        json.dump(dict(environment=env, tests=counts, pytest_exit=rc, layout_exit=layout_rc, ok=ok),
+                  f, indent=2)
     print(tail)
     print()
     print(bench.strip())
@@ -111,6 +117,7 @@ def main():
     print(f"{'GPU':28s} {env['gpu']}")
     print(f"{'cuDNN':28s} {env['cudnn']} ({env['cudnn_path']})")
     print(f"{'CuPy / torch':28s} {env['cupy']} / {env['torch']}")
+    print(f"{'params layout':28s} {(layout_text.strip().splitlines() or ['?'])[-1]}")
     print(f"{'gpu tests':28s} passed {counts['passed']}, failed {counts['failures']}, "
           f"errors {counts['errors']}, skipped {counts['skipped']}")
     print(f"{'result':28s} {'OK' if ok else 'FAILED'}  (report in {out})")

@@ -209,6 +209,19 @@ def weight_params(cupy, handle, desc: RNNDescriptor):
     return size.value, table
 
 
+def cudnn_weight_table(config, dtype=np.float32):
+    """cuDNN's weight space for `config` on the current GPU, as ``weight_params`` gives it.
+
+    Builds a throwaway descriptor (no dropout); for the layout tests and diagnosis.
+    """
+    cupy = _cupy()
+    handle = _handle(cupy)
+    with DropoutDescriptor() as dropout:
+        dropout.set(handle, 0.0, 0, 0, 0)
+        with RNNDescriptor(config, np.dtype(dtype), dropout) as desc:
+            return weight_params(cupy, handle, desc)
+
+
 def _expected_table(config):
     """Our layout as (pseudo_layer, lin_layer_id, kind, offset, size), in cuDNN's IDs."""
     G = config.num_gates

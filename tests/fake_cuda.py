@@ -125,11 +125,10 @@ class FakeCudnn:
             return getattr(real_api(), name)
         if name not in self._functions:
             restype, argtypes = capi.PROTOTYPES[name]
-            implementation = getattr(self, "_" + name)
 
             def callback(*args):
                 self.calls.append(name)
-                implementation(*args)
+                getattr(self, "_" + name)(*args)  # looked up per call: tests may patch it
                 return 0
 
             # Built from the project's prototype: ctypes converts every argument exactly

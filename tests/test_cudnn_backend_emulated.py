@@ -149,3 +149,46 @@ def test_check_command_gpu_path(fake_gpu, dtype):
     assert [r.name for r in rows][:2] == ["output cuDNN vs NumPy", "output_h cuDNN vs NumPy"]
     assert all(r.ok for r in rows), rows
     assert "cudnnRNNBackwardWeights_v8" in fake_gpu.calls
+
+
+def _benchmark_script(name):
+    """A script of benchmarks/ as a module."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_layout_dump_reports_agreement_and_each_disagreement(fake_gpu, monkeypatch):
+    """`make gpu-check`'s layout dump: both whole tables per configuration, and a verdict."""
+    gpu_layout = _benchmark_script("gpu_layout")
+    results = gpu_layout.collect()
+    assert len(results) == 20 and all(r["agree"] for r in results)
+    assert gpu_layout.summary(results) == "layout: 20 of 20 configurations agree with cuDNN"
+    lstm = results[0]
+    assert lstm["config"]["rnn_mode"] == "lstm" and lstm["cudnn"] == lstm["ours"]
+    assert len(lstm["cudnn"]) == 2 * 8 * 2  # 2 pseudo-layers × 8 linLayerIDs × matrix and bias
+
+    original = fake_gpu._cudnnGetRNNWeightParams
+
+    def second_layer_moved(handle, desc, k, size, space, lin, m_desc, m_addr, b_desc, b_addr):
+        original(handle, desc, k, size, space, lin, m_desc, m_addr, b_desc, b_addr)
+        if k == 1 and lin == 0 and m_addr[0]:  # one matrix elsewhere than layout.py says
+            m_addr[0] += 4
+
+    monkeypatch.setattr(fake_gpu, "_cudnnGetRNNWeightParams", second_layer_moved)
+    results = gpu_layout.collect()
+    # Pseudo-layer 1 has an input matrix except when it is layer 0's reverse with skip input.
+    for r in results:
+        untouched = r["config"]["direction"] == "bidirectional" and \
+            r["config"]["input_mode"] == "skip_input"
+        assert r["agree"] == untouched, r["config"]
+    first = results[0]
+    expected = [row for row in first["ours"] if row[:3] == [1, 0, "weight"]]
+    moved = [row for row in first["cudnn"] if row not in first["ours"]]
+    assert moved == [[1, 0, "weight", expected[0][3] + 1, expected[0][4]]]
+    assert gpu_layout.summary(results).splitlines()[-1] == \
+        "layout: 5 of 20 configurations agree with cuDNN"

@@ -106,15 +106,10 @@ def test_padding_may_hold_nan():
 def test_layout_table_matches_cudnn(mode, proj, direction, skip, dtype):
     from pycudnnrnn import cudnn_backend
     from pycudnnrnn.checks import make_config
-    from pycudnnrnn.cudnn.descriptors import DropoutDescriptor, RNNDescriptor
     config = make_config(rnn_mode=mode, num_layers=3, num_units=8, input_size=8 if skip else 5,
                          input_mode="skip_input" if skip else "linear_input", direction=direction,
                          num_proj=proj)
-    handle = cudnn_backend._handle(cupy)
-    with DropoutDescriptor() as dropout:
-        dropout.set(handle, 0.0, 0, 0, 0)
-        with RNNDescriptor(config, dtype, dropout) as desc:
-            nbytes, table = cudnn_backend.weight_params(cupy, handle, desc)
+    nbytes, table = cudnn_backend.cudnn_weight_table(config, dtype)
     assert nbytes == pycudnnrnn.params_size(**_attrs(config)) * np.dtype(dtype).itemsize
     assert sorted(table) == cudnn_backend._expected_table(config)
 

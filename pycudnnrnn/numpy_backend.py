@@ -81,6 +81,12 @@ class _Batch:
             prev[-1] = initial
             started = np.flatnonzero(self.lengths)
             prev[self.lengths[started] - 1, started] = initial[started]
+        if self.ragged:
+            # A row that does not run at a step meets a zero gradient there, and 0·NaN is
+            # NaN: zero its state so that a zero-length sequence's initial state (which may
+            # hold anything) cannot reach the weight gradients.
+            for t, k in enumerate(self.active):
+                prev[t, k:] = 0
         return prev
 
 

@@ -286,7 +286,10 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     input, input_h, input_c, params, sequence_lengths
         As given to ``forward``.
     output, output_h, output_c, reserve_space
-        As ``forward`` returned them (with ``is_training=True``).
+        As ``forward`` returned them (with ``is_training=True``). reserve_space must come
+        from a forward call with the same attributes, dtype, shapes and lengths (checked:
+        a ValueError otherwise) and on the same data (not checked: another call's reserve
+        space gives that call's gradients). See "reserve_space" in ``docs/semantics.md``.
     output_backprop, output_h_backprop, output_c_backprop : array
         Gradients of the loss with respect to the outputs; output_c_backprop is ignored
         unless LSTM, and output_backprop past each sequence's length is ignored.

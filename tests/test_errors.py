@@ -1,6 +1,8 @@
 """Bad arguments fail before any computation, with a message naming argument,
 expectation and what was given."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -146,10 +148,70 @@ def test_reserve_space_errors():
         case.backprop((y, hy, cy, reserve[:-8]), *grads)
     other = _lstm()
     other.sequence_lengths = [4, 1, 2]
-    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call with a different"):
+    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call that differs"):
         other.backprop(fwd, *grads)
     with pytest.raises(ValueError, match=r"reserve_space: expected a 1-D array"):
         case.backprop((y, hy, cy, reserve[None]), *grads)
+
+
+def test_reserve_space_from_a_time_major_forward_is_refused_by_a_batch_major_backprop():
+    """T = B = L·D makes every array fit both layouts; only the identity tells them apart."""
+    case = make_case("lstm", "bidirectional", num_layers=2, T=4, B=4)
+    fwd, grads = _backprop_parts(case)
+    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call that differs "
+                                         r"from this backprop in an attribute .*time_major"):
+        case.backprop(fwd, *grads, time_major=False)
+
+
+RESERVE_MISMATCHES = {
+    "time_major": dict(time_major=False),
+    "dropout": dict(dropout=0.25),
+    "seed": dict(seed=1),
+    "seed2": dict(seed2=1),
+    "lengths": dict(sequence_lengths=[4, 4, 3, 4]),
+}
+
+
+@pytest.mark.parametrize("change", RESERVE_MISMATCHES, ids=list(RESERVE_MISMATCHES))
+def test_reserve_space_from_a_call_with_other_attributes_is_refused(change):
+    case = make_case("lstm", "bidirectional", num_layers=2, T=4, B=4, dropout=0.5)
+    fwd, grads = _backprop_parts(case)
+    overrides = dict(RESERVE_MISMATCHES[change])
+    case.sequence_lengths = overrides.pop("sequence_lengths", case.sequence_lengths)
+    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call that differs"):
+        case.backprop(fwd, *grads, **overrides)
+
+
+def _problem_fields():
+    """(field, changed value) for every field of Problem and of its RNNConfig."""
+    from pycudnnrnn.checks import Problem
+    from pycudnnrnn.config import RNNConfig
+    changed = dict(rnn_mode="gru", skip_input=True, bidirectional=False, num_layers=3,
+                   num_units=5, input_size=7, num_proj=2, dropout=0.5, seed=9, max_time=5,
+                   batch_size=2, time_major=False, dtype=np.dtype(np.float32),
+                   lengths=np.array([4, 0, 1]), is_training=False)
+    names = [f.name for f in dataclasses.fields(RNNConfig)] + \
+        [f.name for f in dataclasses.fields(Problem) if f.name != "config"]
+    assert set(names) == set(changed), "a new field needs a value here"
+    return [(name, changed[name]) for name in names]
+
+
+@pytest.mark.parametrize("field,value", _problem_fields(), ids=[f for f, _ in _problem_fields()])
+def test_reserve_identity_covers_every_field(field, value):
+    from pycudnnrnn import reserve_header
+    from pycudnnrnn.checks import Problem, make_config
+    config = make_config(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3,
+                         input_mode="linear_input", direction="bidirectional", num_proj=0)
+    problem = Problem(config, 4, 3, True, np.dtype(np.float64), None)
+    if field in {f.name for f in dataclasses.fields(config)}:
+        other = dataclasses.replace(problem, config=dataclasses.replace(config, **{field: value}))
+    else:
+        other = dataclasses.replace(problem, **{field: value})
+    magic = b"m" * 16
+    assert reserve_header.header(problem, magic) != reserve_header.header(other, magic)
+    # and lengths of all T are the same call as no lengths
+    same = dataclasses.replace(problem, lengths=np.full(3, 4))
+    assert reserve_header.header(problem, magic) == reserve_header.header(same, magic)
 
 
 @pytest.mark.parametrize("kwargs,error,message", [

@@ -49,10 +49,10 @@ def check(head: bytes | None, dtype, size: int, expected_size: int, problem: Pro
         raise ValueError(f"reserve_space: expected the uint8 array made by the {backend} "
                          f"backend's forward, got a foreign {dtype} array of {size} elements")
     if head != header(problem, magic, *extra):
-        raise ValueError("reserve_space: made by a forward call that differs from this "
-                         "backprop in an attribute (rnn_mode, input_mode, direction, num_proj, "
-                         "dropout, seed, seed2, time_major), the dtype, a shape or "
-                         "sequence_lengths")
+        raise ValueError("reserve_space: made by a forward call with a different identity "
+                         "than this backprop: an attribute (rnn_mode, input_mode, direction, "
+                         "num_proj, dropout, seed, seed2, time_major), the dtype, a shape or "
+                         "sequence_lengths differ")
     if size != expected_size:
         raise ValueError(f"reserve_space: expected {expected_size} bytes for this configuration "
                          f"and these shapes, got {size}")

@@ -148,7 +148,7 @@ def test_reserve_space_errors():
         case.backprop((y, hy, cy, reserve[:-8]), *grads)
     other = _lstm()
     other.sequence_lengths = [4, 1, 2]
-    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call that differs"):
+    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call with a different identity"):
         other.backprop(fwd, *grads)
     with pytest.raises(ValueError, match=r"reserve_space: expected a 1-D array"):
         case.backprop((y, hy, cy, reserve[None]), *grads)
@@ -158,8 +158,8 @@ def test_reserve_space_from_a_time_major_forward_is_refused_by_a_batch_major_bac
     """T = B = L·D makes every array fit both layouts; only the identity tells them apart."""
     case = make_case("lstm", "bidirectional", num_layers=2, T=4, B=4)
     fwd, grads = _backprop_parts(case)
-    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call that differs "
-                                         r"from this backprop in an attribute .*time_major"):
+    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call with a different "
+                                         r"identity than this backprop: an attribute .*time_major"):
         case.backprop(fwd, *grads, time_major=False)
 
 
@@ -178,7 +178,7 @@ def test_reserve_space_from_a_call_with_other_attributes_is_refused(change):
     fwd, grads = _backprop_parts(case)
     overrides = dict(RESERVE_MISMATCHES[change])
     case.sequence_lengths = overrides.pop("sequence_lengths", case.sequence_lengths)
-    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call that differs"):
+    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call with a different identity"):
         case.backprop(fwd, *grads, **overrides)
 
 

@@ -9,7 +9,7 @@ run on the CPU backend; CuPy arrays, and any DLPack array on a CUDA device, on c
 from .api import backprop, canonical_to_params, forward, params_size, params_to_canonical
 from .errors import (CudnnBadParamError, CudnnError, CudnnExecutionFailedError,
                      CudnnInternalError, CudnnNotInitializedError, CudnnNotSupportedError,
-                     CudnnUnavailableError)
+                     CudnnUnavailableError, InsufficientMemoryError)
 
 
 def set_allow_tf32(enabled: bool) -> None:
@@ -23,4 +23,4 @@ __version__ = "0.1.0"
 __all__ = ["params_size", "canonical_to_params", "params_to_canonical", "forward", "backprop",
            "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
            "CudnnNotInitializedError", "CudnnInternalError", "CudnnExecutionFailedError",
-           "CudnnUnavailableError", "__version__"]
+           "CudnnUnavailableError", "InsufficientMemoryError", "__version__"]

@@ -40,7 +40,30 @@ def _device_kind(name, array, strict=True):
         return "other"
     raise TypeError(f"{name}: expected a NumPy array, a CUDA array (CuPy, or any array with "
                     f"__dlpack__ on a CUDA device) or a DLPack array on the CPU, got "
-                    f"{type(array).__module__}.{type(array).__qualname__}")
+                    f"{type(array).__module__}.{type(array).__qualname__}{_on_device(array)}")
+
+
+def _on_device(array) -> str:
+    device = getattr(array, "device", None)
+    return "" if device is None or callable(device) else f" on device {device}"
+
+
+def _readable(array):
+    """A PyTorch tensor as DLPack can export it; anything else as it is.
+
+    We only read the caller's arrays, so a tensor that requires grad is detached, and
+    lazy conjugate or negative views are resolved (DLPack refuses the first and exports
+    the second's memory without its sign: silently wrong).
+    """
+    if type(array).__module__.split(".")[0] != "torch":
+        return array
+    if array.requires_grad:
+        array = array.detach()
+    if array.is_conj():
+        array = array.resolve_conj()
+    if array.is_neg():
+        array = array.resolve_neg()
+    return array
 
 
 class _Route:
@@ -54,6 +77,7 @@ class _Route:
     """
 
     def __init__(self, arrays: dict):
+        arrays = {name: _readable(a) for name, a in arrays.items()}
         kinds = {name: _device_kind(name, a) for name, a in arrays.items() if a is not None}
         if len(set(kinds.values())) > 1:
             detail = ", ".join(f"{n} on {k}" for n, k in kinds.items())
@@ -112,10 +136,17 @@ def host_lengths(sequence_lengths):
     """sequence_lengths as a host array (they steer the computation, so they live on the CPU)."""
     if sequence_lengths is None or isinstance(sequence_lengths, (list, tuple, np.ndarray)):
         return None if sequence_lengths is None else np.asarray(sequence_lengths)
-    if hasattr(sequence_lengths, "__dlpack_device__") and \
-            _device_kind("sequence_lengths", sequence_lengths, strict=False) == "cuda":
-        from .cudnn_backend import _cupy
-        return _cupy().asnumpy(_cupy().from_dlpack(sequence_lengths))
+    if hasattr(sequence_lengths, "__dlpack_device__"):
+        kind = _device_kind("sequence_lengths", sequence_lengths, strict=False)
+        if kind == "cuda":
+            from .cudnn_backend import _cupy
+            return _cupy().asnumpy(_cupy().from_dlpack(sequence_lengths))
+        if kind == "other":  # e.g. PyTorch's meta device: no data to read
+            raise TypeError(f"sequence_lengths: expected integers on the CPU or a CUDA device "
+                            f"(a list, a NumPy array or a DLPack array), got "
+                            f"{type(sequence_lengths).__module__}."
+                            f"{type(sequence_lengths).__qualname__}"
+                            f"{_on_device(sequence_lengths)}")
     return np.asarray(sequence_lengths)
 
 
@@ -179,7 +210,7 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
         1-D params of length ``params_size``, of the pieces' array type and dtype.
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
-    weights, biases = list(weights), list(biases)
+    weights, biases = checks.array_list("weights", weights), checks.array_list("biases", biases)
     names = [f"weights[{i}]" for i in range(len(weights))] + \
         [f"biases[{i}]" for i in range(len(biases))]
     route = _Route(dict(zip(names, weights + biases)))
@@ -263,7 +294,7 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
     reserve_space : array
         Opaque uint8 for ``backprop``; empty when not `is_training`.
     """
-    lstm = rnn_mode == "lstm"
+    lstm = checks.rnn_mode(rnn_mode) == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
                         params=params))
     a = route.arrays
@@ -308,7 +339,7 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     input_backprop, input_h_backprop, input_c_backprop, params_backprop : array
         Gradients shaped like input, input_h, input_c (empty ``(0,)`` unless LSTM) and params.
     """
-    lstm = rnn_mode == "lstm"
+    lstm = checks.rnn_mode(rnn_mode) == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
                         params=params, output=output, output_h=output_h,
                         output_c=output_c if lstm else None, output_backprop=output_backprop,

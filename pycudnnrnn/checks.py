@@ -66,11 +66,35 @@ class Problem:
         return self.lengths
 
 
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _choice(name, value, allowed):
-    if not isinstance(value, str) or value not in allowed:
-        options = ", ".join(repr(a) for a in allowed)
+    options = ", ".join(repr(a) for a in allowed)
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, one of {options}, got {_type_name(value)}")
+    if value not in allowed:
         raise ValueError(f"{name}: expected one of {options}, got {value!r}")
     return value
+
+
+def rnn_mode(value) -> str:
+    """A valid rnn_mode, checked first: the public functions branch on it."""
+    return _choice("rnn_mode", value, RNN_MODES)
+
+
+def array_list(name, value) -> list:
+    """`value` (weights or biases of the canonical form) as a list; a TypeError unless it
+    is a sequence of arrays rather than None, a string or one array."""
+    one_array = isinstance(value, np.ndarray) or hasattr(value, "__dlpack__")
+    if value is None or isinstance(value, (str, bytes)) or one_array or \
+            not hasattr(value, "__iter__"):
+        what = "one array" if one_array else _type_name(value)
+        raise TypeError(f"{name}: expected a list of arrays (as params_to_canonical returns "
+                        f"them), got {what}")
+    return list(value)
 
 
 def _integer(name, value, minimum=None):
@@ -175,6 +199,40 @@ def check_params(params, config: RNNConfig, dtype=None):
                          f"configuration), got {params.shape[0]}")
 
 
+def _input_size_for(config: RNNConfig, n: int, input_mode: str) -> int | None:
+    """The input_size that would make params_size `n`, all else equal; None if none.
+
+    params_size is a + b·input_size with layer 0's input matrices (a alone without them,
+    with input_size = num_units: skip_input, or auto_select's pick), so at most one fits.
+    """
+    H = config.num_units
+    if input_mode != "linear_input" and \
+            layout.params_size(dataclasses.replace(config, skip_input=True, input_size=H)) == n:
+        return H
+    if input_mode == "skip_input":
+        return None
+    linear = dataclasses.replace(config, skip_input=False, input_size=0)
+    base = layout.params_size(linear)
+    per_input = layout.params_size(dataclasses.replace(linear, input_size=1)) - base
+    size, remainder = divmod(n - base, per_input)
+    if remainder or size < 1 or (input_mode == "auto_select" and size == H):
+        return None
+    return size
+
+
+def _explain_params_length(params, config: RNNConfig, input_mode, input_shape):
+    """A params length that fits another input_size: say the input's last dimension is
+    what differs (the params themselves look right)."""
+    if params is None or getattr(params, "ndim", None) != 1:
+        return  # check_params reports it
+    n, expected = params.shape[0], layout.params_size(config)
+    implied = None if n == expected else _input_size_for(config, n, input_mode)
+    if implied is not None:
+        raise ValueError(f"input: expected last dimension {implied} (params has {n} elements, "
+                         f"params_size for input_size={implied}), got shape {input_shape} "
+                         f"(input_size={config.input_size} needs {expected} elements)")
+
+
 def _describe(piece: layout.Piece) -> str:
     if piece.role == "projection":
         return f"pseudo-layer {piece.pseudo_layer} projection matrix"
@@ -254,6 +312,7 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
                          input_size=input_size, input_mode=input_mode, direction=direction,
                          num_proj=num_proj, dropout=dropout, seed=seed, seed2=seed2)
 
+    _explain_params_length(params, config, input_mode, tuple(input.shape))
     check_params(params, config, dtype)
     lengths = check_lengths(sequence_lengths, B, T)
     return Problem(config, T, B, time_major, dtype, lengths, is_training)

@@ -242,3 +242,108 @@ def test_canonical_errors():
         pycudnnrnn.canonical_to_params(weights, [biases[0].astype(np.float32)] + biases[1:], **attrs)
     with pytest.raises(ValueError, match=r"params: expected 42 elements \(params_size for this configuration\), got 41"):
         pycudnnrnn.params_to_canonical(params[:-1], **attrs)
+
+
+# --------------------------------------------------------------------------- clear, not obscure
+
+ATTRIBUTES = ["rnn_mode", "input_mode", "direction"]
+NOT_STRINGS = [np.array(["lstm"]), None, 1]
+
+
+@pytest.mark.parametrize("attribute", ATTRIBUTES)
+@pytest.mark.parametrize("value", NOT_STRINGS, ids=["array", "None", "int"])
+def test_attribute_that_is_not_a_string_is_a_type_error(attribute, value):
+    """An array rnn_mode gave NumPy's 'truth value ... is ambiguous'."""
+    message = rf"{attribute}: expected a str, one of '.*, got "
+    with pytest.raises(TypeError, match=message):
+        C.forward(**{attribute: value})
+    fwd, grads = _backprop_parts(C)
+    with pytest.raises(TypeError, match=message):
+        C.backprop(fwd, *grads, **{attribute: value})
+    with pytest.raises(TypeError, match=message):
+        pycudnnrnn.params_size(num_layers=1, num_units=4, input_size=3, **{attribute: value})
+
+
+@pytest.mark.parametrize("argument", ["weights", "biases"])
+@pytest.mark.parametrize("value,given", [(None, "NoneType"), (np.zeros((2, 3)), "one array"),
+                                         (3, "int"), ("w", "str")],
+                         ids=["None", "one array", "int", "str"])
+def test_canonical_lists_that_are_not_lists_are_type_errors(argument, value, given):
+    attrs = dict(rnn_mode="gru", num_layers=1, num_units=2, input_size=3)
+    weights, biases = pycudnnrnn.params_to_canonical(
+        np.zeros(pycudnnrnn.params_size(**attrs)), **attrs)
+    lists = {**dict(weights=weights, biases=biases), argument: value}
+    with pytest.raises(TypeError, match=rf"{argument}: expected a list of arrays \(as "
+                                        rf"params_to_canonical returns them\), got {given}"):
+        pycudnnrnn.canonical_to_params(lists["weights"], lists["biases"], **attrs)
+
+
+@pytest.mark.parametrize("input_mode,params_input_size,given_input_size", [
+    ("linear_input", 5, 3),       # params for input_size 5, input of 3 features
+    ("linear_input", 3, 5),
+    ("auto_select", 4, 3),        # params made skip (input_size = num_units = 4)
+    ("auto_select", 3, 4),        # the reverse: auto_select picks skip for the input
+])
+def test_wrong_input_size_names_the_input_not_params(input_mode, params_input_size,
+                                                     given_input_size):
+    """A wrong feature size was reported as a params length error."""
+    made = make_case("lstm", "bidirectional", input_mode=input_mode, num_layers=2,
+                     input_size=params_input_size)
+    wrong = make_case("lstm", "bidirectional", input_mode=input_mode, num_layers=2,
+                      input_size=given_input_size)
+    expected = pycudnnrnn.params_size(**wrong.layout_attrs)
+    with pytest.raises(ValueError, match=rf"input: expected last dimension {params_input_size} "
+                                         rf"\(params has {made.params.size} elements, params_size "
+                                         rf"for input_size={params_input_size}\), got shape "
+                                         rf"\(4, 3, {given_input_size}\) \(input_size="
+                                         rf"{given_input_size} needs {expected} elements\)"):
+        wrong.forward(params=made.params)
+
+
+def test_params_that_fit_no_input_size_are_a_params_error():
+    with pytest.raises(ValueError, match=r"^params: expected \d+ elements"):
+        C.forward(params=np.zeros(C.params.size + 1))  # one more than any input_size gives
+
+
+# PyTorch tensors arrive as they are used in training: requiring grad, or as lazy views.
+TORCH_VIEWS = {
+    "requires_grad": lambda torch, t: t.clone().requires_grad_(True),
+    "non-leaf": lambda torch, t: t.clone().requires_grad_(True) * 1,
+    "negative view": lambda torch, t: torch._neg_view(-t),
+}
+
+
+@pytest.mark.parametrize("view", TORCH_VIEWS, ids=list(TORCH_VIEWS))
+def test_torch_tensors_are_read_as_their_values(view):
+    """DLPack refuses tensors that require grad (a BufferError) and drops a negative view's
+    sign; we only read them, so they are detached and resolved first."""
+    torch = pytest.importorskip("torch")
+    case = _lstm()
+    expected = case.forward()
+    tensors = {name: TORCH_VIEWS[view](torch, torch.from_numpy(getattr(case, name)))
+               for name in ("input", "input_h", "input_c", "params")}
+    got = case.forward(**tensors)
+    for a, b in zip(expected[:3], got[:3]):
+        np.testing.assert_array_equal(a, b.numpy())
+
+
+def test_conjugate_torch_tensor_is_a_dtype_error():
+    """A conjugate view (complex only) gave PyTorch's BufferError; now the dtype is named."""
+    torch = pytest.importorskip("torch")
+    conj = torch.from_numpy(C.input.astype(np.complex128)).conj()
+    assert conj.is_conj()
+    with pytest.raises(TypeError, match=r"input: expected dtype float16, float32 or float64, "
+                                        r"got complex128"):
+        C.forward(input=conj)
+
+
+def test_arrays_on_torch_meta_device_are_type_errors():
+    torch = pytest.importorskip("torch")
+    case = _lstm()
+    case.sequence_lengths = torch.tensor([1, 2, 3], device="meta")
+    with pytest.raises(TypeError, match=r"sequence_lengths: expected integers on the CPU or a "
+                                        r"CUDA device .*got torch.Tensor on device meta"):
+        case.forward()
+    with pytest.raises(TypeError, match=r"input: expected a NumPy array.*got torch.Tensor on "
+                                        r"device meta"):
+        C.forward(input=torch.empty(4, 3, 3, dtype=torch.float64, device="meta"))

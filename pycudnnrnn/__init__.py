@@ -10,6 +10,7 @@ from .api import backprop, canonical_to_params, forward, params_size, params_to_
 from .errors import (CudnnBadParamError, CudnnError, CudnnExecutionFailedError,
                      CudnnInternalError, CudnnNotInitializedError, CudnnNotSupportedError,
                      CudnnUnavailableError, InsufficientMemoryError)
+from .results import BackpropResult, ForwardResult
 
 
 def set_allow_tf32(enabled: bool) -> None:
@@ -21,6 +22,7 @@ def set_allow_tf32(enabled: bool) -> None:
 __version__ = "0.1.0"
 
 __all__ = ["params_size", "canonical_to_params", "params_to_canonical", "forward", "backprop",
+           "ForwardResult", "BackpropResult",
            "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
            "CudnnNotInitializedError", "CudnnInternalError", "CudnnExecutionFailedError",
            "CudnnUnavailableError", "InsufficientMemoryError", "__version__"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import checks, layout
+from .results import BackpropResult, ForwardResult
 
 
 # DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
@@ -250,7 +251,8 @@ def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input
 
 def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
             input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0,
-            seed2=0, num_proj=0, time_major=True, is_training=True):
+            seed2=0, num_proj=0, time_major=True, is_training=True, num_layers=None,
+            num_units=None, input_size=None) -> ForwardResult:
     """Run the RNN forward (TensorFlow's ``CudnnRNNV3``).
 
     Parameters
@@ -284,15 +286,17 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
         Layout of data and states (states are really batch-major when False).
     is_training : bool, default True
         Apply dropout and return a reserve_space for ``backprop``.
+    num_layers, num_units, input_size : int, optional
+        Read from the shapes; when given (as in the attribute dict ``pycudnnrnn.convert``
+        returns, so that ``forward(..., **attrs)`` works), they must agree with them.
 
     Returns
     -------
-    output : array
-        ``[T, B, D·P]``; zero past each sequence's length.
-    output_h, output_c : array
-        Final states, shaped like the initial ones; output_c is empty ``(0,)`` unless LSTM.
-    reserve_space : array
-        Opaque uint8 for ``backprop``; empty when not `is_training`.
+    ForwardResult
+        Named tuple ``(output, output_h, output_c, reserve_space)``: output
+        ``[T, B, D·P]``, zero past each sequence's length; the final states, shaped like
+        the initial ones (output_c empty ``(0,)`` unless LSTM); reserve_space, opaque uint8
+        for ``backprop``, empty when not `is_training`.
     """
     lstm = checks.rnn_mode(rnn_mode) == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
@@ -302,14 +306,17 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
                                    host_lengths(sequence_lengths), rnn_mode=rnn_mode,
                                    input_mode=input_mode, direction=direction, dropout=dropout,
                                    seed=seed, seed2=seed2, num_proj=num_proj,
-                                   time_major=time_major, is_training=is_training)
-    return route.outputs(route.run(route.backend.forward, problem, *a.values()))
+                                   time_major=time_major, is_training=is_training,
+                                   num_layers=num_layers, num_units=num_units,
+                                   input_size=input_size)
+    return ForwardResult(*route.outputs(route.run(route.backend.forward, problem, *a.values())))
 
 
 def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
              output_backprop, output_h_backprop, output_c_backprop, reserve_space, *,
              rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
-             dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True):
+             dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True, num_layers=None,
+             num_units=None, input_size=None) -> BackpropResult:
     """Backprop of data and weights (TensorFlow's ``CudnnRNNBackpropV3``).
 
     Parameters
@@ -333,11 +340,15 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     seed2 : int, default 0
     num_proj : int, default 0
     time_major : bool, default True
+    num_layers, num_units, input_size : int, optional
+        As in ``forward``: checked against the shapes when given.
 
     Returns
     -------
-    input_backprop, input_h_backprop, input_c_backprop, params_backprop : array
-        Gradients shaped like input, input_h, input_c (empty ``(0,)`` unless LSTM) and params.
+    BackpropResult
+        Named tuple ``(input_backprop, input_h_backprop, input_c_backprop,
+        params_backprop)``: gradients shaped like input, input_h, input_c (empty ``(0,)``
+        unless LSTM) and params.
     """
     lstm = checks.rnn_mode(rnn_mode) == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
@@ -351,8 +362,10 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
                                    host_lengths(sequence_lengths), rnn_mode=rnn_mode,
                                    input_mode=input_mode, direction=direction, dropout=dropout,
                                    seed=seed, seed2=seed2, num_proj=num_proj, time_major=time_major,
-                                   is_training=True)
+                                   is_training=True, num_layers=num_layers, num_units=num_units,
+                                   input_size=input_size)
     checks.check_backprop(problem, *[a[n] for n in ("output", "output_h", "output_c",
                                                     "output_backprop", "output_h_backprop",
                                                     "output_c_backprop", "reserve_space")])
-    return route.outputs(route.run(route.backend.backprop, problem, *a.values()))
+    return BackpropResult(*route.outputs(route.run(route.backend.backprop, problem,
+                                                   *a.values())))

@@ -260,13 +260,25 @@ def check_canonical(weights, biases, config: RNNConfig) -> list:
     return [array for _, array, _ in named]
 
 
+def _given_size(name, given, found, where):
+    """A size the caller also gave as an attribute (None: not given) must be the shapes'."""
+    if given is not None and _integer(name, given, 1) != found:
+        raise ValueError(f"{name}: given {given}, but {where} gives {found}")
+
+
 def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode,
-                  direction, dropout, seed, seed2, num_proj, time_major, is_training) -> Problem:
-    """Validate the arguments of ``pycudnnrnn.forward``; return the ``Problem``."""
+                  direction, dropout, seed, seed2, num_proj, time_major, is_training,
+                  num_layers=None, num_units=None, input_size=None) -> Problem:
+    """Validate the arguments of ``pycudnnrnn.forward``; return the ``Problem``.
+
+    The sizes come from the shapes; `num_layers`, `num_units` and `input_size`, when given
+    (as in the attribute dict of ``pycudnnrnn.convert``), must agree with them.
+    """
     _choice("rnn_mode", rnn_mode, RNN_MODES)
     _choice("direction", direction, DIRECTIONS)
     time_major = _boolean("time_major", time_major)
     is_training = _boolean("is_training", is_training)
+    given_num_layers, given_num_units, given_input_size = num_layers, num_units, input_size
     lstm = rnn_mode == "lstm"
     D = 2 if direction == "bidirectional" else 1
     layout_name = "[T, B, input_size]" if time_major else "[B, T, input_size]"
@@ -308,6 +320,13 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
         raise ValueError(f"input_h: expected last dimension num_units={H} (input_c's; no "
                          f"projection since num_proj=0), got shape {tuple(input_h.shape)}")
 
+    _given_size("input_size", given_input_size, input_size,
+                f"input's shape {tuple(input.shape)} {layout_name}")
+    _given_size("num_layers", given_num_layers, num_layers,
+                f"input_h's shape {tuple(input_h.shape)} {state_name.format('P')} with D={D}")
+    _given_size("num_units", given_num_units, H,
+                f"input_c's shape {tuple(input_c.shape)} {state_name.format('H')}" if lstm else
+                f"input_h's shape {tuple(input_h.shape)} {state_name.format('H')}")
     config = make_config(rnn_mode=rnn_mode, num_layers=num_layers, num_units=H,
                          input_size=input_size, input_mode=input_mode, direction=direction,
                          num_proj=num_proj, dropout=dropout, seed=seed, seed2=seed2)

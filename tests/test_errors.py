@@ -347,3 +347,19 @@ def test_arrays_on_torch_meta_device_are_type_errors():
     with pytest.raises(TypeError, match=r"input: expected a NumPy array.*got torch.Tensor on "
                                         r"device meta"):
         C.forward(input=torch.empty(4, 3, 3, dtype=torch.float64, device="meta"))
+
+
+@pytest.mark.parametrize("size,value,where", [
+    ("num_layers", 3, r"input_h's shape \(4, 3, 4\) \[L·D, B, P\] with D=2 gives 2"),
+    ("num_units", 5, r"input_c's shape \(4, 3, 4\) \[L·D, B, H\] gives 4"),
+    ("input_size", 4, r"input's shape \(4, 3, 3\) \[T, B, input_size\] gives 3"),
+], ids=["num_layers", "num_units", "input_size"])
+def test_sizes_given_to_forward_must_match_the_shapes(size, value, where):
+    """forward and backprop take the sizes of convert's attribute dicts, and check them."""
+    with pytest.raises(ValueError, match=rf"{size}: given {value}, but {where}"):
+        C.forward(**{size: value})
+    fwd, grads = _backprop_parts(C)
+    with pytest.raises(ValueError, match=rf"{size}: given {value}, but {where}"):
+        C.backprop(fwd, *grads, **{size: value})
+    with pytest.raises(TypeError, match=rf"{size}: expected an int, got float"):
+        C.forward(**{size: 2.0})

@@ -222,6 +222,25 @@ def test_inference_scratch_does_not_grow_with_depth_or_keep_activations(mode):
     assert scratch_bytes(2, 51) - scratch_bytes(2, 50) == outputs
 
 
+def test_results_are_named_tuples():
+    import pycudnnrnn
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="zero")
+    fwd = case.forward()
+    assert isinstance(fwd, pycudnnrnn.ForwardResult) and isinstance(fwd, tuple)
+    assert fwd._fields == ("output", "output_h", "output_c", "reserve_space")
+    y, hy, cy, reserve = fwd
+    assert fwd.output is y and fwd.output_h is hy and fwd.output_c is cy
+    assert fwd.reserve_space is reserve
+    grads = case.backprop(fwd, np.ones_like(y), np.ones_like(hy), np.ones_like(cy))
+    assert isinstance(grads, pycudnnrnn.BackpropResult)
+    assert grads._fields == ("input_backprop", "input_h_backprop", "input_c_backprop",
+                             "params_backprop")
+    assert grads.input_backprop.shape == case.input.shape
+    assert grads.input_h_backprop.shape == case.input_h.shape
+    assert grads.input_c_backprop.shape == case.input_c.shape
+    assert grads.params_backprop.shape == case.params.shape
+
+
 def test_non_lstm_modes_return_empty_cell_outputs():
     case = make_case("rnn_tanh")
     y, hy, cy, reserve = case.forward()

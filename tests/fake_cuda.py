@@ -8,26 +8,88 @@
   GPU) and are read back through cuDNN. The RNN itself is computed by the NumPy backend
   on the rows cuDNN is handed, and the fake refuses what cuDNN refuses (zero lengths).
 
-What this cannot show is cuDNN's own arithmetic and weight layout: the ``gpu`` tests do.
+What it adds to catch GPU bugs a CPU test would miss:
+
+* its own weight-slot table in cuDNN's documented order (all matrices, then all biases;
+  per pseudo-layer, by linLayerID), not ``pycudnnrnn.layout``'s; ``test_fake_cuda.py``
+  holds it against the table cuDNN 9.19 gave on an H200 (``tests/data/gpu-layout.json``);
+* padding behaves as in cuDNN's products over every (t, b) slot: a NaN in the padding of
+  x or dy handed to cuDNN spreads into the gradients (0 · NaN = NaN), so the backend must
+  zero it; fresh device memory is NaN, as garbage would be;
+* counters of host↔device copies and syncs (``FakeCupy.counts``): host data turned into
+  device arrays, device data read back, scalars read from device arrays, synchronize.
+
+``install(monkeypatch)`` is the one way in: it replaces ``pycudnnrnn.gpu.cupy`` and
+``pycudnnrnn.cudnn.capi.api``, the only two places the library finds CuPy and cuDNN.
+What this cannot show is cuDNN's own arithmetic: the ``gpu`` tests do.
 """
 
+import collections
 import ctypes
 import types
 
 import numpy as np
 
-from pycudnnrnn import layout, numpy_backend
-from pycudnnrnn.checks import Problem
-from pycudnnrnn.config import RNNConfig
+from pycudnnrnn import gpu, numpy_backend, plan
+from pycudnnrnn.config import GATES, Problem, RNNConfig
 from pycudnnrnn.cudnn import capi
 from pycudnnrnn.cudnn.capi import api as real_api
 
+#: Host↔device traffic of the stand-in GPU since the last ``reset_counts()``.
+COUNTS: collections.Counter = collections.Counter()
+
+
+def reset_counts():
+    COUNTS.clear()
+
+
+def install(monkeypatch):
+    """Put the stand-in GPU in place of CuPy and cuDNN's GPU calls; returns the FakeCudnn."""
+    fake_cupy, fake_api = FakeCupy(), FakeCudnn()
+    monkeypatch.setattr(gpu, "cupy", lambda: fake_cupy)
+    monkeypatch.setattr(capi, "api", lambda: fake_api)
+    plan.clear_caches()  # nothing built on another GPU (or this one, earlier) is reused
+    reset_counts()
+    return fake_api
+
 
 class FakeDeviceArray(np.ndarray):
-    """Host memory that says it lives on CUDA device 0."""
+    """Host memory that says it lives on CUDA device 0; reading it on the host counts."""
 
     def __dlpack_device__(self):
         return (2, 0)
+
+    def __setitem__(self, key, value):
+        if isinstance(value, np.ndarray) and not isinstance(value, FakeDeviceArray) and value.size > 1:
+            COUNTS["host_to_device"] += 1
+        super().__setitem__(key, value)
+
+    def _read(self, convert):
+        COUNTS["device_to_host"] += 1
+        COUNTS["sync"] += 1
+        return convert(np.asarray(self).view(np.ndarray))
+
+    def __bool__(self):
+        return self._read(bool)
+
+    def __float__(self):
+        return self._read(float)
+
+    def __int__(self):
+        return self._read(int)
+
+    def item(self, *args):
+        return self._read(lambda a: a.item(*args))
+
+    def tolist(self):
+        return self._read(lambda a: a.tolist())
+
+    def get(self):
+        return self._read(np.array)
+
+    def copy(self, order="C"):
+        COUNTS["device_copy"] += 1
+        return super().copy(order)
 
     @property
     def data(self):
@@ -62,34 +124,49 @@ class FakeCupy(types.ModuleType):
             def __exit__(self, *exc):
                 return None
 
+        def synchronize():
+            COUNTS["sync"] += 1
+
+        stream.synchronize = synchronize
+        Device.synchronize = staticmethod(synchronize)
         self.cuda = types.SimpleNamespace(
-            runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
+            runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
+                                          deviceSynchronize=synchronize),
             Device=Device, get_current_stream=lambda: stream)
 
     def empty(self, shape, dtype=np.float32):
         # Garbage, as on a GPU: NaN for floats, so a read of unwritten memory shows.
+        COUNTS["device_alloc"] += 1
         return _device(np.full(shape, np.nan if np.dtype(dtype).kind == "f" else 0xAB, dtype))
 
     def zeros(self, shape, dtype=np.float32):
+        COUNTS["device_alloc"] += 1
         return _device(np.zeros(shape, dtype))
 
     def empty_like(self, a):
         return self.empty(a.shape, a.dtype)
 
     def asarray(self, a, dtype=None):
+        if not isinstance(a, FakeDeviceArray):
+            COUNTS["host_to_device"] += 1
         return _device(np.array(a, dtype=dtype))
 
     def ascontiguousarray(self, a):
+        if not a.flags.c_contiguous:
+            COUNTS["device_copy"] += 1
         return _device(np.ascontiguousarray(a))
 
     def where(self, *args):
+        COUNTS["device_alloc"] += 1
         return _device(np.where(*[np.asarray(a) for a in args]))
 
     def arange(self, *args, **kwargs):
         return _device(np.arange(*args, **kwargs))
 
     def asnumpy(self, a):
-        return np.asarray(a).copy()
+        COUNTS["device_to_host"] += 1
+        COUNTS["sync"] += 1
+        return np.asarray(a).view(np.ndarray).copy()
 
     def concatenate(self, arrays):
         return _device(np.concatenate([np.asarray(a) for a in arrays]))
@@ -184,25 +261,22 @@ class FakeCudnn:
 
     def _cudnnGetRNNWeightSpaceSize(self, handle, desc, size):
         config, dtype = self._rnn(desc)
-        size[0] = layout.params_size(config) * np.dtype(dtype).itemsize
+        size[0] = weight_space_elements(config) * np.dtype(dtype).itemsize
 
     def _cudnnGetRNNWeightParams(self, handle, desc, k, size, space, lin, m_desc, m_addr, b_desc, b_addr):
         config, dtype = self._rnn(desc)
         itemsize = np.dtype(dtype).itemsize
-        G = config.num_gates
         m_addr[0] = b_addr[0] = None
-        for p in layout.pieces(config):
-            p_lin = 2 * G if p.role == "projection" else \
-                layout.GATES[config.rnn_mode].index(p.gate) + (G if p.role == "recurrent" else 0)
-            if p.pseudo_layer != k or p_lin != lin:
+        for slot in weight_slots(config):
+            if slot.pseudo_layer != k or slot.lin_layer_id != lin:
                 continue
-            tensor = m_desc if p.kind == "weight" else b_desc
-            dims = (1,) * (3 - len(p.shape)) + p.shape
+            tensor = m_desc if slot.kind == "weight" else b_desc
+            dims = (1,) * (3 - len(slot.shape)) + slot.shape
             strides = [int(np.prod(dims[i + 1:])) for i in range(3)]
             real_api().cudnnSetTensorNdDescriptor(ctypes.c_void_p(tensor), capi.CUDNN_DATA_FLOAT, 3,
                                                   (ctypes.c_int * 3)(*dims), (ctypes.c_int * 3)(*strides))
-            address = space + p.offset * itemsize
-            if p.kind == "weight":
+            address = space + slot.offset * itemsize
+            if slot.kind == "weight":
                 m_addr[0] = address
             else:
                 b_addr[0] = address
@@ -226,7 +300,7 @@ class FakeCudnn:
         LD, B = config.num_pseudo_layers, problem.batch_size
         state = lambda ptr, width: None if not ptr else _array(ptr, dtype, (LD, B, width))
         return (data(x, config.input_size), state(hx, config.state_size),
-                state(cx, config.num_units), _array(w, dtype, (layout.params_size(config),)))
+                state(cx, config.num_units), _array(w, dtype, (weight_space_elements(config),)))
 
     @staticmethod
     def _states(problem, *states):
@@ -267,7 +341,7 @@ class FakeCudnn:
         grads = numpy_backend.backprop(problem, X, *self._states(problem, HX, CX), W, *out[:3], DY,
                                        *self._states(problem, DHY, DCY), out[3])
         g_h, g_c = self._states(problem, grads[1], grads[2] if config.is_lstm else None)
-        _array(dx, dtype, X.shape)[...] = grads[0]
+        _array(dx, dtype, X.shape)[...] = grads[0] + _padding_poison(problem, DY)
         _array(dhx, dtype, HX.shape)[...] = g_h
         if dcx:
             _array(dcx, dtype, CX.shape)[...] = g_c
@@ -279,7 +353,55 @@ class FakeCudnn:
         problem, X = self.state[reserve][:2]
         np.testing.assert_array_equal(_array(x, problem.dtype, X.shape), X)
         dparams = self.state.pop(reserve)[-1]
-        _array(dw, dparams.dtype, dparams.shape)[...] += dparams
+        _array(dw, dparams.dtype, dparams.shape)[...] += dparams + _padding_poison(problem, X)
+
+
+def _padding_poison(problem, data):
+    """What the padding of `data` adds to a product over every (t, b) slot with zero
+    gradients there: 0, or NaN when the padding holds NaN or Inf (as cuDNN's GEMMs do)."""
+    lengths = problem.full_lengths
+    steps = np.arange(problem.max_time)[:, None] >= lengths[None, :]  # [T, B] padding
+    padding = steps if problem.time_major else steps.T
+    return data.dtype.type(0) * np.asarray(data)[padding].sum(dtype=data.dtype)
+
+
+# ----------------------------------------------------------------- cuDNN's weight slots
+
+WeightSlot = collections.namedtuple("WeightSlot", "pseudo_layer lin_layer_id kind offset shape")
+
+
+def weight_slots(config: RNNConfig) -> list:
+    """cuDNN's weight space as its documentation orders it, independent of layout.py.
+
+    Every matrix first, pseudo-layer by pseudo-layer and by linLayerID within one (input
+    matrices of the gates 0..G-1, recurrent ones G..2G-1, the LSTM projection 2G; skip
+    input has no layer-0 input matrices), then every bias likewise (no projection bias).
+    Gate order (GATES): LSTM i, f, c, o; GRU r, z, h. Offsets in elements.
+    """
+    G, H, P, D = len(GATES[config.rnn_mode]), config.num_units, config.state_size, config.num_dirs
+    slots, offset = [], 0
+    for kind in ("weight", "bias"):
+        for k in range(config.num_layers * D):
+            layer = k // D
+            width = config.input_size if layer == 0 else D * P
+            for lin in range(2 * G + (1 if config.num_proj else 0)):
+                if lin == 2 * G:
+                    shape = (P, H) if kind == "weight" else None
+                elif lin < G:
+                    absent = kind == "weight" and config.skip_input and layer == 0
+                    shape = None if absent else ((H, width) if kind == "weight" else (H,))
+                else:
+                    shape = (H, P) if kind == "weight" else (H,)
+                if shape is None:
+                    continue
+                slots.append(WeightSlot(k, lin, kind, offset, shape))
+                offset += int(np.prod(shape))
+    return slots
+
+
+def weight_space_elements(config: RNNConfig) -> int:
+    last = weight_slots(config)[-1]
+    return last.offset + int(np.prod(last.shape))
 
 
 _GPU_CALLS = {"cudnnCreate", "cudnnDestroy", "cudnnSetStream", "cudnnDropoutGetStatesSize",

@@ -13,21 +13,15 @@ import pytest
 
 import pycudnnrnn
 from conftest import make_case
-from fake_cuda import FakeCudnn, FakeCupy, FakeDeviceArray, _device
-from pycudnnrnn import cudnn_backend
-from pycudnnrnn.cudnn import descriptors
+import fake_cuda
+from fake_cuda import FakeDeviceArray, _device
+from pycudnnrnn import cudnn_resources, plan
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    fake_cupy, fake_api = FakeCupy(), FakeCudnn()
-    monkeypatch.setattr(cudnn_backend, "_cupy", lambda: fake_cupy)
-    monkeypatch.setattr(cudnn_backend, "api", lambda: fake_api)
-    monkeypatch.setattr(descriptors, "api", lambda: fake_api)
-    monkeypatch.setattr(cudnn_backend, "_local", type(cudnn_backend._local)())
-    cudnn_backend.clear_caches()
-    yield fake_api
-    cudnn_backend.clear_caches()
+    yield fake_cuda.install(monkeypatch)
+    plan.clear_caches()
 
 
 def _to_device(case):
@@ -101,7 +95,7 @@ def test_descriptors_are_cached_and_layout_checked_once(fake_gpu):
     layout_queries = fake_gpu.calls.count("cudnnGetRNNWeightParams")
     assert layout_queries == 4 * (2 * 4 + 1) * 1  # L·D pseudo-layers × (2G + projection), once
     assert fake_gpu.calls.count("cudnnRNNForward") == 3
-    assert len(cudnn_backend._rnn_descriptors) == 1
+    assert len(cudnn_resources._rnn_descriptors) == 1
 
 
 def test_a_layout_disagreement_is_reported(fake_gpu, monkeypatch):
@@ -136,7 +130,7 @@ def test_dropout_states_are_initialised_once_per_seed(fake_gpu):
     assert calls.count("cudnnSetDropoutDescriptor") == 3  # seeds 1 and 2, and p = 0 (no states)
     assert calls.count("cudnnRestoreDropoutDescriptor") == 1  # p = 0.5 reuses seed 1's states
     assert calls.count("cudnnDropoutGetStatesSize") == 2
-    assert len(cudnn_backend._rnn_descriptors) == 4
+    assert len(cudnn_resources._rnn_descriptors) + len(cudnn_resources._dropout_rnn_descriptors) == 4
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

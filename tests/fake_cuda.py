@@ -64,6 +64,13 @@ class FakeDeviceArray(np.ndarray):
             COUNTS["host_to_device"] += 1
         super().__setitem__(key, value)
 
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        return array.view(FakeDeviceArray)  # results stay on the device, even 0-d ones
+
+    def __getitem__(self, key):
+        item = super().__getitem__(key)
+        return item if isinstance(item, np.ndarray) else np.asarray(item).view(FakeDeviceArray)
+
     def _read(self, convert):
         COUNTS["device_to_host"] += 1
         COUNTS["sync"] += 1
@@ -194,8 +201,9 @@ class FakeCudnn:
 
     def __init__(self):
         self.calls = []
-        self.state = {}  # reserve pointer → what forward computed, for the backward calls
+        self.state = {}  # token in the reserve space → what forward computed, for backward
         self._functions = {}
+        self._failure = None
 
     def __getattr__(self, name):
         if name not in _GPU_CALLS:
@@ -205,13 +213,26 @@ class FakeCudnn:
 
             def callback(*args):
                 self.calls.append(name)
-                getattr(self, "_" + name)(*args)  # looked up per call: tests may patch it
+                try:
+                    getattr(self, "_" + name)(*args)  # looked up per call: tests may patch it
+                except Exception as exc:  # ctypes would swallow it: raise it after the call
+                    self._failure = exc
+                    return 4000  # CUDNN_STATUS_INTERNAL_ERROR
                 return 0
 
             # Built from the project's prototype: ctypes converts every argument exactly
             # as it would for the real function, and rejects what it would reject.
             prototype = ctypes.CFUNCTYPE(restype, *argtypes)
-            self._functions[name] = (prototype(callback), prototype)
+            function = prototype(callback)
+
+            def call(*args):
+                status = function(*args)
+                if self._failure is not None:
+                    failure, self._failure = self._failure, None
+                    raise failure
+                return status
+
+            self._functions[name] = (call, function)
         return self._functions[name][0]
 
     # --- descriptors, read back through real cuDNN
@@ -323,12 +344,15 @@ class FakeCudnn:
         if training:  # keep copies: the backend's temporaries may be freed after the call
             assert reserve_size == _RESERVE_BYTES
             copy = lambda a: None if a is None else a.copy()
-            self.state[reserve] = (problem, copy(X), copy(HX), copy(CX), copy(W), out)
+            token = len(self.state) + 1  # in the reserve space, so a copy of it works too
+            _array(reserve, np.int64, (1,))[0] = token
+            self.state[token] = (problem, copy(X), copy(HX), copy(CX), copy(W), out)
 
     def _cudnnRNNBackwardData_v8(self, handle, desc, dev_lengths, y_desc, y, dy, x_desc, dx, h_desc,
                                  hx, dhy, dhx, c_desc, cx, dcy, dcx, w_size, w, work_size, work,
                                  reserve_size, reserve):
-        problem, X, HX, CX, W, out = self.state[reserve]
+        token = int(_array(reserve, np.int64, (1,))[0])
+        problem, X, HX, CX, W, out = self.state[token][:6]
         config, dtype = problem.config, problem.dtype
         width = config.num_dirs * config.state_size
         # the backend hands backward the same inputs and outputs forward saw and made
@@ -345,14 +369,15 @@ class FakeCudnn:
         _array(dhx, dtype, HX.shape)[...] = g_h
         if dcx:
             _array(dcx, dtype, CX.shape)[...] = g_c
-        self.state[reserve] = self.state[reserve] + (grads[3],)
+        self.state[token] = self.state[token][:6] + (grads[3],)
 
     def _cudnnRNNBackwardWeights_v8(self, handle, desc, add, dev_lengths, x_desc, x, h_desc, hx,
                                     y_desc, y, w_size, dw, work_size, work, reserve_size, reserve):
         assert add == capi.CUDNN_WGRAD_MODE_ADD
-        problem, X = self.state[reserve][:2]
+        token = int(_array(reserve, np.int64, (1,))[0])
+        problem, X = self.state[token][:2]
         np.testing.assert_array_equal(_array(x, problem.dtype, X.shape), X)
-        dparams = self.state.pop(reserve)[-1]
+        dparams = self.state[token][6]
         _array(dw, dparams.dtype, dparams.shape)[...] += dparams + _padding_poison(problem, X)
 
 

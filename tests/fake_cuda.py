@@ -39,8 +39,18 @@ from pycudnnrnn.cudnn.capi import api as real_api
 COUNTS: collections.Counter = collections.Counter()
 
 
+#: Whether a stream is capturing a graph: transfers and syncs then fail, as in CUDA.
+CAPTURING = []
+
+
 def reset_counts():
     COUNTS.clear()
+
+
+def _count(kind):
+    if CAPTURING:
+        raise RuntimeError(f"the current stream is capturing, so {kind} is disallowed")
+    COUNTS[kind] += 1
 
 
 def install(monkeypatch):
@@ -50,6 +60,8 @@ def install(monkeypatch):
     monkeypatch.setattr(capi, "api", lambda: fake_api)
     plan.clear_caches()  # nothing built on another GPU (or this one, earlier) is reused
     reset_counts()
+    CALLS.clear()
+    CAPTURING.clear()
     return fake_api
 
 
@@ -61,7 +73,7 @@ class FakeDeviceArray(np.ndarray):
 
     def __setitem__(self, key, value):
         if isinstance(value, np.ndarray) and not isinstance(value, FakeDeviceArray) and value.size > 1:
-            COUNTS["host_to_device"] += 1
+            _count("host_to_device")
         super().__setitem__(key, value)
 
     def __array_wrap__(self, array, context=None, return_scalar=False):
@@ -72,8 +84,8 @@ class FakeDeviceArray(np.ndarray):
         return item if isinstance(item, np.ndarray) else np.asarray(item).view(FakeDeviceArray)
 
     def _read(self, convert):
-        COUNTS["device_to_host"] += 1
-        COUNTS["sync"] += 1
+        _count("device_to_host")
+        _count("sync")
         return convert(np.asarray(self).view(np.ndarray))
 
     def __bool__(self):
@@ -111,6 +123,45 @@ def _device(a):
     return np.asarray(a).view(FakeDeviceArray)
 
 
+class _NoContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+class FakeGraph:
+    """What the stand-in captured: the cuDNN calls made (it cannot replay NumPy work)."""
+
+    def __init__(self, calls):
+        self.calls, self.launches = calls, 0
+
+    def launch(self, stream=None):
+        self.launches += 1
+
+
+class FakeStream(_NoContext):
+    """A stream whose capture makes transfers and syncs fail, as CUDA's does."""
+
+    def __init__(self, non_blocking=False):
+        self.ptr = 0
+
+    def synchronize(self):
+        _count("sync")
+
+    def begin_capture(self, mode=None):
+        CAPTURING.append(len(CALLS))
+
+    def end_capture(self):
+        start = CAPTURING.pop()
+        return FakeGraph(CALLS[start:])
+
+
+#: Every stand-in cuDNN GPU call, in order (FakeCudnn.calls is per instance).
+CALLS = []
+
+
 class FakeCupy(types.ModuleType):
     """The CuPy functions and attributes the backend and the API use."""
 
@@ -132,14 +183,16 @@ class FakeCupy(types.ModuleType):
                 return None
 
         def synchronize():
-            COUNTS["sync"] += 1
+            _count("sync")
 
         stream.synchronize = synchronize
         Device.synchronize = staticmethod(synchronize)
         self.cuda = types.SimpleNamespace(
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
                                           deviceSynchronize=synchronize),
-            Device=Device, get_current_stream=lambda: stream)
+            Device=Device, get_current_stream=lambda: stream, Stream=FakeStream,
+            MemoryPool=lambda: types.SimpleNamespace(malloc=None),
+            using_allocator=lambda allocator: _NoContext())
 
     def empty(self, shape, dtype=np.float32):
         # Garbage, as on a GPU: NaN for floats, so a read of unwritten memory shows.
@@ -155,7 +208,7 @@ class FakeCupy(types.ModuleType):
 
     def asarray(self, a, dtype=None):
         if not isinstance(a, FakeDeviceArray):
-            COUNTS["host_to_device"] += 1
+            _count("host_to_device")
         return _device(np.array(a, dtype=dtype))
 
     def ascontiguousarray(self, a):
@@ -171,8 +224,8 @@ class FakeCupy(types.ModuleType):
         return _device(np.arange(*args, **kwargs))
 
     def asnumpy(self, a):
-        COUNTS["device_to_host"] += 1
-        COUNTS["sync"] += 1
+        _count("device_to_host")
+        _count("sync")
         return np.asarray(a).view(np.ndarray).copy()
 
     def concatenate(self, arrays):
@@ -213,6 +266,7 @@ class FakeCudnn:
 
             def callback(*args):
                 self.calls.append(name)
+                CALLS.append(name)
                 try:
                     getattr(self, "_" + name)(*args)  # looked up per call: tests may patch it
                 except Exception as exc:  # ctypes would swallow it: raise it after the call

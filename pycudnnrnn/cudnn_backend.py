@@ -53,6 +53,7 @@ class Executor:
             self.rows = None if self.all_rows else cp.asarray(rows)
             self.head_device = cp.asarray(np.frombuffer(self.head, dtype=np.uint8))
             self.empty = cp.zeros((0,), dtype=dtype)  # output_c of other cells: never written
+            self.no_reserve = cp.zeros((0,), dtype=cp.uint8)  # inference's reserve_space
             if B == 0:
                 return
             tm = problem.time_major
@@ -169,7 +170,7 @@ class Executor:
         lstm, width = c.is_lstm, c.num_dirs * c.state_size
         out_y, out_h, out_c, out_reserve = out
         training = problem.is_training
-        reserve = self._new_reserve(out_reserve) if training else cp.zeros((0,), cp.uint8)
+        reserve = self._new_reserve(out_reserve) if training else self.no_reserve
         if self.batch == 0:  # every sequence is empty: nothing for cuDNN to do
             output = out_y if out_y is not None else cp.empty(problem.data_shape(width), dtype)
             output[...] = 0

@@ -65,6 +65,10 @@ def install(monkeypatch):
     return fake_api
 
 
+class _Pointer:
+    __slots__ = ("ptr",)
+
+
 class FakeDeviceArray(np.ndarray):
     """Host memory that says it lives on CUDA device 0; reading it on the host counts."""
 
@@ -112,7 +116,9 @@ class FakeDeviceArray(np.ndarray):
 
     @property
     def data(self):
-        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+        pointer = _Pointer()
+        pointer.ptr = self.ctypes.data
+        return pointer
 
     @property
     def device(self):

@@ -1,6 +1,7 @@
 """Typed wrappers of cuDNN's RNN calls: Python ints in, Python ints out, no ctypes outside.
 
-Device pointers are ints (0 for none); descriptors and handles are the objects of
+Device pointers are ints (0 for none; ctypes passes an int as a ``void *`` argument, so no
+wrapper is built per pointer); descriptors and handles are the objects of
 ``pycudnnrnn.cudnn.descriptors``. Each function is one cuDNN call, looked up through
 ``capi.api()`` at call time (the one place the CI stand-in GPU replaces).
 """
@@ -12,12 +13,8 @@ import ctypes
 from . import capi
 
 
-def _p(ptr: int) -> ctypes.c_void_p:
-    return ctypes.c_void_p(ptr or None)
-
-
 def _lengths(ptr: int):
-    return ctypes.cast(_p(ptr), ctypes.POINTER(ctypes.c_int32))
+    return ctypes.cast(ctypes.c_void_p(ptr), ctypes.POINTER(ctypes.c_int32))
 
 
 def dropout_states_size(handle) -> int:
@@ -39,7 +36,7 @@ def weight_params(handle, rnn, pseudo_layer: int, space_bytes: int, space: int,
     """Addresses of one matrix and its bias in `space` (0 where cuDNN has none);
     their shapes are written into `m_desc` and `b_desc` (``cudnnGetRNNWeightParams``)."""
     m_addr, b_addr = ctypes.c_void_p(), ctypes.c_void_p()
-    capi.api().cudnnGetRNNWeightParams(handle, rnn, pseudo_layer, space_bytes, _p(space),
+    capi.api().cudnnGetRNNWeightParams(handle, rnn, pseudo_layer, space_bytes, space,
                                        lin_layer_id, m_desc, ctypes.byref(m_addr), b_desc,
                                        ctypes.byref(b_addr))
     return m_addr.value or 0, b_addr.value or 0
@@ -59,10 +56,10 @@ def forward(handle, rnn, *, training: bool, dev_lengths: int, x_desc, x: int, y_
             weights: int, work_bytes: int, work: int, reserve_bytes: int, reserve: int):
     """``cudnnRNNForward``: y, hy, cy from x, hx, cx (reserve filled in training)."""
     mode = capi.CUDNN_FWD_MODE_TRAINING if training else capi.CUDNN_FWD_MODE_INFERENCE
-    capi.api().cudnnRNNForward(handle, rnn, mode, _lengths(dev_lengths), x_desc, _p(x), y_desc,
-                               _p(y), h_desc, _p(hx), _p(hy), c_desc, _p(cx), _p(cy),
-                               weight_bytes, _p(weights), work_bytes, _p(work), reserve_bytes,
-                               _p(reserve))
+    capi.api().cudnnRNNForward(handle, rnn, mode, _lengths(dev_lengths), x_desc, x, y_desc,
+                               y, h_desc, hx, hy, c_desc, cx, cy,
+                               weight_bytes, weights, work_bytes, work, reserve_bytes,
+                               reserve)
 
 
 def backward_data(handle, rnn, *, dev_lengths: int, y_desc, y: int, dy: int, x_desc, dx: int,
@@ -70,10 +67,10 @@ def backward_data(handle, rnn, *, dev_lengths: int, y_desc, y: int, dy: int, x_d
                   weight_bytes: int, weights: int, work_bytes: int, work: int,
                   reserve_bytes: int, reserve: int):
     """``cudnnRNNBackwardData_v8``: dx, dhx, dcx."""
-    capi.api().cudnnRNNBackwardData_v8(handle, rnn, _lengths(dev_lengths), y_desc, _p(y), _p(dy),
-                                       x_desc, _p(dx), h_desc, _p(hx), _p(dhy), _p(dhx), c_desc,
-                                       _p(cx), _p(dcy), _p(dcx), weight_bytes, _p(weights),
-                                       work_bytes, _p(work), reserve_bytes, _p(reserve))
+    capi.api().cudnnRNNBackwardData_v8(handle, rnn, _lengths(dev_lengths), y_desc, y, dy,
+                                       x_desc, dx, h_desc, hx, dhy, dhx, c_desc,
+                                       cx, dcy, dcx, weight_bytes, weights,
+                                       work_bytes, work, reserve_bytes, reserve)
 
 
 def backward_weights(handle, rnn, *, dev_lengths: int, x_desc, x: int, h_desc, hx: int, y_desc,
@@ -81,6 +78,6 @@ def backward_weights(handle, rnn, *, dev_lengths: int, x_desc, x: int, h_desc, h
                      reserve_bytes: int, reserve: int):
     """``cudnnRNNBackwardWeights_v8``, adding the weight gradients into `dweights`."""
     capi.api().cudnnRNNBackwardWeights_v8(handle, rnn, capi.CUDNN_WGRAD_MODE_ADD,
-                                          _lengths(dev_lengths), x_desc, _p(x), h_desc, _p(hx),
-                                          y_desc, _p(y), weight_bytes, _p(dweights), work_bytes,
-                                          _p(work), reserve_bytes, _p(reserve))
+                                          _lengths(dev_lengths), x_desc, x, h_desc, hx,
+                                          y_desc, y, weight_bytes, dweights, work_bytes,
+                                          work, reserve_bytes, reserve)

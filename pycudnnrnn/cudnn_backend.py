@@ -2,7 +2,8 @@
 
 ``Executor`` is the GPU half of a ``pycudnnrnn.RNNPlan``: built once for a validated
 ``pycudnnrnn.config.Problem`` on one device, it holds the descriptors (from
-``pycudnnrnn.cudnn_resources``), the workspace and reserve sizes, the device copies of
+``pycudnnrnn.cudnn_resources``; a new RNN descriptor's weight layout is checked against
+ours by ``pycudnnrnn.cudnn_layout``), the workspace and reserve sizes, the device copies of
 the lengths, of the running rows' index and of the padding mask, and the reserve
 header. A run is then pointers and cuDNN calls on CuPy's current stream: no
 host↔device copy, no sync, no size query. Per run:
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cudnn_resources, gpu, layout, reserve_header
+from . import cudnn_layout, cudnn_resources, gpu, layout, reserve_header
 from .config import Problem
 from .cudnn import rnn
 
@@ -50,6 +51,9 @@ class Executor:
         with cp.cuda.Device(device):
             handle = cudnn_resources.handle(cp)
             self.rnn = cudnn_resources.rnn_descriptor(cp, handle, device, c, dtype, self.tf32)
+            if not self.rnn.layout_checked:  # once per descriptor: a bug in layout.py if not
+                cudnn_layout.check_layout(cp, handle, self.rnn)
+                self.rnn.layout_checked = True
             self.rows = None if self.all_rows else cp.asarray(rows)
             self.head_device = cp.asarray(np.frombuffer(self.head, dtype=np.uint8))
             self.empty = cp.zeros((0,), dtype=dtype)  # output_c of other cells: never written

@@ -2,8 +2,7 @@
 
 * one cuDNN handle per (thread, device);
 * descriptors in per-device LRU caches: RNN descriptors by configuration, dtype and math
-  mode (its weight-space layout checked once against ``pycudnnrnn.layout``), data and
-  state descriptors by shape and lengths;
+  mode, data and state descriptors by shape and lengths;
 * dropout RNG states. cuDNN needs one buffer per seed (``cudnnDropoutGetStatesSize``:
   6.19 MiB on an H200), initialised by a kernel when a seed is first seen; restoring a
   known seed's states is cheap. The caches keep the states of at most
@@ -16,7 +15,6 @@ from __future__ import annotations
 import threading
 import weakref
 
-from . import cudnn_layout
 from .cudnn import rnn
 from .cudnn.descriptors import (DropoutDescriptor, Handle, RNNDataDescriptor, RNNDescriptor,
                                 TensorDescriptor)
@@ -87,12 +85,12 @@ def dropout_descriptor(cupy, handle, device: int, dropout: float, seed: int):
 
 
 def rnn_descriptor(cupy, handle, device: int, config, dtype, tf32: bool) -> RNNDescriptor:
-    """The RNN descriptor of a configuration, its layout checked against ours once."""
+    """The RNN descriptor of a configuration (``layout_checked`` False when new)."""
 
     def build():
         dropout = dropout_descriptor(cupy, handle, device, config.dropout, config.seed)
         desc = RNNDescriptor(config, dtype, dropout, tf32)
-        cudnn_layout.check_layout(cupy, handle, desc)
+        desc.layout_checked = False
         return desc
 
     cache = _dropout_rnn_descriptors if config.dropout else _rnn_descriptors

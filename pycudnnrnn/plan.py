@@ -149,9 +149,9 @@ class RNNPlan:
                                   self.output_c_shape if lstm else None))
         workspace = self._workspace(workspace)
         with self._on_device():
-            return self._executor.forward(arrays["input"], arrays["input_h"],
-                                          arrays["input_c"] if lstm else None, arrays["params"],
-                                          out=out, workspace=workspace)
+            return self._executor.forward(input=arrays["input"], input_h=arrays["input_h"],
+                                          input_c=arrays["input_c"] if lstm else None,
+                                          params=arrays["params"], out=out, workspace=workspace)
 
     def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan"):
         """backprop on backend arrays (NumPy or CuPy on the plan's device), by name."""
@@ -189,6 +189,9 @@ class RNNPlan:
                                     f"device), got one on {kind}")
                 a = np.asarray(a) if isinstance(a, np.ndarray) and xp is np else \
                     xp.from_dlpack(a)
+            if self.device_index is not None and a.device.id != self.device_index:
+                raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
+                                f"device), got one on cuda:{a.device.id}")
             adopted[name] = a
         return adopted
 
@@ -303,8 +306,8 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
                gpu.get_allow_tf32(),
                tuple((k, type(v), v) for k, v in sorted(attributes.items())))
         hash(key)
-    except TypeError:  # an unhashable attribute: let the checks say what is wrong
-        key = None
+    except (TypeError, AttributeError):  # not an array, or an unhashable attribute:
+        key = None                        # the checks say what is wrong
 
     def build():
         problem = checks.check_forward(arrays["input"], arrays["input_h"], arrays["input_c"],

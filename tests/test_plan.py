@@ -190,6 +190,21 @@ def test_wrong_arrays_get_clear_errors():
         _plan_for(case, sequence_lengths=[9, 1, 1])
 
 
+def test_arrays_on_another_gpu_are_refused(device):
+    if device.kind != "stand-in":
+        pytest.skip("the stand-in's arrays are all on cuda:0")
+    case = make_case("gru")
+    p = _plan_for(case, device="cuda:1")
+    args = [None if a is None else device.put(a)
+            for a in (case.input, case.input_h, case.input_c, case.params)]
+    with pytest.raises(TypeError, match=r"input: expected an array on cuda:1 \(the plan's "
+                                        r"device\), got one on cuda:0"):
+        p.forward(*args)
+    with pytest.raises(TypeError, match=r"input: expected an array on cuda:1 \(the plan's "
+                                        r"device\), got one on cpu"):
+        p.forward(case.input, *args[1:])
+
+
 def test_functional_calls_reuse_a_bounded_number_of_plans():
     plan.clear_caches()
     case = make_case("gru", lengths="ragged")
@@ -290,3 +305,19 @@ def test_forward_and_backprop_capture_into_a_cuda_graph(device, lengths):
         eager = [device.get(a) for a in step()]
         for got, want in zip(replayed, eager):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_nothing_is_kept_after_a_call(device):
+    """Item 6: a call's arrays (inputs, results, reserve space) are freed once the caller
+    drops them: neither the plan, its cache nor the reserve-header memory keeps one."""
+    import weakref
+    case = make_case("lstm", lengths="zero", num_layers=2)
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    grads = [device.put(g) for g in _grads(out)]
+    back = pycudnnrnn.backprop(*args, case.sequence_lengths, *out[:3], *grads, out[3],
+                               **case.attrs)
+    refs = [weakref.ref(a) for a in args + list(out) + grads + list(back)]
+    del args, out, grads, back
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []

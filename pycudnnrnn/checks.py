@@ -1,8 +1,11 @@
 """Every argument check, in one place, before any computation.
 
-The public functions call ``check_forward`` or ``check_backprop`` (or
-``make_config`` for the params functions) and hand the resulting ``Problem``
-to a backend, which may then trust every shape, dtype and attribute. Checks read only
+A plan is built from ``check_forward`` (a functional call's arrays) or ``make_problem``
+(an ``RNNPlan``'s sizes), the params functions from ``make_config``; the resulting
+``Problem`` goes to a backend, which may then trust every attribute. Every run checks
+its arrays against the plan with ``check_arrays`` over ``forward_shapes`` (and
+``backprop_shapes``, ``check_reserve_space``), so a backend may trust every shape and
+dtype too. Checks read only
 ``.shape``, ``.ndim`` and ``.dtype``, so they work for any array type; sequence
 lengths arrive here already on the host.
 
@@ -213,16 +216,6 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
     check_params(params, config, dtype)
     lengths = check_lengths(sequence_lengths, B, T)
     return Problem(config, T, B, time_major, dtype, lengths, is_training)
-
-
-def check_backprop(problem: Problem, output, output_h, output_c, output_backprop,
-                   output_h_backprop, output_c_backprop, reserve_space):
-    """Validate the arguments ``pycudnnrnn.backprop`` adds to those of forward."""
-    check_arrays(backprop_shapes(problem, output=output, output_h=output_h, output_c=output_c,
-                                 output_backprop=output_backprop,
-                                 output_h_backprop=output_h_backprop,
-                                 output_c_backprop=output_c_backprop), problem.dtype)
-    check_reserve_space(reserve_space)
 
 
 def forward_shapes(problem: Problem, **arrays) -> list:

@@ -218,38 +218,41 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
     return Problem(config, T, B, time_major, dtype, lengths, is_training)
 
 
-def forward_shapes(problem: Problem, **arrays) -> list:
-    """(name, array, expected shape, what) of forward's arrays for `problem`."""
+def forward_shapes(problem: Problem) -> list:
+    """(name, expected shape, what it is) of forward's arrays for `problem`."""
     c = problem.config
     data_what = "([T, B, input_size])" if problem.time_major else "([B, T, input_size])"
     state_what = "([L·D, B, {}])" if problem.time_major else "([B, L·D, {}])"
-    named = [("input", problem.data_shape(c.input_size), data_what),
-             ("input_h", problem.state_shape(c.state_size), state_what.format("P")),
-             ("params", (layout.params_size(c),), "(params_size)")]
+    shapes = [("input", problem.data_shape(c.input_size), data_what),
+              ("input_h", problem.state_shape(c.state_size), state_what.format("P")),
+              ("params", (layout.params_size(c),), "(params_size)")]
     if c.is_lstm:
-        named.append(("input_c", problem.state_shape(c.num_units), state_what.format("H")))
-    return [(name, arrays[name], shape, what) for name, shape, what in named]
+        shapes.append(("input_c", problem.state_shape(c.num_units), state_what.format("H")))
+    return shapes
 
 
-def backprop_shapes(problem: Problem, **arrays) -> list:
-    """(name, array, expected shape, what) of the arrays backprop adds to forward's."""
+def backprop_shapes(problem: Problem) -> list:
+    """(name, expected shape, what it is) of the arrays backprop adds to forward's."""
     c = problem.config
     out_shape = problem.data_shape(c.num_dirs * c.state_size)
     h_shape = problem.state_shape(c.state_size)
     c_shape = problem.state_shape(c.num_units)
     data_what = "([T, B, D·P])" if problem.time_major else "([B, T, D·P])"
     state_what = "(the shape of input_h)"
-    named = [("output", out_shape, data_what), ("output_h", h_shape, state_what),
-             ("output_backprop", out_shape, data_what), ("output_h_backprop", h_shape, state_what)]
+    shapes = [("output", out_shape, data_what), ("output_h", h_shape, state_what),
+              ("output_backprop", out_shape, data_what),
+              ("output_h_backprop", h_shape, state_what)]
     if c.is_lstm:
-        named += [("output_c", c_shape, "(the shape of input_c)"),
-                  ("output_c_backprop", c_shape, "(the shape of input_c)")]
-    return [(name, arrays[name], shape, what) for name, shape, what in named]
+        shapes += [("output_c", c_shape, "(the shape of input_c)"),
+                   ("output_c_backprop", c_shape, "(the shape of input_c)")]
+    return shapes
 
 
-def check_arrays(named, dtype, reference="input"):
-    """Each (name, array, shape, what) has that shape and `dtype` (`reference`'s)."""
-    for name, array, shape, what in named:
+def check_arrays(arrays: dict, shapes, dtype, reference="input"):
+    """Each array named in `shapes` (name, shape, what) has that shape and `dtype`
+    (`reference`'s)."""
+    for name, shape, what in shapes:
+        array = arrays[name]
         _dtype(name, array, dtype, reference)
         _shape(name, array, shape, what)
 

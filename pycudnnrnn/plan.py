@@ -8,6 +8,7 @@ shapes, dtypes and device and calls the backend. The functional ``forward`` and
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
 import numpy as np
@@ -56,10 +57,11 @@ class RNNPlan:
     inference) and ``workspace_nbytes``. A framework can allocate every buffer through its
     own allocator and pass them in: ``out=(output, output_h, output_c, reserve_space)`` to
     ``forward`` and ``out=(input_backprop, input_h_backprop, input_c_backprop,
-    params_backprop)`` to ``backprop`` (any entry may be None; given ones must be
-    C-contiguous, of the result's shape and dtype, reserve_space uint8 of
-    ``reserve_nbytes``), and ``workspace=`` a uint8 buffer of at least
-    ``workspace_nbytes``. The results are then those buffers. On the GPU a run works on
+    params_backprop)`` to ``backprop`` (any entry may be None, and one for a result
+    that does not exist, output_c of other cells or an inference reserve_space, is
+    ignored; given ones must be C-contiguous, of the result's shape and dtype,
+    reserve_space uint8 of ``reserve_nbytes``), and ``workspace=`` a uint8 buffer of at
+    least ``workspace_nbytes``. The results are then those buffers. On the GPU a run works on
     CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a framework's
     stream) and makes no host↔device copy, no sync and no size query.
     """
@@ -105,10 +107,19 @@ class RNNPlan:
         self.params_size = layout.params_size(c)
         self.reserve_nbytes = self._executor.reserve_nbytes
         self.workspace_nbytes = self._executor.workspace_nbytes
-        self._forward_shapes = [(n, s, w) for n, _, s, w in checks.forward_shapes(
-            problem, **dict.fromkeys(_FORWARD_NAMES))]
-        self._backprop_shapes = [(n, s, w) for n, _, s, w in checks.backprop_shapes(
-            problem, **dict.fromkeys(_BACKPROP_NAMES))]
+        uint8, lstm, training = np.dtype(np.uint8), c.is_lstm, problem.is_training
+        self._results_of = {  # (name, shape or None where there is no such result, dtype)
+            "forward": [("output", self.output_shape, self.dtype),
+                        ("output_h", self.output_h_shape, self.dtype),
+                        ("output_c", self.output_c_shape if lstm else None, self.dtype),
+                        ("reserve_space", (self.reserve_nbytes,) if training else None, uint8)],
+            "backprop": [("input_backprop", self.input_shape, self.dtype),
+                         ("input_h_backprop", self.output_h_shape, self.dtype),
+                         ("input_c_backprop", self.output_c_shape if lstm else None,
+                          self.dtype),
+                         ("params_backprop", (self.params_size,), self.dtype)]}
+        self._forward_shapes = checks.forward_shapes(problem)
+        self._backprop_shapes = self._forward_shapes + checks.backprop_shapes(problem)
 
     @property
     def is_training(self) -> bool:
@@ -143,10 +154,8 @@ class RNNPlan:
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan"):
         """forward on backend arrays (NumPy or CuPy on the plan's device), by name."""
         lstm = self.problem.config.is_lstm
-        checks.check_arrays([(n, arrays[n], s, w) for n, s, w in self._forward_shapes],
-                            self.dtype, reference)
-        out = self._outputs(out, (self.output_shape, self.output_h_shape,
-                                  self.output_c_shape if lstm else None))
+        checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
+        out = self._outputs(out, self._results_of["forward"])
         workspace = self._workspace(workspace)
         with self._on_device():
             return self._executor.forward(input=arrays["input"], input_h=arrays["input_h"],
@@ -159,13 +168,9 @@ class RNNPlan:
             raise ValueError("backprop: this plan was built with is_training=False; build "
                              "one with is_training=True")
         lstm = self.problem.config.is_lstm
-        checks.check_arrays([(n, arrays[n], s, w) for n, s, w in
-                             self._forward_shapes + self._backprop_shapes],
-                            self.dtype, reference)
+        checks.check_arrays(arrays, self._backprop_shapes, self.dtype, reference)
         checks.check_reserve_space(arrays["reserve_space"])
-        out = self._outputs(out, (self.input_shape, self.output_h_shape,
-                                  self.output_c_shape if lstm else None,
-                                  (self.params_size,)), names=_GRADIENT_NAMES)
+        out = self._outputs(out, self._results_of["backprop"])
         workspace = self._workspace(workspace)
         a = {n: arrays[n] for n in _BACKPROP_NAMES}
         if not lstm:
@@ -201,32 +206,28 @@ class RNNPlan:
         wrap = from_dlpack_like(template)
         return tuple(wrap(r) for r in results)
 
-    def _outputs(self, out, shapes, names=None):
-        """Caller buffers for the results, checked; (None, ...) when not given."""
-        names = names or _OUTPUT_NAMES
+    def _outputs(self, out, results):
+        """Caller buffers for the `results` (name, shape, dtype), checked; None where not
+        given or where there is no such result (output_c of other cells, an inference
+        reserve_space)."""
         if out is None:
-            return (None,) * len(names)
+            return (None,) * len(results)
         out = tuple(out)
-        if len(out) != len(names):
-            raise ValueError(f"out: expected {len(names)} buffers ({', '.join(names)}) or None, "
-                             f"got {len(out)}")
+        if len(out) != len(results):
+            names = ", ".join(name for name, _, _ in results)
+            raise ValueError(f"out: expected {len(results)} buffers ({names}) or None, got "
+                             f"{len(out)}")
         checked = []
-        for name, buffer, shape in zip(names, out, shapes + (None,) * (len(names) - len(shapes))):
-            if buffer is None or (shape is None and name != "reserve_space"):
+        for (name, shape, dtype), buffer in zip(results, out):
+            if buffer is None or shape is None:
                 checked.append(None)
                 continue
-            buffer = self._adopt({f"out {name}": buffer})[f"out {name}"]
-            if name == "reserve_space":
-                dtype, shape = np.dtype(np.uint8), (self.reserve_nbytes,)
-                if not self.problem.is_training:
-                    raise ValueError("out reserve_space: expected None in inference (no "
-                                     "reserve space), got an array")
-            else:
-                dtype = self.dtype
-            checks.check_arrays([(f"out {name}", buffer, shape, "(the result's)")], dtype,
+            label = f"out {name}"
+            buffer = self._adopt({label: buffer})[label]
+            checks.check_arrays({label: buffer}, [(label, shape, "(the result's)")], dtype,
                                 "the result")
             if not buffer.flags.c_contiguous:
-                raise ValueError(f"out {name}: expected a C-contiguous buffer")
+                raise ValueError(f"{label}: expected a C-contiguous buffer")
             checked.append(buffer)
         return tuple(checked)
 
@@ -243,23 +244,10 @@ class RNNPlan:
 
     def _on_device(self):
         if self.device_index is None:
-            return _NO_CONTEXT
+            return contextlib.nullcontext()
         return self._xp.cuda.Device(self.device_index)
 
 
-_OUTPUT_NAMES = ("output", "output_h", "output_c", "reserve_space")
-_GRADIENT_NAMES = ("input_backprop", "input_h_backprop", "input_c_backprop", "params_backprop")
-
-
-class _NoContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-
-_NO_CONTEXT = _NoContext()
 
 
 class _NumpyExecutor:

@@ -1,25 +1,34 @@
 """The identity header both backends put at the start of ``reserve_space``.
 
-32 bytes: a 16-byte magic naming the backend, then a 16-byte fingerprint of the forward
-call: every field of its ``Problem`` (the whole ``RNNConfig``: mode, input mode,
-direction, layers, units, input size, projection, dropout and seed; T, B, time_major,
-dtype) and its sequence lengths (``None`` counts as all T), plus anything the backend adds.
-backprop checks them, in this order, before any computation: the array is the backend's
-own (not foreign), it comes from a call with the same identity, it has the right size.
-The data (input, states, params) is not part of the identity: a reserve space from another
-forward call on other data of the same identity is accepted.
+``HEADER_BYTES`` (256) bytes, so that the backend's own part stays 256-byte aligned (as
+cuDNN wants): a 16-byte magic naming the backend, a 16-byte fingerprint of the forward
+call, then zeros. The fingerprint covers every field of its ``Problem`` (the whole
+``RNNConfig``: mode, input mode, direction, layers, units, input size, projection,
+dropout and seed; T, B, time_major, dtype) and its sequence lengths (``None`` counts as
+all T), plus anything the backend adds. backprop checks them, in this order, before any
+computation: the array is the backend's own (not foreign), it comes from a call with the
+same identity, it has the right size. The data (input, states, params) is not part of
+the identity: a reserve space from another forward call on other data of the same
+identity is accepted.
+
+Reading a header back from a GPU costs a device→host copy and a sync, so ``remember``
+notes on the host the header of each reserve space this process made, weakly keyed by
+the buffer's memory: ``identity`` reads a header only for a buffer it does not know.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
+import weakref
 
 import numpy as np
 
-from .checks import Problem
+from .config import Problem
 
-HEADER_BYTES = 32
+HEADER_BYTES = 256
+IDENTITY_BYTES = 32
 
 
 def _fingerprint(problem: Problem, extra) -> bytes:
@@ -38,7 +47,7 @@ def _fingerprint(problem: Problem, extra) -> bytes:
 
 
 def header(problem: Problem, magic: bytes, *extra) -> bytes:
-    """The 32 header bytes for a reserve space of `problem`."""
+    """The 32 identity bytes for a reserve space of `problem`."""
     return magic + _fingerprint(problem, extra)
 
 
@@ -56,3 +65,36 @@ def check(head: bytes | None, dtype, size: int, expected_size: int, problem: Pro
     if size != expected_size:
         raise ValueError(f"reserve_space: expected {expected_size} bytes for this configuration "
                          f"and these shapes, got {size}")
+
+
+# ----------------------------------------------------------------- headers made here
+
+_known: dict = {}   # data pointer → (weak reference to the buffer, its identity bytes)
+_known_lock = threading.Lock()
+
+
+def remember(buffer, pointer: int, head: bytes):
+    """Note that `buffer` (whose memory starts at `pointer`) holds identity `head`."""
+
+    def forget(ref, pointer=pointer):
+        with _known_lock:
+            if _known.get(pointer, (None,))[0] is ref:
+                del _known[pointer]
+
+    with _known_lock:
+        _known[pointer] = (weakref.ref(buffer, forget), head)
+
+
+def known(pointer: int) -> bytes | None:
+    """The identity of the reserve space made here whose memory starts at `pointer`, if
+    that buffer is still alive (so the memory is still its own); else None."""
+    entry = _known.get(pointer)
+    if entry is None or entry[0]() is None:
+        return None
+    return entry[1]
+
+
+def identity(buffer, pointer: int, read) -> bytes | None:
+    """`buffer`'s identity bytes: remembered, else ``read()`` (None if unreadable)."""
+    head = known(pointer)
+    return head if head is not None else read()

@@ -363,3 +363,17 @@ def test_sizes_given_to_forward_must_match_the_shapes(size, value, where):
         C.backprop(fwd, *grads, **{size: value})
     with pytest.raises(TypeError, match=rf"{size}: expected an int, got float"):
         C.forward(**{size: 2.0})
+
+
+def test_a_plan_reads_torch_tensors_that_require_grad():
+    torch = pytest.importorskip("torch")
+    case = _lstm()
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=4, input_size=3, max_time=4,
+                              batch_size=3, dtype="float64", direction="bidirectional")
+    expected = plan.forward(case.input, case.input_h, case.input_c, case.params)
+    grad = {n: torch.from_numpy(getattr(case, n)).requires_grad_(True)
+            for n in ("input", "input_h", "input_c", "params")}
+    got = plan.forward(grad["input"], grad["input_h"], grad["input_c"], grad["params"])
+    assert isinstance(got, pycudnnrnn.ForwardResult)
+    for a, b in zip(expected[:3], got[:3]):
+        np.testing.assert_array_equal(a, b.numpy())

@@ -24,6 +24,8 @@ same code with a scratch buffer that keeps only what the next step or layer read
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import layout, reserve_header
@@ -132,7 +134,7 @@ def _output_slots(problem: Problem) -> int:
 def reserve_nbytes(problem: Problem) -> int:
     """Bytes of the reserve_space forward makes for this problem."""
     itemsize = _compute_dtype(problem.dtype).itemsize
-    return _HEADER_BYTES + itemsize * sum(int(np.prod(s)) for _, s in _reserve_entries(problem))
+    return _HEADER_BYTES + itemsize * sum(math.prod(s) for _, s in _reserve_entries(problem))
 
 
 def _sizes(problem: Problem):
@@ -204,7 +206,7 @@ def _carve(buffer, problem):
     data = buffer[_HEADER_BYTES:].view(_compute_dtype(problem.dtype))
     views, offset = {}, 0
     for name, shape in _reserve_entries(problem):
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         views[name] = data[offset:offset + size].reshape(shape)
         offset += size
     return views

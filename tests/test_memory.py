@@ -93,9 +93,26 @@ def test_backprop_is_refused_too(monkeypatch):
         case.backprop(fwd, *grads)
 
 
-def test_available_bytes_reads_the_system():
-    available, source = memory.available_bytes()
-    assert 0 <= available and source
+def test_available_bytes_is_the_least_the_system_allows(monkeypatch, tmp_path):
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit.write_text("3000000\n")
+    usage.write_text("1000000\n")
+    monkeypatch.setattr(memory, "_CGROUP_LIMITS", ((str(limit), str(usage)),))
+    monkeypatch.setattr(memory, "_mem_available", lambda: 5_000_000)
+    assert memory.available_bytes() == (2_000_000, f"the cgroup limit {limit}")
+    limit.write_text("max\n")  # no cgroup limit: MemAvailable
+    assert memory.available_bytes() == (5_000_000, "MemAvailable in /proc/meminfo")
+    monkeypatch.setattr(memory, "_mem_available", lambda: None)
+    assert memory.available_bytes()[0] == memory.FALLBACK_BYTES
+
+
+def test_mem_available_parses_proc_meminfo():
+    import os
+    if not os.path.exists("/proc/meminfo"):
+        pytest.skip("no /proc/meminfo here")
+    with open("/proc/meminfo") as f:
+        line = next(l for l in f if l.startswith("MemAvailable:"))
+    assert abs(memory._mem_available() - int(line.split()[1]) * 1024) < 1 << 30
 
 
 @pytest.mark.parametrize("lengths", [None, "ragged"])

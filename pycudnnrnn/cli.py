@@ -103,7 +103,7 @@ def _devices(choice, parser, allow_all):
     if choice in ("gpu", "all") and not usable:
         if choice == "all":
             return ["cpu"]
-        parser.error(f"--backend gpu: no usable GPU ({detail})")
+        parser.error(f"--backend gpu: {detail}")
     return ["cpu", "gpu"] if choice == "all" and allow_all else [choice]
 
 

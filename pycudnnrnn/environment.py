@@ -19,8 +19,15 @@ def gpu_status():
         from .cudnn.descriptors import Handle
         Handle().close()
     except Exception as exc:
-        return False, f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return False, _reason(exc)
     return True, f"{cupy.cuda.runtime.getDeviceCount()} GPU(s)"
+
+
+def _reason(exc) -> str:
+    """One line: our own unavailability messages as they are, anything else with its type."""
+    from .errors import CudnnUnavailableError
+    text = str(exc) if isinstance(exc, CudnnUnavailableError) else f"{type(exc).__name__}: {exc}"
+    return text.splitlines()[0]
 
 
 def collect() -> dict:
@@ -40,7 +47,8 @@ def collect() -> dict:
         info["cudnn"] = "not loadable"
         info["cudnn library"] = str(exc).splitlines()[0]
     try:
-        import cupy
+        from .cudnn_backend import _cupy
+        cupy = _cupy()
         count = cupy.cuda.runtime.getDeviceCount()
         names = []
         for i in range(count):
@@ -48,7 +56,7 @@ def collect() -> dict:
             names.append(name.decode() if isinstance(name, bytes) else name)
         info["gpus"] = ", ".join(names) or "none"
     except Exception as exc:
-        info["gpus"] = f"none ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        info["gpus"] = f"none ({_reason(exc)})"
     usable, detail = gpu_status()
     info["backend for NumPy arrays"] = "NumPy (CPU)"
     info["backend for CUDA arrays"] = f"cuDNN ({detail})" if usable else f"unavailable: {detail}"

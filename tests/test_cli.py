@@ -79,7 +79,7 @@ def test_gpu_backend_without_a_gpu_is_a_usage_error():
     if gpu_status()[0]:
         pytest.skip("this machine has a GPU")
     proc = _run("check", "--backend", "gpu")
-    assert proc.returncode == 2 and "--backend gpu: no usable GPU" in proc.stderr
+    assert proc.returncode == 2 and "--backend gpu: " in proc.stderr
 
 
 def test_bench_writes_json_and_png(tmp_path):
@@ -101,3 +101,87 @@ def test_bench_writes_json_and_png(tmp_path):
 def test_every_command_has_help(command):
     proc = _run(command, "--help")
     assert proc.returncode == 0 and f"usage: pycudnnrnn {command}" in proc.stdout
+
+
+# --- without a GPU: say so plainly ------------------------------------------------------
+
+class _NoDriverRuntime:
+    """CuPy's runtime as it answers on a machine without an NVIDIA driver."""
+
+    @staticmethod
+    def getDeviceCount():
+        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient "
+                           "for CUDA runtime version")
+
+
+def _fake_cupy_without_driver(monkeypatch, libcuda_loads):
+    import ctypes
+    import types
+    from pycudnnrnn import cudnn_backend
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=_NoDriverRuntime())
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    real_cdll = ctypes.CDLL
+
+    def cdll(name, *args, **kwargs):
+        if name == "libcuda.so.1":
+            if libcuda_loads:
+                return object()
+            raise OSError("libcuda.so.1: cannot open shared object file")
+        return real_cdll(name, *args, **kwargs)
+
+    monkeypatch.setattr(cudnn_backend.ctypes, "CDLL", cdll)
+    return cudnn_backend
+
+
+def test_no_driver_is_named_as_such_with_cudas_reason_after_it(monkeypatch):
+    from pycudnnrnn.errors import CudnnUnavailableError
+    backend = _fake_cupy_without_driver(monkeypatch, libcuda_loads=False)
+    with pytest.raises(CudnnUnavailableError) as info:
+        backend._cupy()
+    message = str(info.value)
+    assert message.startswith("no NVIDIA GPU or driver was found")
+    assert message.index("no NVIDIA GPU") < message.index("CUDA driver version is insufficient")
+
+
+def test_a_driver_that_cannot_run_cuda_is_not_called_missing(monkeypatch):
+    from pycudnnrnn.errors import CudnnUnavailableError
+    backend = _fake_cupy_without_driver(monkeypatch, libcuda_loads=True)
+    with pytest.raises(CudnnUnavailableError, match="driver found") as info:
+        backend._cupy()
+    assert "no NVIDIA GPU or driver" not in str(info.value)
+    assert "CUDA driver version is insufficient" in str(info.value)
+
+
+def _machine_has_no_driver():
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return False
+
+
+no_driver_here = pytest.mark.skipif(not _machine_has_no_driver(),
+                                    reason="this machine has an NVIDIA driver")
+
+
+@no_driver_here
+def test_info_says_no_gpu_or_driver_was_found():
+    proc = _run("info")
+    lines = {line.split("  ")[0]: line for line in proc.stdout.splitlines()}
+    for field in ("gpus", "backend for CUDA arrays"):
+        assert "no NVIDIA GPU or driver was found" in lines[field], lines[field]
+
+
+@no_driver_here
+def test_check_on_the_gpu_says_no_gpu_or_driver_was_found():
+    proc = _run("check", "--backend", "gpu")
+    assert proc.returncode == 2
+    assert "--backend gpu: no NVIDIA GPU or driver was found" in proc.stderr, proc.stderr
+
+
+@no_driver_here
+def test_gpu_test_skip_reason_says_no_gpu_or_driver_was_found():
+    from conftest import _gpu_reason
+    assert "no NVIDIA GPU or driver was found" in _gpu_reason()

@@ -185,3 +185,88 @@ def test_check_on_the_gpu_says_no_gpu_or_driver_was_found():
 def test_gpu_test_skip_reason_says_no_gpu_or_driver_was_found():
     from conftest import _gpu_reason
     assert "no NVIDIA GPU or driver was found" in _gpu_reason()
+
+
+# --- every bad command line: exit 2 at once, one line naming the option, no traceback -----
+
+@pytest.mark.parametrize("args,named", [
+    (["bench", "--seq-lengths", "0"], "argument --seq-lengths: expected positive integers"),
+    (["bench", "--seq-lengths=-5"], "argument --seq-lengths: expected positive integers"),
+    (["bench", "--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: the folder"),
+    (["bench", "--plot", "/nonexistent/x.png"], "--plot /nonexistent/x.png: the folder"),
+    (["check", "--hidden-size", "100000"], "--hidden-size 100000: too large"),
+    (["check", "--lengths", "1,2", "--max-time", "99999999"], "--max-time 99999999: too large"),
+    (["bench", "--hidden-size", "100000", "--input-size", "100000"],
+     "--input-size 100000 --hidden-size 100000: too large"),
+    (["bench", "--batch", "1000000000"], "--batch 1000000000: too large"),
+    (["check", "--layers", "100000"], "--layers 100000: too large"),
+    (["bench", "--layers", "100000"], "--layers 100000: too large"),
+    (["check", "--seed=-1"], "argument --seed: expected a non-negative integer, got -1"),
+    (["bench", "--warmup=-1"], "argument --warmup: expected a non-negative integer, got -1"),
+    (["check", "--num-proj=-1"], "argument --num-proj: expected a non-negative integer"),
+    (["check", "--lengths=-1,3"], "argument --lengths: expected non-negative integers"),
+])
+def test_bad_command_lines_exit_2_at_once_naming_the_option(args, named):
+    # The timeout is the bound: without the up-front checks these ran a whole benchmark
+    # first, or for minutes, or did not end.
+    proc = subprocess.run([sys.executable, "-m", "pycudnnrnn", *args], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"pycudnnrnn {args[0]}: error: ") and named in last, last
+    assert proc.stdout == ""  # refused before any work
+
+
+def test_too_large_names_the_bytes_needed():
+    proc = _run("check", "--layers", "100000")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert " bytes), more than the 1.0 GiB that check allows" in last
+
+
+def test_size_estimate_is_instant_for_many_layers_and_grows_linearly():
+    from pycudnnrnn import cli
+    args = cli._parser().parse_args(["check", "--layers", "1000000"])
+    one = cli.estimated_bytes(args, max_time=7, batch=4, itemsize=8, params_copies=3)
+    args.layers = 2000000
+    two = cli.estimated_bytes(args, max_time=7, batch=4, itemsize=8, params_copies=3)
+    assert 1.99 < two / one < 2.01
+
+
+def test_size_estimate_covers_what_forward_really_allocates():
+    import numpy as np
+    import pycudnnrnn
+    from pycudnnrnn import cli
+    args = cli._parser().parse_args(["bench", "--layers", "3", "--input-size", "5",
+                                     "--hidden-size", "6", "--direction", "bidirectional"])
+    T, B = 7, 4
+    n = pycudnnrnn.params_size(num_layers=3, num_units=6, input_size=5, direction="bidirectional")
+    x, h, c = np.zeros((T, B, 5)), np.zeros((6, B, 6)), np.zeros((6, B, 6))
+    y, hy, cy, reserve = pycudnnrnn.forward(x, h, c, np.zeros(n), direction="bidirectional")
+    allocated = sum(a.nbytes for a in (x, h, c, y, hy, cy, reserve)) + 8 * n
+    assert cli.estimated_bytes(args, max_time=T, batch=B, itemsize=8, params_copies=0) > allocated
+
+
+def test_a_library_memory_error_is_a_usage_error(monkeypatch, capsys):
+    from pycudnnrnn import cli, selfcheck
+
+    def refuse(cfg):
+        raise MemoryError("Unable to allocate 3.8 GiB for an array")
+
+    monkeypatch.setattr(selfcheck, "run", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["check", "--backend", "cpu"])
+    assert exit_info.value.code == 2
+    assert "not enough memory for these sizes: Unable to allocate 3.8 GiB" in capsys.readouterr().err
+
+
+def test_an_unexpected_error_is_not_mistaken_for_a_failed_check(monkeypatch, capsys):
+    from pycudnnrnn import cli, selfcheck
+
+    def broken(cfg):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(selfcheck, "run", broken)
+    assert cli.main(["check", "--backend", "cpu"]) == cli.EXIT_INTERNAL != 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "unexpected error" in err

@@ -57,8 +57,9 @@ def _cupy():
         import cupy
     except ImportError as exc:
         raise CudnnUnavailableError(
-            "CUDA arrays need CuPy: install `cupy-cuda12x` (CUDA 12) or `cupy-cuda13x` "
-            f"(CUDA 13) ({exc})") from exc
+            "CUDA arrays need the GPU extra (CuPy and cuDNN): `pip install 'pycudnnrnn[cuda12]'` "
+            f"(CUDA 12 and 13 drivers) or `pip install 'pycudnnrnn[cuda13]'` (CUDA 13) ({exc})"
+        ) from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no driver (CUDA then calls it "insufficient"), or no device

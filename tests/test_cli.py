@@ -270,3 +270,64 @@ def test_an_unexpected_error_is_not_mistaken_for_a_failed_check(monkeypatch, cap
     assert cli.main(["check", "--backend", "cpu"]) == cli.EXIT_INTERNAL != 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "unexpected error" in err
+
+
+# --- installing: NumPy alone; the GPU packages are extras, named when they are missing ----
+
+def test_the_core_needs_numpy_only_and_the_gpu_packages_are_extras():
+    import tomllib
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    assert [d.split(">")[0] for d in project["dependencies"]] == ["numpy"]
+    extras = project["optional-dependencies"]
+    names = lambda extra: sorted(d.split(">")[0] for d in extras[extra])
+    assert names("cuda12") == ["cupy-cuda12x", "nvidia-cudnn-cu12"]
+    assert names("cuda13") == ["cupy-cuda13x", "nvidia-cudnn-cu13"]
+    assert not [d for d in extras["test"] if d.startswith("cupy")]  # CI has no GPU
+
+
+def test_a_cuda_array_without_cupy_names_the_extra_to_install(monkeypatch):
+    import pycudnnrnn
+    from pycudnnrnn.errors import CudnnUnavailableError
+
+    class CudaArray:
+        shape, ndim, dtype = (4, 3, 3), 3, "float32"
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
+    a = CudaArray()
+    with pytest.raises(CudnnUnavailableError) as info:
+        pycudnnrnn.forward(a, a, a, a)
+    assert "pip install 'pycudnnrnn[cuda12]'" in str(info.value)
+    assert "pip install 'pycudnnrnn[cuda13]'" in str(info.value)
+
+
+def test_missing_cudnn_names_the_extra_to_install():
+    from pycudnnrnn.cudnn import loader
+    assert "pip install 'pycudnnrnn[cuda12]'" in loader.INSTALL_HINT
+
+
+def test_make_installs_the_cuda_extra_only_where_an_nvidia_gpu_answers(tmp_path):
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fake_smi = tmp_path / "nvidia-smi"
+
+    def installs(target, smi_status):
+        fake_smi.write_text(f"#!/bin/sh\nexit {smi_status}\n")
+        fake_smi.chmod(0o755)
+        path = f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"
+        proc = subprocess.run([make, "-n", "-B", "VENV=venv", target], cwd=root,
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PATH": path})
+        assert proc.returncode == 0, proc.stderr
+        return [line.split(" -e ")[1] for line in proc.stdout.splitlines() if " -e " in line]
+
+    assert installs("demo", 1) == ["'.'"]  # no GPU: NumPy alone
+    assert installs("demo", 0) == ["'.[cuda12]'"]
+    assert installs("test", 1) == ["'.'", "'.[test]'"]
+    assert installs("test", 0) == ["'.[cuda12]'", "'.[test]'"]

@@ -62,8 +62,9 @@ def _int_list(minimum):
 
 def _add_network_options(p, *, layers, input_size, hidden_size, bidirectional):
     p.add_argument("--mode", choices=RNN_MODES, default="lstm", help="cell (default: lstm)")
-    p.add_argument("--direction", choices=DIRECTIONS,
-                   default="bidirectional" if bidirectional else "unidirectional")
+    direction = "bidirectional" if bidirectional else "unidirectional"
+    p.add_argument("--direction", choices=DIRECTIONS, default=direction,
+                   help=f"default: {direction}")
     p.add_argument("--layers", type=_positive, default=layers, help=f"default: {layers}")
     p.add_argument("--input-size", type=_positive, default=input_size, help=f"default: {input_size}")
     p.add_argument("--hidden-size", type=_positive, default=hidden_size,
@@ -77,9 +78,11 @@ def _parser():
     sub = parser.add_subparsers(dest="command", metavar="{info,check,bench}", required=True)
 
     sub.add_parser("info", help="versions, cuDNN, GPUs and backends (paste into bug reports)",
-                   description="Print package, Python, NumPy and CuPy versions, the cuDNN "
-                               "library and version (or why it does not load), the GPUs seen "
-                               "and which backend runs which arrays.")
+                   description="Print the package, Python, NumPy (and its BLAS), CuPy, "
+                               "PyTorch and JAX versions, CPUs and thread settings, the "
+                               "NVIDIA driver and CUDA versions, the cuDNN library and "
+                               "version (or why it does not load), the GPUs seen and which "
+                               "backend runs which arrays.")
 
     check = sub.add_parser("check", help="run forward + backprop once and verify the gradients",
                            description="Run forward and backprop once and verify them: against "
@@ -101,9 +104,10 @@ def _parser():
 
     bench = sub.add_parser("bench", help="time forward and forward+backprop (and PyTorch's)",
                            description="Time forward and forward+backprop over sequence lengths "
-                                       "on the chosen backend(s), with warm-up and medians; "
+                                       "on the chosen backend(s), after warm-up: the median "
+                                       "of the timed runs with their minimum and maximum; "
                                        "compares with PyTorch when it is installed.")
-    _add_network_options(bench, layers=2, input_size=256, hidden_size=256, bidirectional=True)
+    _add_network_options(bench, layers=2, input_size=256, hidden_size=256, bidirectional=False)
     bench.add_argument("--batch", type=_positive, default=32, help="default: 32")
     bench.add_argument("--seq-lengths", type=_int_list(1), default=[16, 32, 64],
                        help="T values, comma-separated (default: 16,32,64)")
@@ -301,8 +305,9 @@ def _bench(args, parser):
         progress=progress))
     print(bench.format_table(results))
     if args.json:
+        from .environment import collect
         with open(args.json, "w") as f:
-            json.dump({"results": results}, f, indent=2)
+            json.dump({"environment": collect(), "results": results}, f, indent=2)
     if args.plot:
         bench.plot(results, args.plot)
     return 0

@@ -88,13 +88,70 @@ def test_bench_writes_json_and_png(tmp_path):
                 "--hidden-size", "16", "--batch", "4", "--repeat", "3", "--warmup", "1",
                 "--json", str(json_path), "--plot", str(png_path), "--progress", "always")
     assert proc.returncode == 0, proc.stderr
-    results = json.loads(json_path.read_text())["results"]
+    written = json.loads(json_path.read_text())
+    results = written["results"]
     assert [r["max_time"] for r in results] == [4, 8]
     for r in results:
         assert r["device"] == "cpu" and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > r["fwd_ms"] * 0.5
         assert r["torch_fwd_ms"] > 0  # torch is in the test environment
+        for key in ("fwd_ms", "fwd_bwd_ms", "torch_fwd_ms", "torch_fwd_bwd_ms"):
+            assert r[f"{key}_min"] <= r[key] <= r[f"{key}_max"], key
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 5000
     assert "configuration" in proc.stdout and "2/2" in proc.stderr  # table and progress bar
+    assert proc.stdout.splitlines()[0].count("[min-max]") == 4  # the spread of every figure
+
+
+def test_bench_json_carries_the_environment(tmp_path):
+    json_path = tmp_path / "bench.json"
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "2", "--input-size", "3",
+                "--hidden-size", "4", "--batch", "2", "--repeat", "2", "--warmup", "0",
+                "--no-torch", "--json", str(json_path))
+    assert proc.returncode == 0, proc.stderr
+    environment = json.loads(json_path.read_text())["environment"]
+    from pycudnnrnn.environment import collect
+    assert set(environment) == set(collect())
+    assert environment["numpy"] == __import__("numpy").__version__
+
+
+def test_bench_defaults_to_the_librarys_unidirectional(tmp_path):
+    json_path = tmp_path / "bench.json"
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "2", "--input-size", "3",
+                "--hidden-size", "4", "--batch", "2", "--repeat", "1", "--warmup", "0",
+                "--no-torch", "--json", str(json_path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(json_path.read_text())["results"][0]["bidirectional"] is False
+    assert " uni " in proc.stdout
+
+
+def test_bench_progress_shows_the_whole_label():
+    proc = _run("bench", "--backend", "cpu", "--mode", "rnn_tanh", "--layers", "12",
+                "--seq-lengths", "4", "--input-size", "8", "--hidden-size", "16", "--batch", "4",
+                "--dtype", "float64", "--ragged", "--repeat", "1", "--warmup", "0", "--no-torch",
+                "--progress", "always")
+    assert proc.returncode == 0, proc.stderr
+    label = "cpu rnn_tanh 12L uni T4 B4 8->16 float64 ragged"
+    assert len(label) > 40 and label in proc.stderr
+
+
+def test_info_gives_frameworks_driver_cuda_blas_and_threads():
+    proc = _run("info", env={"OMP_NUM_THREADS": "3"})
+    assert proc.returncode == 0, proc.stderr
+    info = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition("  ")
+        info[key.strip()] = value.strip()
+    torch = pytest.importorskip("torch")
+    assert info["torch"].startswith(torch.__version__)
+    from importlib import metadata
+    try:
+        assert info["jax"].startswith(f"jax {metadata.version('jax')}")
+    except metadata.PackageNotFoundError:
+        assert info["jax"] == "not installed"
+    for field in ("nvidia driver", "cuda driver api", "cuda runtime (cupy)", "cpus"):
+        assert info.get(field), field
+    assert "OMP_NUM_THREADS=3" in info["thread settings"]
+    blas = __import__("numpy").show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
+    assert info["blas"].startswith(blas)
 
 
 @pytest.mark.parametrize("command", ["info", "check", "bench"])
@@ -153,8 +210,12 @@ def test_a_driver_that_cannot_run_cuda_is_not_called_missing(monkeypatch):
     assert "CUDA driver version is insufficient" in str(info.value)
 
 
-def _machine_has_no_driver():
+def _cupy_but_no_driver_here():
     import ctypes
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False  # then the reason given is the missing CuPy (tested above)
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -162,8 +223,9 @@ def _machine_has_no_driver():
     return False
 
 
-no_driver_here = pytest.mark.skipif(not _machine_has_no_driver(),
-                                    reason="this machine has an NVIDIA driver")
+no_driver_here = pytest.mark.skipif(not _cupy_but_no_driver_here(),
+                                    reason="needs CuPy installed on a machine without an "
+                                           "NVIDIA driver")
 
 
 @no_driver_here

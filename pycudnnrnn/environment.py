@@ -103,13 +103,13 @@ def _thread_settings() -> str:
     return ", ".join(settings) or f"none of {', '.join(_THREAD_VARIABLES)} set"
 
 
-def _nvidia_driver() -> str:
+def _nvidia_driver(path="/proc/driver/nvidia/version") -> str:
     """The kernel driver's version, from /proc (no CUDA call needed)."""
     try:
-        with open("/proc/driver/nvidia/version") as f:
+        with open(path) as f:
             first = f.readline()
     except OSError:
-        return "none found (no /proc/driver/nvidia/version)"
+        return f"none found (no {path})"
     words = first.split()
     versions = [w for w in words if w.count(".") >= 1 and w.replace(".", "").isdigit()]
     return versions[0] if versions else first.strip()

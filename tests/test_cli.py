@@ -393,3 +393,21 @@ def test_make_installs_the_cuda_extra_only_where_an_nvidia_gpu_answers(tmp_path)
     assert installs("demo", 0) == ["'.[cuda12]'"]
     assert installs("test", 1) == ["'.'", "'.[test]'"]
     assert installs("test", 0) == ["'.[cuda12]'", "'.[test]'"]
+
+
+def test_info_reads_the_driver_version_and_lists_gpus(tmp_path, monkeypatch):
+    """The GPU-side fields, from what the driver and CuPy report (no GPU needed)."""
+    import types
+    from pycudnnrnn import cudnn_backend, environment
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  "
+                       "Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Sep 25 2025\n")
+    assert environment._nvidia_driver(str(version)) == "580.95.05"
+    assert environment._nvidia_driver(str(tmp_path / "none")).startswith("none found")
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1,
+        getDeviceProperties=lambda i: {"name": b"NVIDIA H200", "totalGlobalMem": 150 * 2**30,
+                                       "major": 9, "minor": 0})
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+    monkeypatch.setattr(cudnn_backend, "_cupy", lambda: fake)
+    assert environment._gpus() == "NVIDIA H200 (150 GiB, sm_90)"

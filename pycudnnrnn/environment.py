@@ -58,9 +58,10 @@ def collect() -> dict:
         from .cudnn import loader
         info["cudnn"] = ".".join(map(str, loader.version()))
         info["cudnn library"] = loader.library_path()
-    except Exception as exc:
+    except Exception as exc:  # the loader's message lists every path tried, then the fix
         info["cudnn"] = "not loadable"
-        info["cudnn library"] = str(exc).splitlines()[0]
+        lines = str(exc).splitlines()
+        info["cudnn library"] = f"none found. {lines[-1]}" if len(lines) > 2 else lines[0]
     info["gpus"] = _gpus()
     info["torch"] = _torch()
     info["jax"] = _jax()

@@ -411,3 +411,18 @@ def test_info_reads_the_driver_version_and_lists_gpus(tmp_path, monkeypatch):
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
     monkeypatch.setattr(cudnn_backend, "_cupy", lambda: fake)
     assert environment._gpus() == "NVIDIA H200 (150 GiB, sm_90)"
+
+
+def test_info_without_cudnn_says_how_to_get_it(monkeypatch):
+    from pycudnnrnn import environment
+    from pycudnnrnn.cudnn import loader
+    monkeypatch.setattr(loader, "nvidia_wheel_roots", lambda: [])
+    monkeypatch.setattr(loader, "SONAME", "libcudnn_no_such_library.so.9")
+    monkeypatch.delenv(loader.ENV_VAR, raising=False)
+    loader.load.cache_clear()
+    try:
+        info = environment.collect()
+    finally:
+        loader.load.cache_clear()
+    assert info["cudnn"] == "not loadable"
+    assert info["cudnn library"].startswith("none found. To fix: install the GPU extra")

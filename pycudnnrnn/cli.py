@@ -161,8 +161,8 @@ def estimated_bytes(args, *, max_time, batch, itemsize, params_copies, input_mod
 def _available_bytes(device):
     """Memory free for the run on `device`, or None when it cannot be told."""
     if device == "gpu":
-        from .cudnn_backend import _cupy
-        return _cupy().cuda.runtime.memGetInfo()[0]
+        from .gpu import cupy
+        return cupy().cuda.runtime.memGetInfo()[0]
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -174,7 +174,7 @@ class _NoDriverRuntime:
 def _fake_cupy_without_driver(monkeypatch, libcuda_loads):
     import ctypes
     import types
-    from pycudnnrnn import cudnn_backend
+    from pycudnnrnn import gpu
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(runtime=_NoDriverRuntime())
     monkeypatch.setitem(sys.modules, "cupy", fake)
@@ -187,15 +187,15 @@ def _fake_cupy_without_driver(monkeypatch, libcuda_loads):
             raise OSError("libcuda.so.1: cannot open shared object file")
         return real_cdll(name, *args, **kwargs)
 
-    monkeypatch.setattr(cudnn_backend.ctypes, "CDLL", cdll)
-    return cudnn_backend
+    monkeypatch.setattr(gpu.ctypes, "CDLL", cdll)
+    return gpu
 
 
 def test_no_driver_is_named_as_such_with_cudas_reason_after_it(monkeypatch):
     from pycudnnrnn.errors import CudnnUnavailableError
     backend = _fake_cupy_without_driver(monkeypatch, libcuda_loads=False)
     with pytest.raises(CudnnUnavailableError) as info:
-        backend._cupy()
+        backend.cupy()
     message = str(info.value)
     assert message.startswith("no NVIDIA GPU or driver was found")
     assert message.index("no NVIDIA GPU") < message.index("CUDA driver version is insufficient")
@@ -205,7 +205,7 @@ def test_a_driver_that_cannot_run_cuda_is_not_called_missing(monkeypatch):
     from pycudnnrnn.errors import CudnnUnavailableError
     backend = _fake_cupy_without_driver(monkeypatch, libcuda_loads=True)
     with pytest.raises(CudnnUnavailableError, match="driver found") as info:
-        backend._cupy()
+        backend.cupy()
     assert "no NVIDIA GPU or driver" not in str(info.value)
     assert "CUDA driver version is insufficient" in str(info.value)
 
@@ -398,7 +398,7 @@ def test_make_installs_the_cuda_extra_only_where_an_nvidia_gpu_answers(tmp_path)
 def test_info_reads_the_driver_version_and_lists_gpus(tmp_path, monkeypatch):
     """The GPU-side fields, from what the driver and CuPy report (no GPU needed)."""
     import types
-    from pycudnnrnn import cudnn_backend, environment
+    from pycudnnrnn import environment, gpu
     version = tmp_path / "version"
     version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  "
                        "Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Sep 25 2025\n")
@@ -409,7 +409,7 @@ def test_info_reads_the_driver_version_and_lists_gpus(tmp_path, monkeypatch):
         getDeviceProperties=lambda i: {"name": b"NVIDIA H200", "totalGlobalMem": 150 * 2**30,
                                        "major": 9, "minor": 0})
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
-    monkeypatch.setattr(cudnn_backend, "_cupy", lambda: fake)
+    monkeypatch.setattr(gpu, "cupy", lambda: fake)
     assert environment._gpus() == "NVIDIA H200 (150 GiB, sm_90)"
 
 

@@ -15,10 +15,12 @@ Example: a one-layer unidirectional GRU with input_size 3 and num_units 2 has
 ``3·(2·3) + 3·(2·2) = 30`` matrix elements followed by ``2·3·2 = 12`` bias elements;
 ``W_z`` (the update gate's input matrix) is ``params[6:12].reshape(2, 3)``.
 
-Two placements are not documented by NVIDIA and are this project's choice, made here
-and nowhere else: the projection matrix ``[P, H]`` follows the recurrent matrices of
-its pseudo-layer, and ``skip_input`` removes layer 0's input matrices while keeping its
-input biases. The cuDNN backend checks this table against ``cudnnGetRNNWeightParams``.
+Two placements are not documented by NVIDIA and are made here and nowhere else: the
+projection matrix ``[P, H]`` follows the recurrent matrices of its pseudo-layer, and
+``skip_input`` removes layer 0's input matrices while keeping its input biases. Both were
+checked against cuDNN 9.19 on a GPU (``cudnnGetRNNWeightParams``, every mode and option,
+2026-11-30; see docs/gpu-validation.md), and the cuDNN backend checks this table again
+for every new RNN descriptor.
 
 Because the canonical lists (see ``canonical_shapes``) are in the same order as the
 buffer, converting between them is a concatenation or a split.

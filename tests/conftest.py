@@ -86,15 +86,9 @@ def case_factory():
 
 def _gpu_reason():
     """Why GPU tests cannot run here, or None when they can."""
-    try:
-        import cupy
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-        from pycudnnrnn.cudnn import descriptors
-        descriptors.Handle().close()
-    except Exception as exc:  # no CuPy, no driver, no device, no cuDNN
-        return f"no usable GPU with cuDNN 9 ({type(exc).__name__}: {exc})"
-    return None
+    from pycudnnrnn.environment import gpu_status
+    usable, detail = gpu_status()  # no CuPy, no driver, no device, no cuDNN: says which
+    return None if usable else f"no usable GPU with cuDNN 9: {detail}"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,6 @@
 """RNNPlan and the functional API's plan cache, on the CPU and on a GPU.
 
-The ``device`` fixture runs each GPU test twice where practical: on the stand-in GPU of
+The ``device`` fixture (conftest.py) runs each GPU test on the stand-in GPU of
 fake_cuda.py (always, in CI) and on a real one (marked ``gpu``, skipped without it). On
 the stand-in, host↔device copies and syncs are counted: a plan's steady-state run and a
 functional call that hits the plan cache make none.
@@ -14,33 +14,8 @@ import pytest
 import fake_cuda
 import pycudnnrnn
 from conftest import make_case
+from conftest import STEADY
 from pycudnnrnn import cudnn_resources, plan
-
-STEADY = ("host_to_device", "device_to_host", "sync")
-
-
-class Device:
-    """Moves arrays to and from one GPU, real or stand-in."""
-
-    def __init__(self, kind, monkeypatch):
-        self.kind = kind
-        if kind == "stand-in":
-            fake_cuda.install(monkeypatch)
-            self.put, self.get = fake_cuda._device, lambda a: np.asarray(a).view(np.ndarray)
-        else:
-            import cupy
-            self.put, self.get = cupy.asarray, cupy.asnumpy
-            plan.clear_caches()
-
-    def counts(self):
-        """Host↔device copies and syncs since the last reset (stand-in only)."""
-        return {k: fake_cuda.COUNTS[k] for k in STEADY} if self.kind == "stand-in" else None
-
-
-@pytest.fixture(params=["stand-in", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request, monkeypatch):
-    yield Device(request.param, monkeypatch)
-    plan.clear_caches()
 
 
 def _plan_for(case, **overrides):

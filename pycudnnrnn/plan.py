@@ -290,9 +290,9 @@ _dropout_plans = LRU(4)  # each may hold a seed's GPU dropout states (~6 MiB)
 def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
     """The cached plan for a functional call (its arrays checked in full on a miss)."""
     try:
-        key = (device, str(arrays["input"].dtype), _shapes(arrays), _lengths_key(lengths),
-               gpu.get_allow_tf32(),
-               tuple((k, type(v), v) for k, v in sorted(attributes.items())))
+        key = (device, arrays["input"].dtype, _shapes(arrays), _lengths_key(lengths),
+               gpu.get_allow_tf32(), tuple(attributes), tuple(map(type, attributes.values())),
+               tuple(attributes.values()))
         hash(key)
     except (TypeError, AttributeError):  # not an array, or an unhashable attribute:
         key = None                        # the checks say what is wrong
@@ -310,7 +310,7 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
 
 
 def _shapes(arrays):
-    return tuple(None if arrays.get(n) is None else tuple(arrays[n].shape) for n in _FORWARD_NAMES)
+    return tuple(None if arrays[n] is None else arrays[n].shape for n in _FORWARD_NAMES)
 
 
 def _lengths_key(lengths):

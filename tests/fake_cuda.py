@@ -16,8 +16,10 @@ What it adds to catch GPU bugs a CPU test would miss:
 * padding behaves as in cuDNN's products over every (t, b) slot: a NaN in the padding of
   x or dy handed to cuDNN spreads into the gradients (0 · NaN = NaN), so the backend must
   zero it; fresh device memory is NaN, as garbage would be;
-* counters of host↔device copies and syncs (``FakeCupy.counts``): host data turned into
-  device arrays, device data read back, scalars read from device arrays, synchronize.
+* counters (``COUNTS``) of host↔device copies and syncs (host data turned into device
+  arrays, device data read back, scalars read from device arrays, synchronize) and of
+  device allocations and copies; while a stream captures a graph (``FakeStream``),
+  transfers and syncs raise, as CUDA refuses them.
 
 ``install(monkeypatch)`` is the one way in: it replaces ``pycudnnrnn.gpu.cupy`` and
 ``pycudnnrnn.cudnn.capi.api``, the only two places the library finds CuPy and cuDNN.
@@ -37,7 +39,6 @@ from pycudnnrnn.cudnn.capi import api as real_api
 
 #: Host↔device traffic of the stand-in GPU since the last ``reset_counts()``.
 COUNTS: collections.Counter = collections.Counter()
-
 
 #: Whether a stream is capturing a graph: transfers and syncs then fail, as in CUDA.
 CAPTURING = []

@@ -12,7 +12,7 @@ host↔device copy, no sync, no size query. Per run:
   on the other rows, and the run fills in zeros and passed-through states;
 * batch-major states are made contiguous ``[L·D, B, P]`` for cuDNN and put back;
 * padding of x, y and dy is zeroed when lengths are ragged, so that (as on the CPU)
-  padding may hold anything, even NaN (cuDNN's weight-gradient products read it);
+  padding may hold anything, even NaN (cuDNN need not ignore it);
 * arrays already contiguous are used in place; results go into caller buffers (``out``)
   when given; reserve_space starts with the 256-byte header of
   ``pycudnnrnn.reserve_header`` (remembered on the host, so backprop reads it back only

@@ -296,3 +296,23 @@ def test_nothing_is_kept_after_a_call(device):
     del args, out, grads, back
     gc.collect()
     assert [r for r in refs if r() is not None] == []
+
+
+def test_cpu_plan_takes_dlpack_arrays_and_caller_buffers():
+    """PyTorch CPU tensors in, PyTorch tensors out; out= buffers filled and returned."""
+    torch = pytest.importorskip("torch")
+    case = make_case("gru", "bidirectional", num_layers=2, lengths="ragged", time_major=False)
+    p = _plan_for(case, device="cpu")
+    want = case.forward()
+    got = p.forward(*[None if a is None else torch.from_numpy(a)
+                      for a in (case.input, case.input_h, case.input_c, case.params)])
+    assert all(isinstance(g, torch.Tensor) for g in got)
+    np.testing.assert_array_equal(got[0].numpy(), want[0])
+    grads = _grads(want)
+    buffers = (np.empty(p.input_shape), np.empty(p.output_h_shape), None,
+               np.empty(p.params_size))
+    back = p.backprop(case.input, case.input_h, None, case.params, *want[:3], *grads, want[3],
+                      out=buffers)
+    assert back[0] is buffers[0] and back[3] is buffers[3]
+    for g, w in zip(back, case.backprop(want, *grads)):
+        np.testing.assert_array_equal(g, w)

@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from . import checks, gpu, layout, numpy_backend
-from .arrays import device_kind, from_dlpack_like
+from .arrays import device_kind, from_dlpack_like, host_lengths
 from .config import Problem
 from .lru import LRU
 
@@ -61,16 +61,16 @@ class RNNPlan:
     that does not exist, output_c of other cells or an inference reserve_space, is
     ignored; given ones must be C-contiguous, of the result's shape and dtype,
     reserve_space uint8 of ``reserve_nbytes``), and ``workspace=`` a uint8 buffer of at
-    least ``workspace_nbytes``. The results are then those buffers. On the GPU a run works on
-    CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a framework's
-    stream) and makes no host↔device copy, no sync and no size query.
+    least ``workspace_nbytes``. The results are then those buffers. On the GPU a run
+    works on CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a
+    framework's stream) and makes no host↔device copy, no sync and no size query; from
+    its second call on it can be captured in a CUDA graph (``pycudnnrnn.graphs``).
     """
 
     def __init__(self, *, num_layers, num_units, input_size, max_time, batch_size,
                  sequence_lengths=None, dtype="float32", device="cpu", is_training=True,
                  rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
                  dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True):
-        from .arrays import host_lengths
         problem = checks.make_problem(
             max_time=max_time, batch_size=batch_size,
             sequence_lengths=host_lengths(sequence_lengths), dtype=dtype,

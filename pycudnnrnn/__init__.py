@@ -23,6 +23,7 @@ def set_allow_tf32(enabled: bool) -> None:
 __version__ = "0.1.0"
 
 __all__ = ["params_size", "canonical_to_params", "params_to_canonical", "forward", "backprop",
-           "RNNPlan", "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
+           "RNNPlan",
+           "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
            "CudnnNotInitializedError", "CudnnInternalError", "CudnnExecutionFailedError",
            "CudnnUnavailableError", "__version__"]

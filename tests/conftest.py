@@ -84,6 +84,17 @@ def case_factory():
     return make_case
 
 
+def benchmark_script(name):
+    """A script of benchmarks/ as a module."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 STEADY = ("host_to_device", "device_to_host", "sync")
 
 

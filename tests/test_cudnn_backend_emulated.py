@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pycudnnrnn
-from conftest import make_case
+from conftest import benchmark_script, make_case
 import fake_cuda
 from fake_cuda import FakeDeviceArray, _device
 from pycudnnrnn import cudnn_resources, plan
@@ -159,20 +159,9 @@ def test_check_command_gpu_path(fake_gpu, dtype):
     assert "cudnnRNNBackwardWeights_v8" in fake_gpu.calls
 
 
-def _benchmark_script(name):
-    """A script of benchmarks/ as a module."""
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gpu_layout_dump_reports_agreement_and_each_disagreement(fake_gpu, monkeypatch):
     """`make gpu-check`'s layout dump: both whole tables per configuration, and a verdict."""
-    gpu_layout = _benchmark_script("gpu_layout")
+    gpu_layout = benchmark_script("gpu_layout")
     results = gpu_layout.collect()
     assert len(results) == 20 and all(r["agree"] for r in results)
     assert gpu_layout.summary(results) == "layout: 20 of 20 configurations agree with cuDNN"

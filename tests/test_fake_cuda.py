@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import fake_cuda
+from conftest import benchmark_script
 from pycudnnrnn.checks import make_config
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "gpu-layout.json")
@@ -48,17 +49,8 @@ def test_counters_see_transfers_and_syncs():
     assert fake_cuda.COUNTS["sync"] == 3
 
 
-def _script(name):
-    import importlib.util
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_benchmark_helpers_report_median_and_quartiles():
-    bench = _script("gpu_bench")  # imports without a GPU; its GPU parts run in gpu-check
+    bench = benchmark_script("gpu_bench")  # imports without a GPU; its GPU parts run in gpu-check
     calls = []
     rows = bench.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
                              rounds=3, calls=2)
@@ -70,6 +62,6 @@ def test_benchmark_helpers_report_median_and_quartiles():
 
 def test_host_cost_benchmark_runs_on_the_stand_in(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["gpu_host_bench.py", "--rounds", "2"])
-    _script("gpu_host_bench").main()
+    benchmark_script("gpu_host_bench").main()
     out = capsys.readouterr().out
     assert "forward plan" in out and "fwd+bwd functional" in out

@@ -20,8 +20,6 @@ speed as well as for reading against cuDNN's equations (see ``docs/semantics.md`
 made it, then the activations backprop needs (layer outputs, gate activations, LSTM
 cells, GRU's ``R_h·h + b_Rh``, dropout masks) in the compute dtype. Inference uses the
 same code with a scratch buffer that keeps only what the next step or layer reads.
-
-``Executor`` is what an ``RNNPlan`` on the CPU runs: the sorted order, built once.
 """
 
 from __future__ import annotations
@@ -541,31 +539,3 @@ def _store_weight_grads(dparams, blocks, w, x, prev_h, dxg, dhg, extra):
     blocks.b_recurrent.view(dparams)[rows] = dhg2.sum(axis=0)
     if blocks.w_projection is not None:
         blocks.w_projection.view(dparams)[:] = extra["w_proj"]
-
-
-class Executor:
-    """The CPU half of a ``pycudnnrnn.RNNPlan``: this backend with the batch's sorted
-    order kept from run to run; results copied into caller buffers where given."""
-
-    def __init__(self, problem: Problem):
-        self.problem = problem
-        self.batch = _Batch(problem)
-        self.reserve_nbytes = reserve_nbytes(problem) if problem.is_training else 0
-        self.workspace_nbytes = 0
-
-    def forward(self, input, input_h, input_c, params, out, workspace=None):
-        return _copy_into(forward(self.problem, input, input_h, input_c, params,
-                                  batch=self.batch), out)
-
-    def backprop(self, out, workspace=None, **arrays):
-        return _copy_into(backprop(self.problem, **arrays, batch=self.batch), out)
-
-
-def _copy_into(results, out):
-    """Results written into the caller's buffers where given."""
-    merged = []
-    for result, buffer in zip(results, out):
-        if buffer is not None:
-            buffer[...] = result
-        merged.append(result if buffer is None else buffer)
-    return tuple(merged)

@@ -91,7 +91,7 @@ class RNNPlan:
         self.problem, self.device_index = problem, device
         c = problem.config
         if device is None:
-            self._xp, self._executor = np, numpy_backend.Executor(problem)
+            self._xp, self._executor = np, _NumpyExecutor(problem)
             self.device = "cpu"
         else:
             from . import cudnn_backend
@@ -248,6 +248,37 @@ class RNNPlan:
         return self._xp.cuda.Device(self.device_index)
 
 
+
+
+class _NumpyExecutor:
+    """The CPU half of a plan: the NumPy backend with the batch's sorted order kept."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.batch = numpy_backend._Batch(problem)
+        self.reserve_nbytes = numpy_backend.reserve_nbytes(problem) if problem.is_training else 0
+        self.workspace_nbytes = 0
+
+    def forward(self, input, input_h, input_c, params, out, workspace=None):
+        results = numpy_backend.forward(self.problem, input=input, input_h=input_h,
+                                        input_c=input_c, params=params, batch=self.batch)
+        return _copy_into(results, out)
+
+    def backprop(self, out, workspace=None, **arrays):
+        results = numpy_backend.backprop(self.problem, **arrays, batch=self.batch)
+        return _copy_into(results, out)
+
+
+def _copy_into(results, out):
+    """Results written into the caller's buffers where given."""
+    merged = []
+    for result, buffer in zip(results, out):
+        if buffer is None:
+            merged.append(result)
+        else:
+            buffer[...] = result
+            merged.append(buffer)
+    return tuple(merged)
 
 
 # ---------------------------------------------------------------------- the plan cache

@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from . import checks, gpu, layout, numpy_backend
+from . import checks, gpu, layout, numpy_backend, reserve_header
 from .arrays import device_kind, from_dlpack_like, host_lengths
 from .config import Problem
 from .lru import LRU
@@ -136,6 +136,11 @@ class RNNPlan:
         """Run forward; returns ``(output, output_h, output_c, reserve_space)``."""
         arrays = self._adopt(dict(input=input, input_h=input_h, input_c=input_c, params=params))
         results = self.run_forward(arrays, out=out, workspace=workspace)
+        given = out[3] if out is not None and len(out) == 4 else None
+        if given is not None and given is not results[3] and self.device_index is not None:
+            # A framework's buffer, seen here through a DLPack view that dies with this
+            # call: remember its header by the buffer itself, so backprop need not read it.
+            reserve_header.remember(given, results[3].data.ptr, self._executor.head)
         return self._results(input, results)
 
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,

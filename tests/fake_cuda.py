@@ -239,7 +239,22 @@ class FakeCupy(types.ModuleType):
         return _device(np.concatenate([np.asarray(a) for a in arrays]))
 
     def from_dlpack(self, a):
-        raise AssertionError("the fake GPU only takes FakeDeviceArray")
+        if isinstance(a, FakeFrameworkArray):  # a fresh view, as CuPy's import makes
+            return a.array.view(FakeDeviceArray)
+        raise AssertionError("the fake GPU only takes FakeDeviceArray or FakeFrameworkArray")
+
+
+class FakeFrameworkArray:
+    """Another library's array on the stand-in GPU, taken in through DLPack."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("the stand-in imports it through FakeCupy.from_dlpack")
 
 
 def _array(ptr, dtype, shape):

@@ -316,3 +316,21 @@ def test_cpu_plan_takes_dlpack_arrays_and_caller_buffers():
     assert back[0] is buffers[0] and back[3] is buffers[3]
     for g, w in zip(back, case.backprop(want, *grads)):
         np.testing.assert_array_equal(g, w)
+
+
+def test_a_framework_reserve_buffer_needs_no_read_back(device):
+    """A reserve space a framework allocated (out=) comes in through a DLPack view that
+    dies with the call; its header is remembered by the framework's buffer itself."""
+    if device.kind != "stand-in":
+        pytest.skip("copies are counted on the stand-in GPU")
+    case = make_case("lstm", lengths="ragged")
+    p = _plan_for(case, device="cuda")
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    buffer = fake_cuda.FakeFrameworkArray(device.put(np.empty(p.reserve_nbytes, np.uint8)))
+    out = p.forward(*args, out=(None, None, None, buffer))[:3]  # the framework keeps its own
+    gc.collect()
+    grads = [device.put(g) for g in _grads(out)]
+    fake_cuda.reset_counts()
+    p.backprop(*args, *out, *grads, buffer)
+    assert fake_cuda.COUNTS["device_to_host"] == 0
+

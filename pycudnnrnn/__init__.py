@@ -4,7 +4,7 @@ The functional API mirrors TensorFlow's ``CudnnRNNV3`` / ``CudnnRNNBackpropV3`` 
 ``forward`` and ``backprop`` over an opaque ``params_size``-long buffer,
 which ``canonical_to_params`` and ``params_to_canonical`` convert. NumPy arrays
 run on the CPU backend; CuPy arrays, and any DLPack array on a CUDA device, on cuDNN.
-``RNNPlan`` builds everything a call needs once, for calls at cuDNN's own speed.
+``RNNPlan`` builds once what calls share, so that each call only checks its arrays and runs.
 """
 
 from .api import backprop, canonical_to_params, forward, params_size, params_to_canonical

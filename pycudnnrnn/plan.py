@@ -13,8 +13,8 @@ import numbers
 
 import numpy as np
 
-from . import checks, gpu, layout, memory, numpy_backend
-from .arrays import device_kind, from_dlpack_like, readable
+from . import checks, gpu, layout, memory, numpy_backend, reserve_header
+from .arrays import device_kind, from_dlpack_like, host_lengths, readable
 from .config import Problem
 from .lru import LRU
 from .results import BackpropResult, ForwardResult
@@ -62,16 +62,16 @@ class RNNPlan:
     that does not exist, output_c of other cells or an inference reserve_space, is
     ignored; given ones must be C-contiguous, of the result's shape and dtype,
     reserve_space uint8 of ``reserve_nbytes``), and ``workspace=`` a uint8 buffer of at
-    least ``workspace_nbytes``. The results are then those buffers. On the GPU a run works on
-    CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a framework's
-    stream) and makes no host↔device copy, no sync and no size query.
+    least ``workspace_nbytes``. The results are then those buffers. On the GPU a run
+    works on CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a
+    framework's stream) and makes no host↔device copy, no sync and no size query; from
+    its second call on it can be captured in a CUDA graph (``pycudnnrnn.graphs``).
     """
 
     def __init__(self, *, num_layers, num_units, input_size, max_time, batch_size,
                  sequence_lengths=None, dtype="float32", device="cpu", is_training=True,
                  rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
                  dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True):
-        from .arrays import host_lengths
         problem = checks.make_problem(
             max_time=max_time, batch_size=batch_size,
             sequence_lengths=host_lengths(sequence_lengths), dtype=dtype,
@@ -137,6 +137,11 @@ class RNNPlan:
         """Run forward; returns ``ForwardResult(output, output_h, output_c, reserve_space)``."""
         arrays = self._adopt(dict(input=input, input_h=input_h, input_c=input_c, params=params))
         results = self.run_forward(arrays, out=out, workspace=workspace)
+        given = out[3] if out is not None and len(out) == 4 else None
+        if given is not None and given is not results[3] and self.device_index is not None:
+            # A framework's buffer, seen here through a DLPack view that dies with this
+            # call: remember its header by the buffer itself, so backprop need not read it.
+            reserve_header.remember(given, results[3].data.ptr, self._executor.head)
         return ForwardResult(*self._results(input, results))
 
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
@@ -298,9 +303,9 @@ _dropout_plans = LRU(4)  # each may hold a seed's GPU dropout states (~6 MiB)
 def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
     """The cached plan for a functional call (its arrays checked in full on a miss)."""
     try:
-        key = (device, str(arrays["input"].dtype), _shapes(arrays), _lengths_key(lengths),
-               gpu.get_allow_tf32(),
-               tuple((k, type(v), v) for k, v in sorted(attributes.items())))
+        key = (device, arrays["input"].dtype, _shapes(arrays), _lengths_key(lengths),
+               gpu.get_allow_tf32(), tuple(attributes), tuple(map(type, attributes.values())),
+               tuple(attributes.values()))
         hash(key)
     except (TypeError, AttributeError):  # not an array, or an unhashable attribute:
         key = None                        # the checks say what is wrong
@@ -318,7 +323,7 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
 
 
 def _shapes(arrays):
-    return tuple(None if arrays.get(n) is None else tuple(arrays[n].shape) for n in _FORWARD_NAMES)
+    return tuple(None if arrays[n] is None else arrays[n].shape for n in _FORWARD_NAMES)
 
 
 def _lengths_key(lengths):

@@ -122,17 +122,6 @@ def _attrs(config):
                 num_proj=config.num_proj)
 
 
-def test_canonical_round_trip_on_cupy():
-    attrs = dict(rnn_mode="lstm", num_layers=2, num_units=6, input_size=4,
-                 direction="bidirectional", num_proj=3)
-    params = cupy.random.standard_normal(pycudnnrnn.params_size(**attrs))
-    weights, biases = pycudnnrnn.params_to_canonical(params, **attrs)
-    assert all(isinstance(w, cupy.ndarray) for w in weights + biases)
-    back = pycudnnrnn.canonical_to_params(weights, biases, **attrs)
-    assert isinstance(back, cupy.ndarray)
-    cupy.testing.assert_array_equal(back, params)
-
-
 def test_dropout_gradient_is_that_of_the_forward_mask():
     """Re-initialising the dropout states with the same seed replays the same mask, so
     central differences of forward see the mask backprop used."""
@@ -174,19 +163,6 @@ def test_dropout_acts_in_training_only():
     cupy.testing.assert_allclose(inference[0], plain, rtol=1e-12)
     assert inference[3].size == 0
     assert not cupy.allclose(training, plain)
-
-
-def test_reserve_space_checks_on_gpu():
-    case = make_case("lstm", num_layers=2, num_units=8)
-    args = [_gpu(case.input), _gpu(case.input_h), _gpu(case.input_c), _gpu(case.params)]
-    y, hy, cy, reserve = pycudnnrnn.forward(*args, **case.attrs)
-    grads = [cupy.ones_like(a) for a in (y, hy, cy)]
-    with pytest.raises(ValueError, match="wrong|bytes"):
-        pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, reserve[:-256])
-    with pytest.raises(ValueError, match="foreign"):
-        pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, cupy.zeros_like(reserve))
-    with pytest.raises(ValueError, match="different"):
-        pycudnnrnn.backprop(*args, [4, 1, 2], y, hy, cy, *grads, reserve)
 
 
 def _torch_to_params(module, torch):

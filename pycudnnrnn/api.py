@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks, layout
+from . import checks, dtypes, layout
 
 
 # DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
@@ -63,14 +63,14 @@ class _Route:
         if not self.cuda:
             from . import numpy_backend
             self.backend, self.xp = numpy_backend, np
-            self.arrays = {n: a if a is None or isinstance(a, np.ndarray) else np.from_dlpack(a)
-                           for n, a in arrays.items()}
+            self.arrays = {n: a if a is None or isinstance(a, np.ndarray)
+                           else dtypes.numpy_from_dlpack(n, a) for n, a in arrays.items()}
             return
         from . import cudnn_backend
         self.backend = cudnn_backend
         self.xp = cupy = cudnn_backend._cupy()
-        self.arrays = {n: a if a is None or isinstance(a, cupy.ndarray) else cupy.from_dlpack(a)
-                       for n, a in arrays.items()}
+        self.arrays = {n: a if a is None or isinstance(a, cupy.ndarray)
+                       else dtypes.cupy_from_dlpack(cupy, n, a) for n, a in arrays.items()}
         devices = {n: a.device.id for n, a in self.arrays.items() if a is not None}
         if len(set(devices.values())) > 1:
             detail = ", ".join(f"{n} on cuda:{d}" for n, d in devices.items())
@@ -100,8 +100,7 @@ def _from_dlpack_like(template):
     """
     library = type(template).__module__.split(".")[0]
     if library == "torch":
-        import torch
-        return torch.from_dlpack
+        return dtypes.torch_from_dlpack  # bfloat16 too
     if library in ("jax", "jaxlib"):
         import jax.numpy as jnp
         return jnp.from_dlpack

@@ -17,10 +17,9 @@ import numbers
 
 import numpy as np
 
-from . import layout
+from . import dtypes, layout
 from .config import DIRECTIONS, INPUT_MODES, RNN_MODES, RNNConfig
 
-FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +33,7 @@ class Problem:
         T and B.
     time_major : bool
     dtype : numpy.dtype
-        The data's dtype (float16, float32 or float64).
+        The data's dtype (float16, bfloat16, float32 or float64).
     lengths : numpy.ndarray or None
         int64 [B] sequence lengths; None when every sequence has length T.
     is_training : bool
@@ -130,8 +129,9 @@ def _dtype(name, array, expected=None, reference="input"):
         raise TypeError(f"{name}: expected an array, got None")
     dtype = np.dtype(array.dtype)
     if expected is None:
-        if dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name}: expected dtype float16, float32 or float64, got {dtype}")
+        if not dtypes.is_supported(dtype):
+            raise TypeError(f"{name}: expected dtype {', '.join(dtypes.NAMES[:-1])} or "
+                            f"{dtypes.NAMES[-1]}, got {dtype}")
     elif dtype != expected:
         raise TypeError(f"{name}: expected dtype {expected} (the dtype of {reference}), got {dtype}")
     return dtype

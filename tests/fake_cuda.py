@@ -14,9 +14,10 @@ What this cannot show is cuDNN's own arithmetic and weight layout: the ``gpu`` t
 import ctypes
 import types
 
+import ml_dtypes
 import numpy as np
 
-from pycudnnrnn import layout, numpy_backend
+from pycudnnrnn import dtypes, layout, numpy_backend
 from pycudnnrnn.checks import Problem
 from pycudnnrnn.config import RNNConfig
 from pycudnnrnn.cudnn import capi
@@ -46,6 +47,7 @@ class FakeCupy(types.ModuleType):
     """The CuPy functions and attributes the backend and the API use."""
 
     ndarray = FakeDeviceArray
+    __version__ = "14.2.0"  # a CuPy that imports bfloat16 through DLPack
     uint8, int32, float16, float32, float64 = np.uint8, np.int32, np.float16, np.float32, np.float64
 
     def __init__(self):
@@ -68,7 +70,7 @@ class FakeCupy(types.ModuleType):
 
     def empty(self, shape, dtype=np.float32):
         # Garbage, as on a GPU: NaN for floats, so a read of unwritten memory shows.
-        return _device(np.full(shape, np.nan if np.dtype(dtype).kind == "f" else 0xAB, dtype))
+        return _device(np.full(shape, np.nan if dtypes.is_supported(dtype) else 0xAB, dtype))
 
     def zeros(self, shape, dtype=np.float32):
         return _device(np.zeros(shape, dtype))
@@ -106,7 +108,7 @@ def _array(ptr, dtype, shape):
 
 
 _DTYPES = {capi.CUDNN_DATA_HALF: np.float16, capi.CUDNN_DATA_FLOAT: np.float32,
-           capi.CUDNN_DATA_DOUBLE: np.float64}
+           capi.CUDNN_DATA_DOUBLE: np.float64, capi.CUDNN_DATA_BFLOAT16: ml_dtypes.bfloat16}
 _MODES = {capi.CUDNN_LSTM: "lstm", capi.CUDNN_GRU: "gru", capi.CUDNN_RNN_TANH: "rnn_tanh",
           capi.CUDNN_RNN_RELU: "rnn_relu"}
 _RESERVE_BYTES = 64

@@ -102,8 +102,7 @@ def _from_dlpack_like(template):
     if library == "torch":
         return dtypes.torch_from_dlpack  # bfloat16 too
     if library in ("jax", "jaxlib"):
-        import jax.numpy as jnp
-        return jnp.from_dlpack
+        return dtypes.jax_from_dlpack  # bfloat16 too
     return lambda array: array
 
 

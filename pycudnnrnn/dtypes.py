@@ -76,6 +76,16 @@ def numpy_from_dlpack(name: str, array) -> np.ndarray:
     return host
 
 
+def jax_from_dlpack(array):
+    """A JAX array of a NumPy or CuPy array, bfloat16 included (as its bits, then a bitcast)."""
+    import jax.numpy as jnp
+    if isinstance(array, np.ndarray) and not array.flags.writeable:
+        return jnp.asarray(array)  # NumPy will not export a read-only array through DLPack
+    if is_bfloat16(array.dtype):
+        return jnp.from_dlpack(array.view(np.int16)).view(jnp.bfloat16)
+    return jnp.from_dlpack(array)
+
+
 def torch_from_dlpack(array):
     """A PyTorch tensor of a NumPy or CuPy array without a copy, bfloat16 included."""
     import torch

@@ -169,6 +169,19 @@ def test_bfloat16_without_ml_dtypes_names_the_package(monkeypatch):
         pycudnnrnn.forward(*args, rnn_mode="gru")
 
 
+def test_jax_bfloat16_arrays_in_and_out():
+    jnp = pytest.importorskip("jax.numpy")
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="zero", dtype=BF16)
+    fwd = case.forward()
+    args = [jnp.asarray(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    for got, want in zip(out[:3], fwd[:3]):
+        assert type(got).__module__.startswith("jax") and got.dtype == BF16
+        np.testing.assert_array_equal(_bits(np.asarray(got)), _bits(want))
+    weights, biases = pycudnnrnn.params_to_canonical(args[3], **case.layout_attrs)
+    assert weights[0].dtype == BF16 and type(weights[0]).__module__.startswith("jax")
+
+
 # --------------------------------------------------------------------------- params, converters
 
 def test_params_helpers_keep_bfloat16():

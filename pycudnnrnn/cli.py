@@ -11,7 +11,7 @@ import sys
 
 from .config import DIRECTIONS, INPUT_MODES, RNN_MODES
 
-DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def _int_list(text):

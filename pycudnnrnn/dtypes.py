@@ -57,6 +57,11 @@ def bfloat16(name: str = "input") -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def by_name(name: str) -> np.dtype:
+    """The NumPy dtype called `name` (one of ``NAMES``); bfloat16 imports ml_dtypes."""
+    return bfloat16("dtype") if name == "bfloat16" else np.dtype(name)
+
+
 def _is_torch(array) -> bool:
     return type(array).__module__.split(".")[0] == "torch"
 

@@ -305,3 +305,21 @@ def test_bfloat16_descriptors_read_back(time_major):
     assert values["paddingFill"] == b"\x00" * 2 + b"\xff" * 6  # a bfloat16 zero, two bytes
     with descriptors.TensorDescriptor(BF16, [4, 3, 6]) as desc:
         assert desc.read()["dataType"] == capi.CUDNN_DATA_BFLOAT16
+
+
+# --------------------------------------------------------------------------- command line
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"], ids=["numpy", "stand-in"])  # not a `gpu` test
+def test_check_command_in_bfloat16(fake_gpu, backend):
+    """`pycudnnrnn check --dtype bfloat16`, on the CPU and on the stand-in GPU."""
+    from pycudnnrnn import cli, selfcheck
+    assert "bfloat16" in cli.DTYPES
+    rows = selfcheck.run(selfcheck.CheckConfig(backend=backend, dtype="bfloat16"))
+    what = "bfloat16 vs float64" if backend == "cpu" else "cuDNN vs NumPy"
+    compared = [r for r in rows if r.name.endswith(what)]
+    assert len(compared) == 7 and all(r.ok for r in rows), rows
+    assert all(r.tolerance == selfcheck.TOLERANCE["bfloat16"] for r in compared)
+    if backend == "cpu":  # one rounding, and a real one
+        assert all(0 < r.error <= 2.0 ** -8 for r in compared), compared
+    else:
+        assert "cudnnRNNBackwardWeights_v8" in fake_gpu.calls

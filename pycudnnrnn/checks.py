@@ -21,7 +21,6 @@ from . import dtypes, layout
 from .config import DIRECTIONS, INPUT_MODES, RNN_MODES, RNNConfig
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """A validated call: the configuration plus the data's shapes.

@@ -47,7 +47,6 @@ class FakeCupy(types.ModuleType):
     """The CuPy functions and attributes the backend and the API use."""
 
     ndarray = FakeDeviceArray
-    __version__ = "14.2.0"  # a CuPy that imports bfloat16 through DLPack
     uint8, int32, float16, float32, float64 = np.uint8, np.int32, np.float16, np.float32, np.float64
 
     def __init__(self):

@@ -236,8 +236,18 @@ def test_cuda_bfloat16_needs_cupy_14():
 
 
 @pytest.fixture
-def stand_in_gpu(fake_gpu):
-    """The stand-in GPU of test_cudnn_backend_emulated, with its cuDNN calls recorded."""
+def stand_in_gpu(fake_gpu, monkeypatch):
+    """The stand-in GPU of test_cudnn_backend_emulated; RNN descriptors made are kept in
+    ``fake_gpu.rnn_descriptors`` (to read back through cuDNN)."""
+    from pycudnnrnn.cudnn import descriptors
+    made, build = [], descriptors.RNNDescriptor.__init__
+
+    def recording(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(descriptors.RNNDescriptor, "__init__", recording)
+    fake_gpu.rnn_descriptors = made
     return fake_gpu
 
 
@@ -249,7 +259,6 @@ def _on_device(case):
 @pytest.mark.parametrize("mode,proj", MODES)
 @pytest.mark.parametrize("time_major", [True, False])
 def test_cudnn_backend_bfloat16_on_the_stand_in_gpu(stand_in_gpu, mode, proj, time_major):
-    from pycudnnrnn import cudnn_backend
     from pycudnnrnn.cudnn import capi
     case = make_case(mode, "bidirectional", num_proj=proj, num_layers=2, lengths="zero",
                      time_major=time_major, dtype=BF16, seed=7)
@@ -264,11 +273,12 @@ def test_cudnn_backend_bfloat16_on_the_stand_in_gpu(stand_in_gpu, mode, proj, ti
         assert isinstance(got, FakeDeviceArray) and got.dtype == BF16
         np.testing.assert_array_equal(_bits(got), _bits(want))
     assert "cudnnRNNBackwardWeights_v8" in stand_in_gpu.calls
-    (descriptor,) = cudnn_backend._rnn_descriptors._items.values()
-    values = descriptor.read()  # read back through cuDNN itself
-    assert values["dataType"] == capi.CUDNN_DATA_BFLOAT16 == 9
-    assert (values["mathPrec"], values["mathType"]) == (capi.CUDNN_DATA_FLOAT,
-                                                        capi.CUDNN_TENSOR_OP_MATH)
+    assert stand_in_gpu.rnn_descriptors
+    for descriptor in stand_in_gpu.rnn_descriptors:
+        values = descriptor.read()  # read back through cuDNN itself
+        assert values["dataType"] == capi.CUDNN_DATA_BFLOAT16 == 9
+        assert (values["mathPrec"], values["mathType"]) == (capi.CUDNN_DATA_FLOAT,
+                                                            capi.CUDNN_TENSOR_OP_MATH)
 
 
 @pytest.mark.parametrize("version,ok", [((9, 12, 2), False), ((8, 9, 7), False),

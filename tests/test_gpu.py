@@ -359,7 +359,7 @@ def test_torch_module_on_cuda_matches_cpu():
 # The NumPy backend rounds bfloat16 once, when results leave; cuDNN also keeps bfloat16
 # intermediates (see docs/semantics.md, "dtypes"). Measured on an H200 (cuDNN 9.19),
 # against float32 on the same values: relative error 2.2e-3 (output), 2.1e-3
-# (params_backprop). Allowed: each element within 4e-2 of the array's scale (about five
+# (params_backprop). Allowed: each element within 4e-2 of the array's scale (about ten
 # bfloat16 units of roundoff), and the whole array within 1e-2 relative (norm).
 BF16_ELEMENT_TOLERANCE, BF16_NORM_TOLERANCE = 4e-2, 1e-2
 

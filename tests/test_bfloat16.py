@@ -317,6 +317,41 @@ def test_bfloat16_descriptors_read_back(time_major):
         assert desc.read()["dataType"] == capi.CUDNN_DATA_BFLOAT16
 
 
+# --------------------------------------------------------------------------- plans
+
+@pytest.mark.parametrize("dtype", ["bfloat16", BF16, torch.bfloat16])
+def test_plan_in_bfloat16_on_the_cpu_with_torch_tensors(dtype):
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="zero", dtype=BF16)
+    want = case.forward()
+    seeds = [np.full(a.shape, 0.25, BF16) for a in want[:3]]
+    want_grads = case.backprop(want, *seeds)
+    p = pycudnnrnn.RNNPlan(**case.size, max_time=4, batch_size=3, dtype=dtype,
+                           sequence_lengths=case.sequence_lengths, rnn_mode="lstm",
+                           direction="bidirectional")
+    assert p.dtype == BF16
+    args = [_tensor(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    got = p.forward(*args)
+    got_grads = p.backprop(*args, *got[:3], *map(_tensor, seeds), got[3])
+    for g, w in zip(got[:3] + tuple(got_grads), want[:3] + tuple(want_grads)):
+        assert isinstance(g, torch.Tensor) and g.dtype == torch.bfloat16
+        np.testing.assert_array_equal(_bits(g), _bits(w))
+    with pytest.raises(TypeError, match=r"input: expected dtype bfloat16 \(the dtype of the "
+                                        r"plan\), got float32"):
+        p.forward(case.input.astype(np.float32), *args[1:])
+
+
+def test_plan_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu):
+    case = make_case("gru", "bidirectional", num_layers=2, lengths="zero", dtype=BF16)
+    want = case.forward()
+    p = pycudnnrnn.RNNPlan(**case.size, max_time=4, batch_size=3, dtype="bfloat16",
+                           sequence_lengths=case.sequence_lengths, rnn_mode="gru",
+                           direction="bidirectional", device="cuda")
+    got = p.forward(*_on_device(case))
+    for g, w in zip(got[:3], want[:3]):
+        assert isinstance(g, FakeDeviceArray) and g.dtype == BF16
+        np.testing.assert_array_equal(_bits(g), _bits(w))
+
+
 # --------------------------------------------------------------------------- command line
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"], ids=["numpy", "stand-in"])  # not a `gpu` test

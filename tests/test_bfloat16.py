@@ -6,6 +6,7 @@ call in float32 on the same values, rounded to bfloat16, must give the very same
 the tolerance of these tests is zero.
 """
 
+import dataclasses
 import sys
 import types
 
@@ -40,12 +41,9 @@ def _rounded(a):
 
 def _float32_twin(case):
     """The same case in float32, on the same (exactly representable) values."""
-    twin = make_case(case.attrs["rnn_mode"])
-    twin.__dict__.update(case.__dict__)
-    for name in ("input", "input_h", "input_c", "params"):
-        value = getattr(case, name)
-        setattr(twin, name, None if value is None else value.astype(np.float32))
-    return twin
+    wide = lambda a: None if a is None else a.astype(np.float32)
+    return dataclasses.replace(case, **{n: wide(getattr(case, n))
+                                        for n in ("input", "input_h", "input_c", "params")})
 
 
 def _tensor(a):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks, gpu, layout, plan
+from . import checks, dtypes, gpu, layout, plan
 from .arrays import device_kind as _device_kind
 from .arrays import from_dlpack_like as _from_dlpack_like
 from .arrays import host_lengths, readable
@@ -40,12 +40,12 @@ class _Route:
         self.template = next((a for a in arrays.values() if a is not None), None)
         if not self.cuda:
             self.xp = np
-            self.arrays = {n: a if a is None or isinstance(a, np.ndarray) else np.from_dlpack(a)
-                           for n, a in arrays.items()}
+            self.arrays = {n: a if a is None or isinstance(a, np.ndarray)
+                           else dtypes.numpy_from_dlpack(n, a) for n, a in arrays.items()}
             return
         self.xp = cupy = gpu.cupy()
-        self.arrays = {n: a if a is None or isinstance(a, cupy.ndarray) else cupy.from_dlpack(a)
-                       for n, a in arrays.items()}
+        self.arrays = {n: a if a is None or isinstance(a, cupy.ndarray)
+                       else dtypes.cupy_from_dlpack(cupy, n, a) for n, a in arrays.items()}
         devices = {n: a.device.id for n, a in self.arrays.items() if a is not None}
         if len(set(devices.values())) > 1:
             detail = ", ".join(f"{n} on cuda:{d}" for n, d in devices.items())

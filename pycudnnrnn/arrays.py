@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import dtypes
+
 # DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
 _DLPACK_CPU = 1
 _DLPACK_CUDA = (2, 13)
@@ -70,11 +72,9 @@ def from_dlpack_like(template):
     """
     library = type(template).__module__.split(".")[0]
     if library == "torch":
-        import torch
-        return torch.from_dlpack
+        return dtypes.torch_from_dlpack  # bfloat16 too
     if library in ("jax", "jaxlib"):
-        import jax.numpy as jnp
-        return jnp.from_dlpack
+        return dtypes.jax_from_dlpack  # bfloat16 too
     return lambda array: array
 
 

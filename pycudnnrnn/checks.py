@@ -20,10 +20,10 @@ import numbers
 
 import numpy as np
 
-from . import layout
+from . import dtypes, layout
 from .config import DIRECTIONS, INPUT_MODES, RNN_MODES, Problem, RNNConfig
 
-FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_DTYPE_NAMES = f"{', '.join(dtypes.NAMES[:-1])} or {dtypes.NAMES[-1]}"
 
 
 def _type_name(value) -> str:
@@ -114,8 +114,8 @@ def _dtype(name, array, expected=None, reference="input"):
         raise TypeError(f"{name}: expected an array, got None")
     dtype = np.dtype(array.dtype)
     if expected is None:
-        if dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name}: expected dtype float16, float32 or float64, got {dtype}")
+        if not dtypes.is_supported(dtype):
+            raise TypeError(f"{name}: expected dtype {_DTYPE_NAMES}, got {dtype}")
     elif dtype != expected:
         raise TypeError(f"{name}: expected dtype {expected} (the dtype of {reference}), got {dtype}")
     return dtype
@@ -355,12 +355,14 @@ def make_problem(*, max_time, batch_size, sequence_lengths, dtype, time_major, i
     config = make_config(**attributes)
     max_time = _integer("max_time", max_time, 1)
     batch_size = _integer("batch_size", batch_size, 1)
+    if dtypes.is_bfloat16(dtype):  # "bfloat16" works before ml_dtypes is imported
+        dtype = dtypes.bfloat16("dtype")
     try:
         dtype = np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"dtype: expected float16, float32 or float64, got {dtype!r}") from exc
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"dtype: expected float16, float32 or float64, got {dtype}")
+        raise TypeError(f"dtype: expected {_DTYPE_NAMES}, got {dtype!r}") from exc
+    if not dtypes.is_supported(dtype):
+        raise TypeError(f"dtype: expected {_DTYPE_NAMES}, got {dtype}")
     return Problem(config, max_time, batch_size, _boolean("time_major", time_major), dtype,
                    check_lengths(sequence_lengths, batch_size, max_time),
                    _boolean("is_training", is_training))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import api, checks
+from . import api, checks, dtypes
 
 _TORCH_CLASSES = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
 _NUM_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -121,8 +121,8 @@ def to_torch(params, *, rnn_mode="lstm", num_layers, num_units, input_size,
     attrs = dict(rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units,
                  input_size=input_size, direction=direction, num_proj=num_proj)
     if not isinstance(params, torch.Tensor):
-        params = torch.from_numpy(np.asarray(params)) if isinstance(params, np.ndarray) \
-            else torch.from_dlpack(params)
+        plain_numpy = isinstance(params, np.ndarray) and not dtypes.is_bfloat16(params.dtype)
+        params = torch.from_numpy(params) if plain_numpy else dtypes.torch_from_dlpack(params)
     weights, biases = api.params_to_canonical(params, **attrs)
     mode, G = attrs["rnn_mode"], _NUM_GATES[attrs["rnn_mode"]]
     kwargs = dict(num_layers=attrs["num_layers"], bidirectional=attrs["direction"] == "bidirectional",
@@ -148,6 +148,15 @@ def to_torch(params, *, rnn_mode="lstm", num_layers, num_units, input_size,
 
 
 # --------------------------------------------------------------------------- Keras
+
+def _host(params):
+    """`params` as a NumPy array; a PyTorch CPU bfloat16 tensor without a copy."""
+    if isinstance(params, np.ndarray):
+        return params
+    if dtypes.is_bfloat16(getattr(params, "dtype", None)):
+        return dtypes.numpy_from_dlpack("params", params)
+    return np.asarray(params)
+
 
 _KERAS_GRU_ORDER = (1, 0, 2)  # Keras z, r, h  <->  cuDNN r, z, h (a swap: its own inverse)
 
@@ -245,7 +254,7 @@ def to_keras(params, *, rnn_mode, num_layers, num_units, input_size,
         raise ValueError(f"num_proj: Keras LSTM has no projection, got num_proj={num_proj}")
     attrs = dict(rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units,
                  input_size=input_size, direction=direction, num_proj=0)
-    weights, biases = api.params_to_canonical(np.asarray(params), **attrs)
+    weights, biases = api.params_to_canonical(_host(params), **attrs)
     G, D = _NUM_GATES[rnn_mode], 2 if direction == "bidirectional" else 1
     result = []
     for layer in range(num_layers):

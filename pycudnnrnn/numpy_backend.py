@@ -14,7 +14,8 @@ speed as well as for reading against cuDNN's equations (see ``docs/semantics.md`
 * Gates are kept with the sigmoid gates first (LSTM i, f, o, c; GRU r, z, h), whose
   pre-activations are pre-scaled by ½ so that one ``tanh`` over all gates and one
   multiply-add give ``σ(x) = ½·tanh(x/2) + ½``.
-* float16 computes in float32, as cuDNN does.
+* float16 and bfloat16 compute in float32, as cuDNN does, and round once, to the
+  caller's dtype, when results leave (see ``docs/semantics.md``, "dtypes").
 
 ``reserve_space`` is a uint8 array: a header that identifies the forward call that
 made it, then the activations backprop needs (layer outputs, gate activations, LSTM
@@ -28,15 +29,14 @@ import math
 
 import numpy as np
 
-from . import layout, reserve_header
+from . import dtypes, layout, reserve_header
 from .config import Problem
 
 _MAGIC = b"pycudnnrnn-cpu\x00\x01"
 _HEADER_BYTES = reserve_header.HEADER_BYTES
 
 
-def _compute_dtype(dtype):
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+_compute_dtype = dtypes.compute_dtype  # float32 for float16 and bfloat16
 
 
 # --------------------------------------------------------------------------- batch order

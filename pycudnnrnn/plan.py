@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from . import checks, gpu, layout, memory, numpy_backend, reserve_header
+from . import checks, dtypes, gpu, layout, memory, numpy_backend, reserve_header
 from .arrays import device_kind, from_dlpack_like, host_lengths, readable
 from .config import Problem
 from .lru import LRU
@@ -35,7 +35,7 @@ class RNNPlan:
     sequence_lengths : array of int, optional
         ``[B]`` lengths in ``[0, T]``; None means all T. Fixed: another set of lengths
         needs another plan.
-    dtype : {"float16", "float32", "float64"}, default "float32"
+    dtype : {"float16", "bfloat16", "float32", "float64"}, default "float32"
     device : "cpu", "cuda", "cuda:N" or int, default "cpu"
         "cpu" runs the NumPy backend, anything else cuDNN on that CUDA device.
     is_training : bool, default True
@@ -200,7 +200,7 @@ class RNNPlan:
                     raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
                                     f"device), got one on {kind}")
                 a = np.asarray(a) if isinstance(a, np.ndarray) and xp is np else \
-                    xp.from_dlpack(a)
+                    dtypes.from_dlpack(xp, name, a)
             if self.device_index is not None and a.device.id != self.device_index:
                 raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
                                 f"device), got one on cuda:{a.device.id}")

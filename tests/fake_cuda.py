@@ -30,9 +30,10 @@ import collections
 import ctypes
 import types
 
+import ml_dtypes
 import numpy as np
 
-from pycudnnrnn import gpu, numpy_backend, plan
+from pycudnnrnn import dtypes, gpu, numpy_backend, plan
 from pycudnnrnn.config import GATES, Problem, RNNConfig
 from pycudnnrnn.cudnn import capi
 from pycudnnrnn.cudnn.capi import api as real_api
@@ -204,7 +205,7 @@ class FakeCupy(types.ModuleType):
     def empty(self, shape, dtype=np.float32):
         # Garbage, as on a GPU: NaN for floats, so a read of unwritten memory shows.
         COUNTS["device_alloc"] += 1
-        return _device(np.full(shape, np.nan if np.dtype(dtype).kind == "f" else 0xAB, dtype))
+        return _device(np.full(shape, np.nan if dtypes.is_supported(dtype) else 0xAB, dtype))
 
     def zeros(self, shape, dtype=np.float32):
         COUNTS["device_alloc"] += 1
@@ -265,7 +266,7 @@ def _array(ptr, dtype, shape):
 
 
 _DTYPES = {capi.CUDNN_DATA_HALF: np.float16, capi.CUDNN_DATA_FLOAT: np.float32,
-           capi.CUDNN_DATA_DOUBLE: np.float64}
+           capi.CUDNN_DATA_DOUBLE: np.float64, capi.CUDNN_DATA_BFLOAT16: ml_dtypes.bfloat16}
 _MODES = {capi.CUDNN_LSTM: "lstm", capi.CUDNN_GRU: "gru", capi.CUDNN_RNN_TANH: "rnn_tanh",
           capi.CUDNN_RNN_RELU: "rnn_relu"}
 _RESERVE_BYTES = 64

@@ -38,7 +38,7 @@ FORWARD_ERRORS = [
     ("is_training type", _fwd(C, is_training="yes"), TypeError, r"is_training: expected a bool"),
     # dtypes
     ("input int", _fwd(C, input=C.input.astype(np.int32)), TypeError,
-     r"input: expected dtype float16, float32 or float64, got int32"),
+     r"input: expected dtype float16, bfloat16, float32 or float64, got int32"),
     ("input_h dtype", _fwd(C, input=F32), TypeError,
      r"input_h: expected dtype float32 \(the dtype of input\), got float64"),
     ("params dtype", _fwd(C, params=C.params.astype(np.float32)), TypeError,

@@ -159,7 +159,7 @@ def test_wrong_arrays_get_clear_errors():
     with pytest.raises(ValueError, match=r"device: expected 'cpu', 'cuda', 'cuda:N' or an int, "
                                          r"got 'gpu'"):
         _plan_for(case, device="gpu")
-    with pytest.raises(TypeError, match="dtype: expected float16, float32 or float64, got int32"):
+    with pytest.raises(TypeError, match="dtype: expected float16, bfloat16, float32 or float64, got int32"):
         _plan_for(case, dtype="int32")
     with pytest.raises(ValueError, match=r"sequence_lengths: expected values in \[0, 4\]"):
         _plan_for(case, sequence_lengths=[9, 1, 1])

@@ -78,11 +78,11 @@ class _Route:
         self.device = next(iter(devices.values()))
 
     def outputs(self, results):
-        """Backend results in the caller's array type."""
+        """Backend results in the caller's array type (None stays None)."""
         if isinstance(self.template, self.xp.ndarray):
             return results
         wrap = _from_dlpack_like(self.template)
-        return tuple(wrap(r) for r in results)
+        return tuple(None if r is None else wrap(r) for r in results)
 
     def run(self, function, *args):
         """Call the backend on the arrays' device."""
@@ -278,7 +278,7 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
 def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
              output_backprop, output_h_backprop, output_c_backprop, reserve_space, *,
              rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
-             dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True):
+             dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True, gradients="all"):
     """Backprop of data and weights (TensorFlow's ``CudnnRNNBackpropV3``).
 
     Parameters
@@ -299,11 +299,18 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     seed2 : int, default 0
     num_proj : int, default 0
     time_major : bool, default True
+    gradients : {"all", "data", "weights"}, default "all"
+        Which gradients to compute. ``"data"``: input_backprop and the state gradients
+        only (cuDNN skips ``cudnnRNNBackwardWeights``; the NumPy backend skips the
+        weight-gradient products), for input saliency or frozen weights. ``"weights"``:
+        params_backprop only (cuDNN still runs its data pass, which the weight pass
+        needs; the NumPy backend skips the first layer's input gradient).
 
     Returns
     -------
-    input_backprop, input_h_backprop, input_c_backprop, params_backprop : array
-        Gradients shaped like input, input_h, input_c (empty ``(0,)`` unless LSTM) and params.
+    input_backprop, input_h_backprop, input_c_backprop, params_backprop : array or None
+        Gradients shaped like input, input_h, input_c (empty ``(0,)`` unless LSTM) and
+        params; those that `gradients` leaves out are None.
     """
     lstm = rnn_mode == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
@@ -321,4 +328,5 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     checks.check_backprop(problem, *[a[n] for n in ("output", "output_h", "output_c",
                                                     "output_backprop", "output_h_backprop",
                                                     "output_c_backprop", "reserve_space")])
-    return route.outputs(route.run(route.backend.backprop, problem, *a.values()))
+    gradients = checks.check_gradients(gradients)
+    return route.outputs(route.run(route.backend.backprop, problem, *a.values(), gradients))

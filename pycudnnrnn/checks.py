@@ -259,6 +259,14 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
     return Problem(config, T, B, time_major, dtype, lengths, is_training)
 
 
+GRADIENTS = ("all", "data", "weights")
+
+
+def check_gradients(gradients) -> str:
+    """Which gradients ``backprop`` computes: "all", "data" or "weights"."""
+    return _choice("gradients", gradients, GRADIENTS)
+
+
 def check_backprop(problem: Problem, output, output_h, output_c, output_backprop,
                    output_h_backprop, output_c_backprop, reserve_space):
     """Validate the arguments ``pycudnnrnn.backprop`` adds to those of forward."""

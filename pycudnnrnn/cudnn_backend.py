@@ -397,15 +397,28 @@ def _new_reserve(cp, problem, cudnn_bytes):
 
 
 def backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,
-             output_backprop, output_h_backprop, output_c_backprop, reserve_space):
-    """Backprop of data, then weights, on CuPy arrays; see ``pycudnnrnn.backprop``."""
+             output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+             gradients="all"):
+    """Backprop of data, then weights, on CuPy arrays; see ``pycudnnrnn.backprop``.
+
+    `gradients="data"` skips cudnnRNNBackwardWeights; "weights" still runs the data pass
+    (the weight pass reads what it leaves in the reserve space). Left out: None.
+    """
+    grads = _backprop(problem, input, input_h, input_c, params, output, output_h, output_c,
+                      output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+                      want_weights=gradients != "data")
+    return grads if gradients != "weights" else (None, None, None, grads[3])
+
+
+def _backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,
+              output_backprop, output_h_backprop, output_c_backprop, reserve_space, want_weights):
     cp = _cupy()
     c, dtype = problem.config, problem.dtype
     lstm = c.is_lstm
     call = _Call(cp, problem, training=True)
     reserve = _open_reserve(cp, reserve_space, problem, call.reserve_bytes if call.batch else 0)
     empty_c = cp.zeros((0,), dtype=dtype)
-    dparams = cp.zeros(layout.params_size(c), dtype=dtype)
+    dparams = cp.zeros(layout.params_size(c), dtype=dtype) if want_weights else None
     if call.batch == 0:
         return (cp.zeros(input.shape, dtype=dtype), output_h_backprop.copy(),
                 output_c_backprop.copy() if lstm else empty_c, dparams)
@@ -427,10 +440,11 @@ def backprop(problem: Problem, input, input_h, input_c, params, output, output_h
         _ptr(dx), call.h_desc, _ptr(hx), _ptr(dhy), _ptr(dhx), call.c_desc, _ptr(cx), _ptr(dcy),
         _ptr(dcx), call.weight_bytes, _ptr(weights), call.work_bytes, _ptr(work),
         call.reserve_bytes, _ptr(cudnn_reserve))
-    api().cudnnRNNBackwardWeights_v8(
-        call.handle, call.rnn, capi.CUDNN_WGRAD_MODE_ADD, call.seq_lengths, call.x_desc, _ptr(x),
-        call.h_desc, _ptr(hx), call.y_desc, _ptr(y), call.weight_bytes, _ptr(dparams),
-        call.work_bytes, _ptr(work), call.reserve_bytes, _ptr(cudnn_reserve))
+    if want_weights:
+        api().cudnnRNNBackwardWeights_v8(
+            call.handle, call.rnn, capi.CUDNN_WGRAD_MODE_ADD, call.seq_lengths, call.x_desc,
+            _ptr(x), call.h_desc, _ptr(hx), call.y_desc, _ptr(y), call.weight_bytes,
+            _ptr(dparams), call.work_bytes, _ptr(work), call.reserve_bytes, _ptr(cudnn_reserve))
     return (call.data_out(dx, c.input_size),
             call.state_out(dhx, output_h_backprop),
             call.state_out(dcx, output_c_backprop) if lstm else empty_c,

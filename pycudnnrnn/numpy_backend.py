@@ -24,6 +24,8 @@ same code with a scratch buffer that keeps only what the next step or layer read
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import layout, reserve_header
@@ -118,7 +120,8 @@ def _output_slots(problem: Problem) -> int:
 def reserve_nbytes(problem: Problem) -> int:
     """Bytes of the reserve_space forward makes for this problem."""
     itemsize = _compute_dtype(problem.dtype).itemsize
-    return _HEADER_BYTES + itemsize * sum(int(np.prod(s)) for _, s in _reserve_entries(problem))
+    # math.prod, not np.prod: sizes may be symbolic while PyTorch traces (pycudnnrnn.torch)
+    return _HEADER_BYTES + itemsize * sum(math.prod(s) for _, s in _reserve_entries(problem))
 
 
 def _carve(buffer, problem):

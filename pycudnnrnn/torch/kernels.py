@@ -34,10 +34,15 @@ def _numpy_dtype(dtype: torch.dtype):
 
 
 class _Shape:
-    """What the argument checks read of an array (shape, ndim, dtype), for fake tensors."""
+    """What the argument checks read of an array (shape, ndim, dtype), for fake tensors.
 
-    def __init__(self, tensor):
-        self.shape, self.ndim, self.dtype = tuple(tensor.shape), tensor.dim(), _numpy_dtype(tensor.dtype)
+    The sizes at `static` axes fix the configuration (layers, widths, params length):
+    a traced graph specialises on them. Time and batch may stay symbolic.
+    """
+
+    def __init__(self, tensor, static=()):
+        self.shape = tuple(int(d) if axis in static else d for axis, d in enumerate(tensor.shape))
+        self.ndim, self.dtype = tensor.dim(), _numpy_dtype(tensor.dtype)
 
 
 def problem(input, input_h, input_c, params, attrs, is_training):
@@ -47,8 +52,10 @@ def problem(input, input_h, input_c, params, attrs, is_training):
     depend on), and raises the functional API's own errors.
     """
     lstm = attrs["rnn_mode"] == "lstm"
-    shapes = [None if t is None else _Shape(t) for t in (input, input_h, input_c if lstm else None,
-                                                         params)]
+    state_axes = (0 if attrs["time_major"] else 1, 2)
+    shapes = [_Shape(input, (2,)), _Shape(input_h, state_axes),
+              _Shape(input_c, state_axes) if lstm and input_c is not None else None,
+              _Shape(params, (0,))]
     return checks.check_forward(*shapes, None, seed=0, seed2=0, is_training=is_training, **attrs)
 
 

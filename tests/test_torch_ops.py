@@ -1,0 +1,219 @@
+"""The torch.library ops: registration, fakes, torch.compile, torch.export, dropout, CUDA graphs.
+
+Compile tests are few and small (each compile costs seconds on two cores).
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pycudnnrnn  # noqa: E402
+import pycudnnrnn.torch as prt  # noqa: E402
+from pycudnnrnn.torch import ops  # noqa: E402
+
+T, B, I, H = 5, 3, 4, 6
+
+
+def _op_args(mode="lstm", num_proj=0, is_training=True, dropout=0.0, lengths=(5, 0, 2)):
+    torch.manual_seed(0)
+    L, D = 2, 2
+    P = num_proj or H
+    n = pycudnnrnn.params_size(rnn_mode=mode, num_layers=L, num_units=H, input_size=I,
+                               direction="bidirectional", num_proj=num_proj)
+    grad = dict(dtype=torch.float64, requires_grad=True)
+    x = torch.randn(B, T, I, **grad)
+    h = torch.randn(B, L * D, P, **grad)
+    c = torch.randn(B, L * D, H, **grad) if mode == "lstm" else None
+    params = (torch.rand(n, dtype=torch.float64) - 0.5).requires_grad_()
+    lengths = None if lengths is None else torch.tensor(lengths)
+    return (x, h, c, params, lengths, torch.tensor(12345), mode, "linear_input", "bidirectional",
+            dropout, num_proj, False, is_training)
+
+
+@pytest.mark.parametrize("mode,num_proj,dropout", [("lstm", 2, 0.5), ("gru", 0, 0.0)])
+def test_opcheck_forward_and_backprop(mode, num_proj, dropout):
+    args = _op_args(mode, num_proj, dropout=dropout)
+    torch.library.opcheck(torch.ops.pycudnnrnn.forward.default, args)
+    out, out_h, out_c, reserve = torch.ops.pycudnnrnn.forward(*args)
+    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args[:6]]
+    grads = [torch.randn_like(t) for t in (out, out_h, out_c)]
+    for gradients in ("all", "data", "weights"):
+        torch.library.opcheck(torch.ops.pycudnnrnn.backprop.default,
+                              (*detached, out.detach(), out_h.detach(), out_c.detach(), *grads,
+                               reserve, *args[6:12], gradients))
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_relu"])
+@pytest.mark.parametrize("is_training", [True, False])
+def test_fake_gives_the_real_shapes_and_reserve_size(mode, is_training):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args = _op_args(mode, dropout=0.3, is_training=is_training)
+    real = torch.ops.pycudnnrnn.forward(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+        fake_args = [fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fake = torch.ops.pycudnnrnn.forward(*fake_args)
+    for r, f in zip(real, fake):
+        assert (tuple(r.shape), r.dtype) == (tuple(f.shape), f.dtype)
+    assert (real[3].numel() > 0) == is_training
+
+
+def test_the_fake_raises_the_api_errors_while_tracing():
+    args = list(_op_args("gru"))
+    args[1] = args[1][:, :1]  # one pseudo-layer for a bidirectional RNN
+    # Dynamo wraps it in its own error; the message is the API's ValueError.
+    with pytest.raises(Exception, match="ValueError.*input_h: expected shape .* with L·D a "
+                                        "positive multiple"):
+        torch.compile(lambda *a: torch.ops.pycudnnrnn.forward(*a), backend="aot_eager",
+                      fullgraph=True)(*args)
+
+
+def test_backward_honours_needs_input_grad():
+    x, h, c, params, lengths, seed, *attrs = _op_args("lstm")
+    h.requires_grad_(False), c.requires_grad_(False)
+    out = torch.ops.pycudnnrnn.forward(x, h, c, params.detach(), lengths, seed, *attrs)
+    (dx,) = torch.autograd.grad(out[0].sum(), [x])
+    assert dx.shape == x.shape and bool(dx[1].eq(0).all())  # the empty sequence
+
+
+# --------------------------------------------------------------------------- compile, export
+
+class _Tagger(torch.nn.Module):
+    """A small model around the drop-in LSTM."""
+
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.rnn = prt.LSTM(I, H, num_layers=2, batch_first=True, bidirectional=True,
+                            proj_size=3, dropout=dropout, dtype=torch.float64)
+        self.head = torch.nn.Linear(6, 2, dtype=torch.float64)
+
+    def forward(self, x):
+        out, (h, c) = self.rnn(x)
+        return self.head(out).sum() + h.square().sum() + c.mean()
+
+
+def _loss_and_grads(model, function, x):
+    model.zero_grad()
+    x = x.detach().requires_grad_()
+    loss = function(x)
+    loss.backward()
+    return loss.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
+
+
+def test_compile_fullgraph_aot_eager_equals_eager_and_takes_a_new_mask_without_recompiling():
+    from torch._dynamo.testing import CompileCounterWithBackend
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Tagger()
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    eager = _loss_and_grads(model, model, x)
+    ours = _loss_and_grads(model, compiled, x)
+    torch.testing.assert_close(ours, eager, rtol=1e-12, atol=1e-12)
+
+    model.rnn.dropout = 0.5  # a mask per step: new seeds must not mean new graphs
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    losses = [compiled(x).item() for _ in range(3)]
+    assert len(set(losses)) == 3 and counter.frame_count == 1
+    torch.manual_seed(7)
+    first = compiled(x).item()
+    torch.manual_seed(7)
+    assert compiled(x).item() == first
+    model.eval()
+    with torch.no_grad():
+        assert compiled(x).item() == model(x).item() == compiled(x).item()
+
+
+def test_compile_fullgraph_inductor_equals_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = prt.GRU(I, H, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+
+    def step(x):
+        return torch.tanh(model(x)[0]).sum()
+
+    compiled = torch.compile(step, fullgraph=True)  # default backend: inductor
+    torch.testing.assert_close(_loss_and_grads(model, compiled, x),
+                               _loss_and_grads(model, step, x), rtol=1e-12, atol=1e-12)
+
+
+def test_export_of_a_model_runs_and_equals_eager():
+    torch.manual_seed(0)
+    model = _Tagger().eval()
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    program = torch.export.export(model, (x,))
+    assert "torch.ops.pycudnnrnn.forward.default" in program.graph_module.code
+    other = torch.randn(B, T, I, dtype=torch.float64)
+    torch.testing.assert_close(program.module()(other), model(other), rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- dropout
+
+@pytest.mark.parametrize("make", [
+    lambda: prt.LSTM(I, H, num_layers=3, dropout=0.5, dtype=torch.float64),
+    lambda: prt.CudnnRNN(I, H, 3, rnn_mode="gru", dropout=0.5, seed=3, dtype=torch.float64)],
+    ids=["LSTM", "CudnnRNN"])
+def test_dropout_fresh_per_step_reproducible_by_manual_seed_and_off_in_eval(make):
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    first, second = model(x)[0], model(x)[0]
+    assert not torch.equal(first, second)  # a new mask each training step
+    torch.manual_seed(11)
+    again = model(x)[0]
+    torch.manual_seed(11)
+    torch.testing.assert_close(model(x)[0], again, rtol=0, atol=0)
+    model.eval()
+    torch.manual_seed(11)
+    evaluated = model(x)[0]
+    model.dropout = 0.0
+    model.train()
+    torch.testing.assert_close(model(x)[0], evaluated, rtol=0, atol=0)
+
+
+def test_dropout_gradient_uses_the_forward_mask():
+    torch.manual_seed(0)
+    model = prt.RNN(I, H, num_layers=2, dropout=0.4, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(3)
+
+    def function(x):
+        torch.manual_seed(3)  # the same mask at every evaluation of gradcheck
+        return model(x)[0]
+
+    assert torch.autograd.gradcheck(function, (x,), eps=1e-6, atol=1e-7)
+
+
+def test_cudnn_rnn_eval_backward_gives_input_gradients():
+    model = prt.CudnnRNN(I, H, 2, rnn_mode="lstm", dropout=0.3, dtype=torch.float64).eval()
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    out = model(x)[0]
+    out.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------- CUDA
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_replays_the_forward():
+    if not torch.cuda.is_available():
+        pytest.skip("this PyTorch has no CUDA")
+    model = prt.LSTM(I, H, num_layers=2, device="cuda").eval()
+    x = torch.randn(T, B, I, device="cuda")
+    with torch.no_grad():
+        expected = model(x)[0].clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            model(x)  # warm-up: descriptors and caches outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = model(x)[0]
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.testing.assert_close(captured, model(x)[0])
+    assert not torch.equal(captured, expected)

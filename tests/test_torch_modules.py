@@ -249,3 +249,19 @@ def test_only_the_gradients_needed_are_computed(monkeypatch):
     ours.requires_grad_(True)
     ours(x.detach())[0].sum().backward()
     assert asked == ["all", "data", "weights"]
+
+
+def test_the_pytorch_page_examples_run():
+    """docs/pytorch.md: the module example gives the shapes it states; the conversion is exact."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "docs", "pytorch.md"), encoding="utf-8").read()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    namespace = {}
+    exec(compile(blocks[0], "pytorch.md", "exec"), namespace)
+    shapes = [tuple(namespace[n].shape) for n in ("output", "h_n", "c_n")]
+    assert shapes == [(4, 7, 16), (4, 4, 8), (4, 4, 20)]
+    exec(compile(blocks[1], "pytorch.md", "exec"), namespace)
+    theirs, back = namespace["theirs"].state_dict(), namespace["back"].state_dict()
+    assert list(theirs) == list(back) and all(torch.equal(theirs[k], back[k]) for k in theirs)

@@ -217,3 +217,41 @@ def test_cuda_graph_capture_replays_the_forward():
         graph.replay()
         torch.testing.assert_close(captured, model(x)[0])
     assert not torch.equal(captured, expected)
+
+
+def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
+    """The plumbing of kernels._on_device, with stand-ins for CuPy and torch.cuda (no GPU)."""
+    import types
+    from pycudnnrnn import cudnn_backend
+    from pycudnnrnn.torch import kernels
+    seen = {}
+
+    class Context:
+        def __init__(self, kind, *args):
+            seen.setdefault("entered", []).append((kind,) + args)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    class PythonFunctionAllocator:
+        def __init__(self, malloc, free):
+            self.malloc = lambda size: (malloc(size, 0), free)
+
+    cuda = types.SimpleNamespace(
+        Device=lambda device: Context("Device", device),
+        ExternalStream=lambda ptr, device: Context("ExternalStream", ptr, device),
+        using_allocator=lambda malloc: Context("using_allocator", malloc(64)[0]),
+        memory=types.SimpleNamespace(PythonFunctionAllocator=PythonFunctionAllocator))
+    monkeypatch.setattr(cudnn_backend, "_cupy", lambda: types.SimpleNamespace(cuda=cuda))
+    stream = types.SimpleNamespace(cuda_stream=0xBEEF)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc",
+                        lambda size, device, s: ("torch", size, device, s.cuda_stream))
+    tensor = types.SimpleNamespace(device=torch.device("cuda", 1))
+    with kernels._on_device(tensor):
+        pass
+    assert seen["entered"] == [("Device", 1), ("ExternalStream", 0xBEEF, 1),
+                               ("using_allocator", ("torch", 64, 0, 0xBEEF))]

@@ -92,8 +92,8 @@ def _tensors(*tensors):
 
 
 def _fresh(result, inputs):
-    # A custom op may not return an input or a view of one (the functional API returns
-    # output_h = input_h when every sequence is empty on some backends): copy then.
+    # A custom op may not return an input or a view of one. The backends return new
+    # arrays today; this keeps the op's contract whatever a backend or plan returns.
     if any(result.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
            for t in inputs if t.numel() and result.numel()):
         return result.clone()

@@ -5,9 +5,9 @@ import pytest
 
 import pycudnnrnn
 from conftest import make_case
-from fake_cuda import FakeCudnn, FakeCupy, _device
-from pycudnnrnn import cudnn_backend, numpy_backend
-from pycudnnrnn.cudnn import descriptors
+import fake_cuda
+from fake_cuda import _device
+from pycudnnrnn import numpy_backend, plan
 
 CASES = [dict(rnn_mode="lstm", num_proj=2), dict(rnn_mode="gru"), dict(rnn_mode="rnn_tanh")]
 
@@ -60,14 +60,8 @@ def test_gradients_names_the_choices():
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    fake_cupy, fake_api = FakeCupy(), FakeCudnn()
-    monkeypatch.setattr(cudnn_backend, "_cupy", lambda: fake_cupy)
-    monkeypatch.setattr(cudnn_backend, "api", lambda: fake_api)
-    monkeypatch.setattr(descriptors, "api", lambda: fake_api)
-    monkeypatch.setattr(cudnn_backend, "_local", type(cudnn_backend._local)())
-    cudnn_backend.clear_caches()
-    yield fake_api
-    cudnn_backend.clear_caches()
+    yield fake_cuda.install(monkeypatch)
+    plan.clear_caches()
 
 
 @pytest.mark.parametrize("gradients", ["all", "data", "weights"])

@@ -259,6 +259,5 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     attributes = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
                       dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
                       time_major=time_major, is_training=True)
-    gradients = checks.check_gradients(gradients)
     run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes, route.device)
     return route.outputs(run.run_backprop(route.arrays, reference="input", gradients=gradients))

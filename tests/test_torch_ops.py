@@ -203,10 +203,65 @@ def test_cudnn_rnn_eval_backward_gives_input_gradients():
 
 # --------------------------------------------------------------------------- CUDA
 
-@pytest.mark.gpu
-def test_cuda_graph_capture_replays_the_forward():
+def _needs_torch_cuda():
     if not torch.cuda.is_available():
         pytest.skip("this PyTorch has no CUDA")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_cuda_drop_in_equals_torch_nn_on_packed_input(kind):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    _needs_torch_cuda()
+    torch.manual_seed(0)
+    reference = getattr(torch.nn, kind)(I, H, 2, bidirectional=True, batch_first=True,
+                                        device="cuda", dtype=torch.float64)
+    ours = getattr(prt, kind).from_torch(reference)
+    x = torch.randn(B, T, I, device="cuda", dtype=torch.float64, requires_grad=True)
+    results = []
+    for module in (reference, ours):
+        packed = pack_padded_sequence(x, torch.tensor([5, 2, 4]), batch_first=True,
+                                      enforce_sorted=False)
+        out = pad_packed_sequence(module(packed)[0], batch_first=True)[0]
+        grads = torch.autograd.grad(out.square().sum(), [x] + list(module.parameters()))
+        results.append((out, grads[0]))
+    torch.testing.assert_close(results[1], results[0])
+
+
+@pytest.mark.gpu
+def test_cuda_outputs_and_reserve_come_from_torchs_allocator():
+    _needs_torch_cuda()
+    args = [a.cuda() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in _op_args("lstm", lengths=None)]
+    torch.ops.pycudnnrnn.forward(*args)  # warm-up: the plan
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    results = torch.ops.pycudnnrnn.forward(*args)
+    grown = torch.cuda.memory_allocated() - before
+    assert results[3].numel() > 0 and all(r.is_cuda for r in results)
+    assert grown >= sum(r.numel() * r.element_size() for r in results)
+
+
+@pytest.mark.gpu
+def test_cuda_compile_fullgraph_equals_eager_and_dropout_is_fresh_per_step():
+    _needs_torch_cuda()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = prt.GRU(I, H, 3, dropout=0.5, device="cuda")
+    x = torch.randn(T, B, I, device="cuda")
+
+    def loss(x):
+        return model(x)[0].square().sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    assert compiled(x).item() != compiled(x).item()  # cuDNN advances its dropout state
+    model.eval()
+    torch.testing.assert_close(compiled(x), loss(x))
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_replays_the_forward():
+    _needs_torch_cuda()
     model = prt.LSTM(I, H, num_layers=2, device="cuda").eval()
     x = torch.randn(T, B, I, device="cuda")
     with torch.no_grad():
@@ -214,7 +269,7 @@ def test_cuda_graph_capture_replays_the_forward():
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            model(x)  # warm-up: descriptors and caches outside the capture
+            model(x)  # warm-up: the plan is built outside the capture
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

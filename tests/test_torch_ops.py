@@ -57,6 +57,20 @@ def test_fake_gives_the_real_shapes_and_reserve_size(mode, is_training):
     assert (real[3].numel() > 0) == is_training
 
 
+def test_on_cuda_the_fake_leaves_the_reserve_size_to_the_device():
+    """cuDNN's reserve size needs the GPU and the lengths: a size known only at run time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    args = _op_args("lstm", num_proj=2)
+    with FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True):
+        on_cuda = [torch.empty(a.shape, dtype=a.dtype, device="cuda")
+                   if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        output, output_h, output_c, reserve = torch.ops.pycudnnrnn.forward(*on_cuda)
+    assert output.shape == (B, T, 2 * 2) and output.device.type == "cuda"
+    assert output_h.shape == on_cuda[1].shape and output_c.shape == on_cuda[2].shape
+    assert reserve.dtype == torch.uint8 and isinstance(reserve.shape[0], torch.SymInt)
+
+
 def test_the_fake_raises_the_api_errors_while_tracing():
     args = list(_op_args("gru"))
     args[1] = args[1][:, :1]  # one pseudo-layer for a bidirectional RNN

@@ -126,6 +126,21 @@ def test_from_torch_and_to_torch_are_exact(kind, extra):
     assert torch.equal(again.params, ours.params)
 
 
+def test_a_torch_nn_checkpoint_loads_into_the_drop_in():
+    torch.manual_seed(0)
+    theirs = torch.nn.Sequential(torch.nn.Linear(3, 3),
+                                 torch.nn.LSTM(3, 4, 2, bidirectional=True, proj_size=2))
+    ours = torch.nn.Sequential(torch.nn.Linear(3, 3),
+                               prt.LSTM(3, 4, 2, bidirectional=True, proj_size=2))
+    ours.load_state_dict(theirs.state_dict())
+    assert torch.equal(ours[1].params, prt.LSTM.from_torch(theirs[1]).params)
+    assert torch.equal(ours[0].weight, theirs[0].weight)
+    ours.load_state_dict(ours.state_dict())  # and its own checkpoint, as ever
+    with pytest.raises(RuntimeError, match="size mismatch for weight_ih_l0"):
+        prt.LSTM(5, 4, 2, bidirectional=True, proj_size=2).load_state_dict(
+            theirs[1].state_dict())
+
+
 def test_from_torch_refuses_another_class():
     with pytest.raises(TypeError, match="module: expected torch.nn.LSTM, got torch.nn.modules.rnn.GRU"):
         prt.LSTM.from_torch(torch.nn.GRU(2, 3))

@@ -86,6 +86,18 @@ class _DropIn(FlatRNN):
         return (module.input_size, module.hidden_size, module.num_layers, module.bias,
                 module.batch_first, float(module.dropout), module.bidirectional)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A checkpoint of the torch.nn module (weight_ih_l0, ...) loads too: converted here.
+        names = [k for k in state_dict if k.startswith(prefix)
+                 and k[len(prefix):].startswith(("weight_ih_l", "weight_hh_l", "weight_hr_l",
+                                                 "bias_ih_l", "bias_hh_l"))]
+        if names and prefix + "params" not in state_dict:
+            reference = getattr(torch.nn, self._kind)(*self._constructor_args(self),
+                                                      dtype=self.params.dtype)
+            reference.load_state_dict({k[len(prefix):]: state_dict.pop(k) for k in names})
+            state_dict[prefix + "params"] = convert.from_torch(reference)[0]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def flatten_parameters(self):
         """Nothing to do: the weights are one flat buffer already (for nn.LSTM code)."""
 

@@ -274,6 +274,19 @@ def test_cuda_compile_fullgraph_equals_eager_and_dropout_is_fresh_per_step():
 
 
 @pytest.mark.gpu
+def test_cuda_many_dropout_modules_each_draw_fresh_masks():
+    """More modules than the caches keep seeds for: no state is re-initialised (which
+    would repeat a module's masks)."""
+    _needs_torch_cuda()
+    torch.manual_seed(0)
+    models = [prt.LSTM(I, H, 2, dropout=0.5, device="cuda") for _ in range(6)]
+    x = torch.randn(T, B, I, device="cuda")
+    outputs = [[m(x)[0].detach() for m in models] for _ in range(2)]
+    for first, second in zip(*outputs):
+        assert not torch.equal(first, second)
+
+
+@pytest.mark.gpu
 def test_cuda_graph_capture_replays_the_forward():
     _needs_torch_cuda()
     model = prt.LSTM(I, H, num_layers=2, device="cuda").eval()

@@ -117,6 +117,15 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
         return planned_backprop(*arrays, reserve_space, lengths, seed, attrs, gradients)
 
 
+#: (device, seed) → the latest training plan with dropout for that seed. A plan keeps its
+#: seed's cuDNN dropout state alive; the shared caches keep only a few seeds, so without
+#: this a process with many dropout modules would re-initialise a module's state (and
+#: repeat its masks) at every step. Each module has one seed: about 6 MiB per module with
+#: dropout and device, kept for the life of the process (PyTorch's RNNs share one state
+#: per device instead).
+_dropout_holders: dict = {}
+
+
 def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_training):
     """Forward on a cached ``RNNPlan``, into buffers PyTorch allocates (any device)."""
     run = _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training)
@@ -128,6 +137,8 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
                           workspace=_workspace(run, input))
     if is_training:
         remember_reserve(out[3])
+        if attrs["dropout"] > 0 and input.device.type == "cuda":
+            _dropout_holders[(input.device, int(seed))] = run
     del results
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
             out[3] if is_training else input.new_empty((0,), dtype=torch.uint8))

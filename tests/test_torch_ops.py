@@ -273,6 +273,30 @@ def test_cuda_compile_fullgraph_equals_eager_and_dropout_is_fresh_per_step():
     torch.testing.assert_close(compiled(x), loss(x))
 
 
+def test_held_dropout_states_are_reused_not_initialised_again(monkeypatch):
+    """Stand-in GPU: more seeds than the caches keep, each held by a plan (as the modules
+    hold theirs); a new plan for a held seed (new lengths) continues its state."""
+    import fake_cuda
+    from conftest import make_case
+    from pycudnnrnn import plan
+    fake = fake_cuda.install(monkeypatch)
+    case = make_case("gru", num_layers=2, lengths=[4, 3, 2])
+
+    def plan_for(seed, lengths):
+        return pycudnnrnn.RNNPlan(num_layers=2, num_units=4, input_size=3, max_time=4,
+                                  batch_size=3, sequence_lengths=lengths, dtype="float64",
+                                  device="cuda", rnn_mode="gru", dropout=0.3, seed=seed)
+
+    held = [plan_for(seed, [4, 3, 2]) for seed in range(6)]
+    fake.calls.clear()
+    again = plan_for(0, [4, 4, 1])
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.params)]
+    again.forward(args[0], args[1], None, args[2])
+    assert "cudnnSetDropoutDescriptor" not in fake.calls  # restored, not initialised
+    assert len(held) == 6
+    plan.clear_caches()
+
+
 @pytest.mark.gpu
 def test_cuda_many_dropout_modules_each_draw_fresh_masks():
     """More modules than the caches keep seeds for: no state is re-initialised (which

@@ -181,7 +181,7 @@ def _inference(op: _Op, has_lengths: bool):
         if params_mapped:  # different weights per element: one call each
             axes = [0 if b else None for b in in_batched]
             outputs = jax.vmap(lambda *o: _forward_call(op, *o)[:-1], in_axes=axes)(*operands)
-            return tuple(outputs), [True] * len(outputs)
+            return tuple(outputs), (True,) * len(outputs)
         folded = []
         for name, x, mapped in zip(names, operands, in_batched):
             if name == "params":
@@ -193,7 +193,7 @@ def _inference(op: _Op, has_lengths: bool):
         outputs = _forward_call(op, *folded)[:-1]
         outputs = tuple(_unfold(y, _batch_axis("output", op.time_major), axis_size)
                         for y in outputs)
-        return outputs, [True] * len(outputs)
+        return outputs, (True,) * len(outputs)
 
     return forward
 

@@ -1,0 +1,416 @@
+"""pycudnnrnn.jax: the RNN as a native JAX operation through XLA's FFI (CPU here).
+
+Every result is held against the eager NumPy backend (``pycudnnrnn.forward`` and
+``backprop``) on the same arrays: the FFI path runs that backend, so the two agree to the
+last bit unless a buffer, an attribute or a layout is mistranslated.
+"""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import pycudnnrnn  # noqa: E402
+from pycudnnrnn import jax as rnn_jax  # noqa: E402
+from pycudnnrnn import xla_ffi  # noqa: E402
+
+from conftest import make_case  # noqa: E402
+
+CONFIGS = {
+    "lstm-bi-2layer-zero-lengths": dict(rnn_mode="lstm", direction="bidirectional",
+                                        num_layers=2, lengths="zero"),
+    "gru-bi-ragged": dict(rnn_mode="gru", direction="bidirectional", lengths="ragged"),
+    "rnn_tanh-2layer": dict(rnn_mode="rnn_tanh", num_layers=2, lengths="zero"),
+    "rnn_relu-batch-major": dict(rnn_mode="rnn_relu", time_major=False, lengths="ragged"),
+    "lstm-projection-bi": dict(rnn_mode="lstm", num_proj=3, direction="bidirectional",
+                               lengths="zero"),
+    "gru-skip-input-batch-major": dict(rnn_mode="gru", input_mode="skip_input",
+                                       time_major=False),
+    "lstm-dropout": dict(rnn_mode="lstm", num_layers=3, dropout=0.4, lengths="ragged"),
+}
+
+
+def _case(name, **extra):
+    return make_case(dtype=np.float32, **{**CONFIGS[name], **extra})
+
+
+def _lengths(case):
+    return None if case.sequence_lengths is None else np.asarray(case.sequence_lengths, np.int32)
+
+
+def _jax_rnn(case, **overrides):
+    attrs = {**case.attrs, **overrides}
+    return lambda x, h, c, p, lengths: rnn_jax.rnn(x, h, c, p, lengths, **attrs)
+
+
+def _assert_same(ours, expected):
+    for a, b in zip(ours, expected):
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_jit_equals_numpy_backend(name):
+    case = _case(name)
+    f = jax.jit(_jax_rnn(case))
+    ours = f(case.input, case.input_h, case.input_c, case.params, _lengths(case))
+    _assert_same(ours, case.forward()[:3])
+
+
+def test_inference_equals_numpy_backend_and_eager_call_works():
+    case = _case("lstm-bi-2layer-zero-lengths")
+    expected = case.forward(is_training=False)[:3]
+    args = (case.input, case.input_h, case.input_c, case.params, _lengths(case))
+    _assert_same(jax.jit(_jax_rnn(case, is_training=False))(*args), expected)
+    _assert_same(_jax_rnn(case, is_training=False)(*args), expected)  # no jit: eager FFI call
+
+
+def _loss_weights(case, outputs):
+    rng = np.random.default_rng(7)
+    return [rng.standard_normal(np.shape(o)).astype(np.float32) for o in outputs]
+
+
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-zero-lengths", "gru-bi-ragged",
+                                  "rnn_relu-batch-major", "lstm-projection-bi", "lstm-dropout"])
+def test_grad_through_jit_equals_backprop(name):
+    case = _case(name)
+    fwd = case.forward()
+    dy, dh, dc = _loss_weights(case, fwd[:3])
+    f = _jax_rnn(case)
+    lstm = case.attrs["rnn_mode"] == "lstm"
+
+    def loss(x, h, c, p):
+        y, hy, cy = f(x, h, c, p, _lengths(case))
+        total = jnp.sum(y * dy) + jnp.sum(hy * dh)
+        return total + jnp.sum(cy * dc) if lstm else total
+
+    argnums = (0, 1, 2, 3) if lstm else (0, 1, 3)
+    grads = jax.jit(jax.grad(loss, argnums=argnums))(case.input, case.input_h, case.input_c,
+                                                     case.params)
+    expected = case.backprop(fwd, dy, dh, dc if lstm else np.zeros((0,), np.float32))
+    expected = expected if lstm else (expected[0], expected[1], expected[3])
+    for ours, theirs in zip(grads, expected):
+        np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_scan_over_chunks_equals_one_call_values_and_grads():
+    case = make_case(rnn_mode="lstm", num_layers=2, T=6, B=3, dtype=np.float32)
+    f = _jax_rnn(case)
+    chunks = case.input.reshape(3, 2, *case.input.shape[1:])  # 3 chunks of 2 steps
+
+    def chunked(p):
+        def step(state, x):
+            y, h, c = f(x, state[0], state[1], p, None)
+            return (h, c), y
+        (h, c), ys = jax.lax.scan(step, (case.input_h, case.input_c), chunks)
+        return ys.reshape(case.input.shape[0], *ys.shape[2:]), h, c
+
+    def whole(p):
+        return f(case.input, case.input_h, case.input_c, p, None)
+
+    _assert_same(jax.jit(chunked)(case.params), case.forward()[:3])
+    loss = lambda g: lambda p: sum(jnp.sum(jnp.sin(o)) for o in g(p))  # noqa: E731
+    np.testing.assert_allclose(jax.jit(jax.grad(loss(chunked)))(case.params),
+                               jax.jit(jax.grad(loss(whole)))(case.params), rtol=1e-5, atol=1e-6)
+
+
+def _mapped_problem(N=3, time_major=True):
+    """N cases sharing weights and configuration, stacked on a new leading axis."""
+    cases = [make_case(rnn_mode="gru", direction="bidirectional", lengths="zero",
+                       time_major=time_major, dtype=np.float32, seed=s) for s in range(N)]
+    stack = lambda name: np.stack([getattr(c, name) for c in cases])  # noqa: E731
+    lengths = np.stack([np.roll(_lengths(cases[0]), s) for s in range(N)])
+    return cases[0], stack("input"), stack("input_h"), lengths
+
+
+@pytest.mark.parametrize("time_major", [True, False])
+def test_vmap_inference_folds_into_one_call_and_equals_a_loop(time_major):
+    case, xs, hs, lengths = _mapped_problem(time_major=time_major)
+    f = lambda x, h, lens: _jax_rnn(case, is_training=False)(x, h, None, case.params, lens)  # noqa
+    mapped = jax.jit(jax.vmap(f))
+    ours = mapped(xs, hs, lengths)
+    for n in range(xs.shape[0]):
+        expected = pycudnnrnn.forward(xs[n], hs[n], None, case.params, lengths[n],
+                                      **case.attrs, is_training=False)
+        np.testing.assert_allclose(np.asarray(ours[0][n]), expected[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(ours[1][n]), expected[1], rtol=1e-6, atol=1e-6)
+    text = str(jax.make_jaxpr(jax.vmap(f))(xs, hs, lengths))
+    assert text.count("pycudnnrnn_forward") == 1 and "while" not in text  # one folded call
+    # An unmapped state is shared by every element.
+    shared = jax.vmap(f, in_axes=(0, None, 0))(xs, hs[0], lengths)
+    expected = pycudnnrnn.forward(xs[1], hs[0], None, case.params, lengths[1], **case.attrs,
+                                  is_training=False)
+    np.testing.assert_allclose(np.asarray(shared[0][1]), expected[0], rtol=1e-6, atol=1e-6)
+
+
+def test_vmap_training_values_and_per_element_grads_equal_a_loop():
+    case, xs, hs, lengths = _mapped_problem()
+    f = _jax_rnn(case)
+
+    def loss(p, x, h, lens):
+        y, hy, _ = f(x, h, None, p, lens)
+        return jnp.sum(y ** 2) + jnp.sum(jnp.cos(hy))
+
+    outputs = jax.jit(jax.vmap(lambda x, h, lens: f(x, h, None, case.params, lens)))(
+        xs, hs, lengths)
+    per_element = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0)))(
+        case.params, xs, hs, lengths)
+    summed = jax.jit(jax.grad(lambda p: jnp.sum(jax.vmap(loss, in_axes=(None, 0, 0, 0))(
+        p, xs, hs, lengths))))(case.params)
+    for n in range(xs.shape[0]):
+        np.testing.assert_array_equal(np.asarray(outputs[0][n]),
+                                      f(xs[n], hs[n], None, case.params, lengths[n])[0])
+        np.testing.assert_allclose(np.asarray(per_element[n]),
+                                   jax.grad(loss)(case.params, xs[n], hs[n], lengths[n]),
+                                   rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(summed), np.asarray(per_element).sum(0),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_vmap_over_params_maps_each_weight_set():
+    case, xs, hs, lengths = _mapped_problem()
+    params = np.stack([case.params, 0.5 * case.params, -case.params])
+    f = lambda p, x, h: _jax_rnn(case, is_training=False)(x, h, None, p, None)  # noqa: E731
+    ours = jax.jit(jax.vmap(f))(params, xs, hs)
+    for n in range(3):
+        expected = pycudnnrnn.forward(xs[n], hs[n], None, params[n], **case.attrs,
+                                      is_training=False)
+        np.testing.assert_allclose(np.asarray(ours[0][n]), expected[0], rtol=1e-6, atol=1e-6)
+
+
+def test_jitted_optax_training_step_lowers_the_loss():
+    optax = pytest.importorskip("optax")
+    T, B, I, H = 12, 8, 3, 16
+    n = pycudnnrnn.params_size(num_layers=1, num_units=H, input_size=I)
+    key = jax.random.PRNGKey(0)
+    params = jax.random.uniform(key, (n,), minval=-0.3, maxval=0.3)
+    x = jax.random.normal(jax.random.PRNGKey(1), (T, B, I))
+    target = jnp.cumsum(x[..., :1], axis=0) / 4  # a running sum: needs the recurrence
+    zeros = jnp.zeros((1, B, H))
+    optimizer = optax.adam(3e-2)
+
+    def loss(p):
+        y, _, _ = rnn_jax.rnn(x, zeros, zeros, p)
+        return jnp.mean((y[..., :1] - target) ** 2)
+
+    @jax.jit
+    def step(p, state):
+        value, grad = jax.value_and_grad(loss)(p)
+        updates, state = optimizer.update(grad, state)
+        return optax.apply_updates(p, updates), state, value
+
+    state = optimizer.init(params)
+    first = None
+    for _ in range(30):
+        params, state, value = step(params, state)
+        first = value if first is None else first
+    assert float(loss(params)) < 0.5 * float(first)
+
+
+# --------------------------------------------------------------------------- errors
+
+def _args(case):
+    return [case.input, case.input_h, case.input_c, case.params, _lengths(case)]
+
+
+@pytest.mark.parametrize("index, value, error, words", [
+    (0, lambda c: c.input.astype(np.int32), TypeError, "input: expected dtype"),
+    (1, lambda c: c.input_h[:, :2], ValueError, "input_h: expected shape"),
+    (2, lambda c: c.input_c[..., :3], ValueError, "input_h: expected last dimension"),
+    (3, lambda c: c.params[:-1], ValueError, "params: expected"),
+    (4, lambda c: np.array([1.0, 2.0, 3.0]), TypeError, "sequence_lengths: expected integers"),
+    (4, lambda c: np.array([1, 2]), ValueError, "sequence_lengths: expected shape (3,)"),
+])
+def test_shape_and_dtype_errors_at_trace_time(index, value, error, words):
+    case = _case("lstm-bi-2layer-zero-lengths")
+    args = _args(case)
+    args[index] = value(case)
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        jax.jit(_jax_rnn(case)).trace(*args)  # tracing alone raises: nothing runs
+
+
+@pytest.mark.parametrize("attribute, value, error", [
+    ("rnn_mode", "lstmx", ValueError), ("direction", "both", ValueError),
+    ("num_proj", 9, ValueError), ("dropout", 1.0, ValueError), ("time_major", 1, TypeError),
+    ("seed", 1.5, TypeError),
+])
+def test_attribute_errors_name_the_attribute(attribute, value, error):
+    case = _case("lstm-bi-2layer-zero-lengths")
+    with pytest.raises(error, match=attribute):
+        jax.jit(_jax_rnn(case, **{attribute: value})).trace(*_args(case))
+
+
+def test_known_lengths_out_of_range_raise_at_the_call():
+    case = _case("lstm-bi-2layer-zero-lengths")
+    args = _args(case)
+    args[4] = np.array([1, 9, 0], np.int32)
+    with pytest.raises(ValueError, match=r"sequence_lengths: expected values in \[0, 4\]"):
+        _jax_rnn(case)(*args)
+
+
+def test_handler_error_surfaces_as_python_exception_with_our_message():
+    case = _case("lstm-bi-2layer-zero-lengths")
+    f = jax.jit(_jax_rnn(case))
+    args = _args(case)
+    args[4] = np.array([1, 9, 0], np.int32)  # traced under jit: only the handler sees 9
+    with pytest.raises(Exception, match=r"sequence_lengths: expected values in \[0, 4\] "
+                                        r"\(max_time\), got 9 at index 1") as info:
+        jax.block_until_ready(f(*args))
+    assert "INVALID_ARGUMENT" in str(info.value)
+    _assert_same(f(*_args(case)), case.forward()[:3])  # and the next call is fine
+
+
+def test_import_pycudnnrnn_does_not_import_jax():
+    code = "import sys, pycudnnrnn; sys.exit('jax' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+# --------------------------------------------------------------------------- the C mirror
+
+_STRUCTS = ["XLA_FFI_Extension_Base", "XLA_FFI_Api_Version", "XLA_FFI_Error_Create_Args",
+            "XLA_FFI_Buffer", "XLA_FFI_ByteSpan", "XLA_FFI_Scalar", "XLA_FFI_Array",
+            "XLA_FFI_Args", "XLA_FFI_Rets", "XLA_FFI_Attrs", "XLA_FFI_Stream_Get_Args",
+            "XLA_FFI_DeviceOrdinal_Get_Args", "XLA_FFI_Metadata", "XLA_FFI_Metadata_Extension",
+            "XLA_FFI_Api", "XLA_FFI_CallFrame"]
+
+
+def test_ctypes_structs_match_the_c_header_jaxlib_ships(tmp_path):
+    """Size, and every field's offset and size, of each mirrored struct as C sees them."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to read xla/ffi/api/c_api.h with")
+    lines, expected = [], {}
+    for name in _STRUCTS:
+        struct = getattr(xla_ffi, name)
+        expected[f"{name} size"] = ctypes.sizeof(struct)
+        lines.append(f'printf("{name} size %zu\\n", sizeof({name}));')
+        for field, *_ in struct._fields_:
+            descriptor = getattr(struct, field)
+            expected[f"{name}.{field} at"] = descriptor.offset
+            expected[f"{name}.{field} size"] = descriptor.size
+            lines.append(f'printf("{name}.{field} at %zu\\n", offsetof({name}, {field}));')
+            lines.append(f'printf("{name}.{field} size %zu\\n", sizeof((({name}*)0)->{field}));')
+    source = tmp_path / "layout.c"
+    source.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"xla/ffi/api/c_api.h\"\n"
+                      "int main(void) {\n" + "\n".join(lines) + "\nreturn 0; }\n")
+    binary = tmp_path / "layout"
+    subprocess.run([compiler, "-I", jax.ffi.include_dir(), str(source), "-o", str(binary)],
+                   check=True)
+    printed = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
+    seen = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in printed.splitlines()}
+    assert seen == expected
+
+
+def test_jax_experimental_rnn_weights_are_our_params():
+    """jax.experimental.rnn.lstm's weights are cuDNN's weight space, so our params as they are."""
+    from jax.experimental import rnn as jax_rnn
+    I, H, L = 3, 5, 2
+    for bidirectional in (False, True):
+        direction = "bidirectional" if bidirectional else "unidirectional"
+        size = dict(num_layers=L, num_units=H, input_size=I, direction=direction)
+        params = np.arange(pycudnnrnn.params_size(**size), dtype=np.float32)
+        assert params.size == jax_rnn.get_num_params_in_lstm(I, H, L, bidirectional)
+        weights, biases = pycudnnrnn.params_to_canonical(params, **size)
+        W_ih, W_hh, b_ih, b_hh = jax_rnn.unpack_lstm_weights(params, I, H, L, bidirectional)
+        for k in range(L * (2 if bidirectional else 1)):
+            gates = slice(8 * k, 8 * k + 4), slice(8 * k + 4, 8 * k + 8)
+            for ours, theirs in ((weights, (W_ih, W_hh)), (biases, (b_ih, b_hh))):
+                for part, table in zip(gates, theirs):
+                    np.testing.assert_array_equal(np.concatenate(ours[part]), table[k])
+
+
+# --------------------------------------------------------------------------- bfloat16
+
+def test_bfloat16_jit_equals_numpy_backend():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    case = make_case(rnn_mode="gru", direction="bidirectional", lengths="zero",
+                     dtype=ml_dtypes.bfloat16)
+    try:
+        expected = case.forward()
+    except TypeError as exc:  # a NumPy backend without bfloat16
+        pytest.skip(f"this pycudnnrnn has no bfloat16: {exc}")
+    ours = jax.jit(_jax_rnn(case))(*_args(case))
+    assert ours[0].dtype == jnp.bfloat16
+    _assert_same(ours, expected[:3])
+
+
+# --------------------------------------------------------------------------- GPU
+
+def _cuda_device():
+    try:
+        return jax.devices("cuda")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no CUDA device")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-zero-lengths", "gru-bi-ragged",
+                                  "lstm-projection-bi", "rnn_relu-batch-major"])
+def test_gpu_jit_and_grad_equal_numpy_backend(name):
+    device = _cuda_device()
+    case = make_case(dtype=np.float64, **CONFIGS[name])
+    as_f32 = lambda a: None if a is None else jax.device_put(a.astype(np.float32), device)  # noqa
+    args = [as_f32(a) for a in _args(case)[:4]] + [_lengths(case)]
+    fwd = case.forward()
+    ours = jax.jit(_jax_rnn(case))(*args)
+    for a, b in zip(ours, fwd[:3]):
+        assert list(a.devices())[0].platform == "gpu"
+        np.testing.assert_allclose(np.asarray(a), b, rtol=2e-4, atol=2e-4)
+    lstm = case.attrs["rnn_mode"] == "lstm"
+    dy, dh, dc = _loss_weights(case, fwd[:3])
+
+    def loss(x, h, c, p):
+        y, hy, cy = _jax_rnn(case)(x, h, c, p, args[4])
+        return jnp.sum(y * dy) + jnp.sum(hy * dh) + (jnp.sum(cy * dc) if lstm else 0.0)
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 3)))(args[0], args[1], args[2], args[3])
+    expected = case.backprop(fwd, dy.astype(np.float64), dh.astype(np.float64),
+                             dc.astype(np.float64) if lstm else np.zeros((0,)))
+    for ours_g, theirs in zip(grads, (expected[0], expected[1], expected[3])):
+        np.testing.assert_allclose(np.asarray(ours_g), theirs, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_equals_jax_experimental_rnn_lstm_on_shared_weights():
+    from jax.experimental import rnn as jax_rnn
+    device = _cuda_device()
+    B, T, I, H, L = 4, 7, 5, 8, 2
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    x = jax.device_put(jax.random.normal(keys[0], (B, T, I)), device)
+    h0 = jax.device_put(jax.random.normal(keys[1], (2 * L, B, H)), device)
+    c0 = jax.device_put(jax.random.normal(keys[2], (2 * L, B, H)), device)
+    weights = jax_rnn.init_lstm_weight(keys[3], I, H, L, True)
+    lengths = jnp.array([7, 3, 5, 1], jnp.int32)
+    with jax.default_matmul_precision("highest"):  # no TF32 in JAX's LSTM either
+        theirs = jax.jit(lambda *a: jax_rnn.lstm(*a, I, H, L, 0.0, True))(
+            x, h0, c0, weights, lengths)
+    ours = jax.jit(lambda x, h, c, w, n: rnn_jax.rnn(
+        x, jnp.swapaxes(h, 0, 1), jnp.swapaxes(c, 0, 1), w, n, direction="bidirectional",
+        time_major=False))(x, h0, c0, weights, lengths)
+    np.testing.assert_allclose(np.asarray(ours[0]), np.asarray(theirs[0]), rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(np.asarray(ours[1]).swapaxes(0, 1), np.asarray(theirs[1]),
+                               rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(np.asarray(ours[2]).swapaxes(0, 1), np.asarray(theirs[2]),
+                               rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_bfloat16_runs_and_is_close_to_float32():
+    device = _cuda_device()
+    case = make_case(rnn_mode="lstm", direction="bidirectional", lengths="zero",
+                     dtype=np.float32)
+    args32 = [None if a is None else jax.device_put(a, device) for a in _args(case)[:4]]
+    args16 = [None if a is None else a.astype(jnp.bfloat16) for a in args32]
+    f = jax.jit(_jax_rnn(case))
+    ours16 = f(*args16, _lengths(case))
+    ours32 = f(*[None if a is None else a.astype(jnp.float32) for a in args16], _lengths(case))
+    assert ours16[0].dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(ours16[0], np.float32), np.asarray(ours32[0]),
+                               rtol=2e-2, atol=2e-2)

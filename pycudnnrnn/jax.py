@@ -32,6 +32,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from . import checks, ffi_targets, numpy_backend
+from .errors import CudnnUnavailableError
 from .ffi_targets import BACKPROP, FORWARD
 
 __all__ = ["rnn"]
@@ -93,7 +94,10 @@ def _reserve_nbytes(problem) -> int:
         return 0
     nbytes = numpy_backend.reserve_nbytes(problem)
     if _has_cuda():
-        nbytes = max(nbytes, ffi_targets.cuda_sizes(problem))
+        try:
+            nbytes = max(nbytes, ffi_targets.cuda_sizes(problem))
+        except CudnnUnavailableError:
+            pass  # JAX has a GPU but we cannot use it: the CUDA handler will say why
     return nbytes
 
 

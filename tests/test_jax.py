@@ -414,3 +414,18 @@ def test_gpu_bfloat16_runs_and_is_close_to_float32():
     assert ours16[0].dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(ours16[0], np.float32), np.asarray(ours32[0]),
                                rtol=2e-2, atol=2e-2)
+
+
+def test_docs_examples_run():
+    """The Python examples of docs/jax.md run, in order, as shown."""
+    pytest.importorskip("optax")
+    import re
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "docs", "jax.md")
+    blocks = re.findall(r"```python\n(.*?)```", open(path, encoding="utf-8").read(), flags=re.S)
+    assert len(blocks) >= 5
+    namespace = {}
+    for block in blocks:
+        exec(compile(block, path, "exec"), namespace)
+    assert namespace["ys"].shape == (3, 10, 4, 32)
+    assert namespace["y"].shape == (4, 10, 32)

@@ -429,3 +429,135 @@ def test_docs_examples_run():
         exec(compile(block, path, "exec"), namespace)
     assert namespace["ys"].shape == (3, 10, 4, 32)
     assert namespace["y"].shape == (4, 10, 32)
+
+
+# --------------------------------------------------------------------------- handlers without XLA
+
+class _ReserveFollowsCopies(dict):
+    """The stand-in cuDNN keeps what a forward computed under its reserve's address. The
+    handler copies the backend's reserve into XLA's buffer, so the address changes: as on a
+    real GPU, where a reserve space is data, not addresses (XLA copies residuals, e.g. when
+    lax.scan stacks them, and JAX's own cuDNN LSTM relies on it), the one forward's state
+    must be found at its new address."""
+
+    def __missing__(self, address):
+        [state] = self.values()
+        return state
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """fake_cuda's stand-in GPU, plus the CuPy pieces the CUDA handlers use (views of raw
+    pointers, XLA's stream made current); yields the streams cuDNN's handle was set to."""
+    from fake_cuda import FakeCudnn, FakeCupy
+    from pycudnnrnn import cudnn_backend
+    from pycudnnrnn.cudnn import descriptors
+    fake_cupy, fake_api, streams = FakeCupy(), FakeCudnn(), []
+    current = [fake_cupy.cuda.get_current_stream()]
+
+    class ExternalStream:
+        def __init__(self, ptr, device_id):
+            self.ptr, self.device_id = ptr, device_id
+
+        def __enter__(self):
+            current.append(self)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    def memory_pointer(memory, offset):
+        assert offset == 0
+        return memory
+
+    fake_cupy.cuda.ExternalStream = ExternalStream
+    fake_cupy.cuda.get_current_stream = lambda: current[-1]
+    fake_cupy.cuda.UnownedMemory = lambda ptr, size, owner, device: \
+        (ctypes.c_char * size).from_address(ptr)
+    fake_cupy.cuda.MemoryPointer = memory_pointer
+    fake_api._cudnnSetStream = lambda handle, stream: streams.append(stream)
+    fake_api.state = _ReserveFollowsCopies()
+    monkeypatch.setattr(cudnn_backend, "_cupy", lambda: fake_cupy)
+    monkeypatch.setattr(cudnn_backend, "api", lambda: fake_api)
+    monkeypatch.setattr(descriptors, "api", lambda: fake_api)
+    monkeypatch.setattr(cudnn_backend, "_local", type(cudnn_backend._local)())
+    cudnn_backend.clear_caches()
+    yield streams
+    cudnn_backend.clear_caches()
+
+
+def _op(case, **overrides):
+    return rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs,
+                          **overrides})
+
+
+def _forward_frame(case, op, reserve_nbytes, lengths=None):
+    from fake_xla import FakeCallFrame
+    lengths = _lengths(case) if lengths is None else lengths
+    operands = [a for a in (case.input, case.input_h, case.input_c, case.params, lengths)
+                if a is not None]
+    expected = case.forward()
+    results = [np.full(e.shape, np.nan, e.dtype) for e in expected[:3] if e.size]
+    results.append(np.zeros(reserve_nbytes, np.uint8))
+    return FakeCallFrame(operands, results, op.attributes(lengths is not None)), expected, results
+
+
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-zero-lengths", "gru-skip-input-batch-major"])
+def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name):
+    from fake_xla import FakeCallFrame
+    from pycudnnrnn import ffi_targets, numpy_backend
+    case = _case(name)
+    op = _op(case)
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    nbytes = max(numpy_backend.reserve_nbytes(problem), ffi_targets.cuda_sizes(problem))
+    stand_in_gpu.clear()  # cuda_sizes ran on the default stream, as at trace time
+    frame, expected, results = _forward_frame(case, op, nbytes)
+    assert frame.call(xla_ffi.make_handler(ffi_targets.cuda_forward)) is None, frame.errors
+    _assert_same(results[:-1], [e for e in expected[:3] if e.size])
+    assert frame.asked == ["XLA_FFI_DeviceOrdinal_Get", "XLA_FFI_Stream_Get"]
+    assert stand_in_gpu and set(stand_in_gpu) == {frame.stream}  # cuDNN ran on XLA's stream
+
+    lstm = op.lstm
+    dy, dh, dc = _loss_weights(case, expected[:3])
+    outputs = results[:-1]
+    operands = [a for a in (case.input, case.input_h, case.input_c, case.params,
+                            _lengths(case)) if a is not None]
+    operands += outputs + [dy, dh] + ([dc] if lstm else []) + [results[-1]]
+    grads = [np.full(a.shape, np.nan, a.dtype) for a in (case.input, case.input_h,
+                                                           case.input_c, case.params)
+             if a is not None]
+    backward = FakeCallFrame(operands, grads, op.attributes(case.sequence_lengths is not None))
+    assert backward.call(xla_ffi.make_handler(ffi_targets.cuda_backprop)) is None, \
+        backward.errors
+    reference = case.backprop(expected, dy, dh, dc if lstm else np.zeros((0,), np.float32))
+    reference = [r for r in reference if r.size]
+    for ours, theirs in zip(grads, reference):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_handler_errors_and_metadata_without_xla():
+    from pycudnnrnn import ffi_targets, numpy_backend
+    case = _case("lstm-bi-2layer-zero-lengths")
+    op = _op(case)
+    handler = xla_ffi.make_handler(ffi_targets.cpu_forward)
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    nbytes = numpy_backend.reserve_nbytes(problem)
+
+    frame, _, results = _forward_frame(case, op, nbytes, lengths=np.array([1, 9, 0], np.int32))
+    assert frame.call(handler) == frame.ERROR
+    [(message, code)] = frame.errors
+    assert code == xla_ffi.ErrorCode.INVALID_ARGUMENT
+    assert message.startswith("ValueError: sequence_lengths: expected values in [0, 4]")
+
+    frame, _, results = _forward_frame(case, op, nbytes - 1)  # XLA gave too little room
+    assert frame.call(handler) == frame.ERROR
+    assert "reserve_space: the backend needs" in frame.errors[0][0]
+
+    frame, expected, results = _forward_frame(case, op, nbytes)
+    metadata = frame.metadata
+    frame.frame.extension_start = ctypes.cast(ctypes.pointer(xla_ffi.XLA_FFI_Metadata_Extension(
+        xla_ffi.XLA_FFI_Extension_Base(0, xla_ffi.ExtensionType.METADATA, None),
+        ctypes.pointer(metadata))), ctypes.POINTER(xla_ffi.XLA_FFI_Extension_Base))
+    assert frame.call(handler) is None
+    assert (metadata.api_version.major_version, metadata.api_version.minor_version) == \
+        xla_ffi.API_VERSION
+    assert np.isnan(results[0]).all()  # a metadata query runs nothing

@@ -199,7 +199,19 @@ def _inference(op: _Op, has_lengths: bool):
                         for y in outputs)
         return outputs, (True,) * len(outputs)
 
-    return forward
+    # custom_vmap functions cannot be differentiated; say why in our words, not JAX's.
+    inference = jax.custom_vjp(lambda *operands: forward(*operands))
+
+    def cannot_differentiate(*operands):
+        raise ValueError("is_training: rnn(..., is_training=False) cannot be differentiated "
+                         "(inference keeps no reserve_space for backprop); use "
+                         "is_training=True, the default")
+
+    def unreachable(residuals, cotangents):  # the forward rule has raised already
+        raise AssertionError("unreachable")
+
+    inference.defvjp(cannot_differentiate, unreachable)
+    return inference
 
 
 # --------------------------------------------------------------------------- gradients

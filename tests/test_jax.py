@@ -328,14 +328,19 @@ def test_jax_experimental_rnn_weights_are_our_params():
 
 # --------------------------------------------------------------------------- bfloat16
 
-def test_bfloat16_jit_equals_numpy_backend():
+def _bfloat16_forward_or_skip(**options):
+    """A bfloat16 case and its NumPy-backend forward; skips where the backend has none."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    case = make_case(rnn_mode="gru", direction="bidirectional", lengths="zero",
-                     dtype=ml_dtypes.bfloat16)
+    case = make_case(dtype=ml_dtypes.bfloat16, **options)
     try:
-        expected = case.forward()
+        return case, case.forward()
     except TypeError as exc:  # a NumPy backend without bfloat16
         pytest.skip(f"this pycudnnrnn has no bfloat16: {exc}")
+
+
+def test_bfloat16_jit_equals_numpy_backend():
+    case, expected = _bfloat16_forward_or_skip(rnn_mode="gru", direction="bidirectional",
+                                               lengths="zero")
     ours = jax.jit(_jax_rnn(case))(*_args(case))
     assert ours[0].dtype == jnp.bfloat16
     _assert_same(ours, expected[:3])
@@ -404,6 +409,7 @@ def test_gpu_equals_jax_experimental_rnn_lstm_on_shared_weights():
 @pytest.mark.gpu
 def test_gpu_bfloat16_runs_and_is_close_to_float32():
     device = _cuda_device()
+    _bfloat16_forward_or_skip()
     case = make_case(rnn_mode="lstm", direction="bidirectional", lengths="zero",
                      dtype=np.float32)
     args32 = [None if a is None else jax.device_put(a, device) for a in _args(case)[:4]]
@@ -561,3 +567,11 @@ def test_handler_errors_and_metadata_without_xla():
     assert (metadata.api_version.major_version, metadata.api_version.minor_version) == \
         xla_ffi.API_VERSION
     assert np.isnan(results[0]).all()  # a metadata query runs nothing
+
+
+def test_inference_cannot_be_differentiated_and_says_so():
+    case = _case("gru-bi-ragged")
+    f = _jax_rnn(case, is_training=False)
+    loss = lambda p: jnp.sum(f(case.input, case.input_h, None, p, _lengths(case))[0])  # noqa
+    with pytest.raises(ValueError, match="is_training=False.*cannot be differentiated"):
+        jax.grad(loss)(case.params)

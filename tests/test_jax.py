@@ -41,7 +41,7 @@ CONFIGS = {
 
 
 def _case(name, **extra):
-    return make_case(dtype=np.float32, **{**CONFIGS[name], **extra})
+    return make_case(**{"dtype": np.float32, **CONFIGS[name], **extra})
 
 
 def _lengths(case):
@@ -64,6 +64,15 @@ def test_jit_equals_numpy_backend(name):
     f = jax.jit(_jax_rnn(case))
     ours = f(case.input, case.input_h, case.input_c, case.params, _lengths(case))
     _assert_same(ours, case.forward()[:3])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_other_dtypes_equal_numpy_backend(dtype):
+    case = _case("gru-bi-ragged", dtype=np.dtype(dtype))
+    with jax.enable_x64(dtype == "float64"):  # JAX keeps float64 only with x64 on
+        ours = jax.jit(_jax_rnn(case))(*_args(case))
+        assert ours[0].dtype == np.dtype(dtype)
+        _assert_same(ours, case.forward()[:3])
 
 
 def test_inference_equals_numpy_backend_and_eager_call_works():

@@ -118,8 +118,11 @@ def _check_lengths(sequence_lengths, batch_size, max_time):
 
 # --------------------------------------------------------------------------- the two calls
 
-def _forward_call(op: _Op, *operands, vmap_method="sequential"):
-    """The forward custom call on operands in ``ffi_targets.operand_names`` order."""
+def _forward_call(op: _Op, *operands):
+    """The forward custom call on operands in ``ffi_targets.operand_names`` order.
+
+    Under ``vmap`` XLA makes one call per element (see ``_inference`` for the fold).
+    """
     input, input_h = operands[:2]
     input_c = operands[2] if op.lstm else None
     params = operands[3 if op.lstm else 2]
@@ -133,7 +136,7 @@ def _forward_call(op: _Op, *operands, vmap_method="sequential"):
         results.append(jax.ShapeDtypeStruct(problem.state_shape(c.num_units), dtype))
     results.append(jax.ShapeDtypeStruct((_reserve_nbytes(problem),), jnp.uint8))
     register()
-    return jax.ffi.ffi_call(FORWARD, results, vmap_method=vmap_method)(
+    return jax.ffi.ffi_call(FORWARD, results, vmap_method="sequential")(
         *operands, **op.attributes(has_lengths))
 
 
@@ -152,7 +155,7 @@ def _backprop_call(op: _Op, has_lengths: bool, *operands):
 
 def _batch_axis(name: str, time_major: bool) -> int:
     """The batch axis of an unmapped operand or result."""
-    if name in ("sequence_lengths",):
+    if name == "sequence_lengths":
         return 0
     return 1 if time_major else 0
 
@@ -194,7 +197,7 @@ def _inference(op: _Op, has_lengths: bool):
             if not mapped:
                 x = jnp.broadcast_to(x, (axis_size,) + x.shape)
             folded.append(_fold(x, _batch_axis(name, op.time_major)))
-        outputs = _forward_call(op, *folded)[:-1]
+        outputs = forward(*folded)  # itself: a vmap of a vmap folds twice
         outputs = tuple(_unfold(y, _batch_axis("output", op.time_major), axis_size)
                         for y in outputs)
         return outputs, (True,) * len(outputs)

@@ -141,6 +141,13 @@ def _mapped_problem(N=3, time_major=True):
     return cases[0], stack("input"), stack("input_h"), lengths
 
 
+def _one_call_no_loop(f, *args):
+    """Whether `f` lowers to one forward custom call and no loop (a sequential vmap of a
+    custom call lowers to a while loop around it)."""
+    text = jax.jit(f).lower(*args).as_text()
+    return text.count("pycudnnrnn_forward") == 1 and "while" not in text
+
+
 @pytest.mark.parametrize("time_major", [True, False])
 def test_vmap_inference_folds_into_one_call_and_equals_a_loop(time_major):
     case, xs, hs, lengths = _mapped_problem(time_major=time_major)
@@ -152,8 +159,7 @@ def test_vmap_inference_folds_into_one_call_and_equals_a_loop(time_major):
                                       **case.attrs, is_training=False)
         np.testing.assert_allclose(np.asarray(ours[0][n]), expected[0], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(np.asarray(ours[1][n]), expected[1], rtol=1e-6, atol=1e-6)
-    text = str(jax.make_jaxpr(jax.vmap(f))(xs, hs, lengths))
-    assert text.count("pycudnnrnn_forward") == 1 and "while" not in text  # one folded call
+    assert _one_call_no_loop(jax.vmap(f), xs, hs, lengths)
     # An unmapped state is shared by every element.
     shared = jax.vmap(f, in_axes=(0, None, 0))(xs, hs[0], lengths)
     expected = pycudnnrnn.forward(xs[1], hs[0], None, case.params, lengths[1], **case.attrs,
@@ -587,3 +593,15 @@ def test_inference_cannot_be_differentiated_and_says_so():
     loss = lambda p: jnp.sum(f(case.input, case.input_h, None, p, _lengths(case))[0])  # noqa
     with pytest.raises(ValueError, match="is_training=False.*cannot be differentiated"):
         jax.grad(loss)(case.params)
+
+
+def test_vmap_of_vmap_folds_both_axes_into_one_call():
+    case, xs, hs, lengths = _mapped_problem(N=2)
+    f = lambda x, h: _jax_rnn(case, is_training=False)(x, h, None, case.params, None)  # noqa
+    xss, hss = np.stack([xs, -xs]), np.stack([hs, hs])
+    twice = jax.vmap(jax.vmap(f))
+    ours = jax.jit(twice)(xss, hss)
+    expected = pycudnnrnn.forward(xss[1, 0], hss[1, 0], None, case.params, **case.attrs,
+                                  is_training=False)
+    np.testing.assert_allclose(np.asarray(ours[0][1, 0]), expected[0], rtol=1e-6, atol=1e-6)
+    assert _one_call_no_loop(twice, xss, hss)

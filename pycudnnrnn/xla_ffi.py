@@ -476,13 +476,14 @@ def make_handler(execute):
                 return None
             execute(call_frame)
             return None
-        except Exception as exc:  # noqa: BLE001: every failure must become an XLA error
-            code = ErrorCode.INVALID_ARGUMENT if isinstance(exc, (ValueError, TypeError)) \
-                else ErrorCode.INTERNAL
-            detail = "" if isinstance(exc, (ValueError, TypeError)) else \
-                "\n" + "".join(traceback.format_exception(exc)[-3:])
+        except BaseException as exc:  # noqa: BLE001: even Ctrl-C must become an XLA error,
+            # or ctypes would print it and report success over unwritten results
+            bad_input = isinstance(exc, (ValueError, TypeError))
+            code = ErrorCode.INVALID_ARGUMENT if bad_input else ErrorCode.INTERNAL
+            detail = "" if bad_input else "\n" + "".join(traceback.format_exception(exc)[-3:])
             try:
                 return error(call_frame, f"{type(exc).__name__}: {exc}{detail}", code)
-            except Exception:  # noqa: BLE001: nothing left to report with
+            except BaseException:  # noqa: BLE001: no way left to tell XLA; tell the user
+                traceback.print_exc()
                 return None
     return HANDLER(handler)

@@ -111,6 +111,15 @@ def test_grad_through_jit_equals_backprop(name):
         np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
 
 
+def test_grad_under_checkpoint_recomputes_the_same_forward():
+    case = _case("lstm-dropout")  # dropout: the recomputed forward must draw the same masks
+    f = _jax_rnn(case)
+    loss = lambda p: jnp.sum(f(case.input, case.input_h, case.input_c, p,  # noqa: E731
+                               _lengths(case))[0] ** 2)
+    np.testing.assert_array_equal(jax.jit(jax.grad(jax.checkpoint(loss)))(case.params),
+                                  jax.jit(jax.grad(loss))(case.params))
+
+
 def test_scan_over_chunks_equals_one_call_values_and_grads():
     case = make_case(rnn_mode="lstm", num_layers=2, T=6, B=3, dtype=np.float32)
     f = _jax_rnn(case)
@@ -571,6 +580,13 @@ def test_handler_errors_and_metadata_without_xla():
     [(message, code)] = frame.errors
     assert code == xla_ffi.ErrorCode.INVALID_ARGUMENT
     assert message.startswith("ValueError: sequence_lengths: expected values in [0, 4]")
+
+    def interrupted(call_frame):
+        raise KeyboardInterrupt
+    frame, _, results = _forward_frame(case, op, nbytes)
+    assert frame.call(xla_ffi.make_handler(interrupted)) == frame.ERROR  # not "success"
+    assert frame.errors[0][0].startswith("KeyboardInterrupt")
+    assert frame.errors[0][1] == xla_ffi.ErrorCode.INTERNAL
 
     frame, _, results = _forward_frame(case, op, nbytes - 1)  # XLA gave too little room
     assert frame.call(handler) == frame.ERROR

@@ -74,10 +74,16 @@ class _Op:
         return self.rnn_mode == "lstm"
 
     def attributes(self, has_lengths: bool) -> dict:
-        """The custom call's attributes, typed as the handlers read them."""
+        """The custom call's attributes, typed as the handlers read them.
+
+        Only the low 32 bits of each seed reach the dropout seed
+        (``(seed << 32) | (seed2 & 0xffffffff)`` in 64 bits), so only they are passed:
+        any Python int fits an i64 attribute that way.
+        """
         return dict(rnn_mode=self.rnn_mode, input_mode=self.input_mode,
                     direction=self.direction, dropout=np.float64(self.dropout),
-                    seed=np.int64(self.seed), seed2=np.int64(self.seed2),
+                    seed=np.int64(self.seed & 0xFFFFFFFF),
+                    seed2=np.int64(self.seed2 & 0xFFFFFFFF),
                     num_proj=np.int64(self.num_proj), time_major=np.bool_(self.time_major),
                     is_training=np.bool_(self.is_training), has_lengths=np.bool_(has_lengths))
 

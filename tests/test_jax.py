@@ -75,6 +75,14 @@ def test_other_dtypes_equal_numpy_backend(dtype):
         _assert_same(ours, case.forward()[:3])
 
 
+def test_any_int_seeds_give_the_eager_masks():
+    case = _case("lstm-dropout")
+    seeds = dict(seed=-(2 ** 40) - 5, seed2=2 ** 64 + 7)  # beyond int64 and negative
+    ours = jax.jit(_jax_rnn(case, **seeds))(*_args(case))
+    _assert_same(ours, case.forward(**seeds)[:3])
+    assert not np.array_equal(np.asarray(ours[0]), case.forward()[0])  # the seeds matter
+
+
 def test_inference_equals_numpy_backend_and_eager_call_works():
     case = _case("lstm-bi-2layer-zero-lengths")
     expected = case.forward(is_training=False)[:3]

@@ -4,9 +4,11 @@ The functional API mirrors TensorFlow's ``CudnnRNNV3`` / ``CudnnRNNBackpropV3`` 
 ``forward`` and ``backprop`` over an opaque ``params_size``-long buffer,
 which ``canonical_to_params`` and ``params_to_canonical`` convert. NumPy arrays
 run on the CPU backend; CuPy arrays, and any DLPack array on a CUDA device, on cuDNN.
+``RNNPlan`` builds everything a call needs once, for calls at cuDNN's own speed.
 """
 
 from .api import backprop, canonical_to_params, forward, params_size, params_to_canonical
+from .plan import RNNPlan
 from .errors import (CudnnBadParamError, CudnnError, CudnnExecutionFailedError,
                      CudnnInternalError, CudnnNotInitializedError, CudnnNotSupportedError,
                      CudnnUnavailableError)
@@ -14,13 +16,13 @@ from .errors import (CudnnBadParamError, CudnnError, CudnnExecutionFailedError,
 
 def set_allow_tf32(enabled: bool) -> None:
     """Let float32 RNNs on the GPU use TF32 tensor cores (off by default: strict FP32)."""
-    from . import cudnn_backend
-    cudnn_backend.set_allow_tf32(enabled)
+    from . import gpu
+    gpu.set_allow_tf32(enabled)
 
 
 __version__ = "0.1.0"
 
 __all__ = ["params_size", "canonical_to_params", "params_to_canonical", "forward", "backprop",
-           "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
+           "RNNPlan", "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
            "CudnnNotInitializedError", "CudnnInternalError", "CudnnExecutionFailedError",
            "CudnnUnavailableError", "__version__"]

@@ -1,6 +1,8 @@
 """The public functions: find the backend, check the arguments, run the backend.
 
-Data flows one way: public function → ``pycudnnrnn.checks`` → backend → result.
+Data flows one way: public function → ``pycudnnrnn.checks`` → backend → result; ``forward``
+and ``backprop`` go through a cached ``pycudnnrnn.plan.RNNPlan`` (checked in full when
+the plan is built, by shape, dtype and device on every call).
 The backend follows the arrays: CPU arrays (NumPy, or DLPack arrays on the CPU) run on
 ``pycudnnrnn.numpy_backend``; CUDA arrays (CuPy, or anything whose
 ``__dlpack_device__`` is CUDA) on cuDNN.
@@ -10,37 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks, layout
-
-
-# DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
-_DLPACK_CPU = 1
-_DLPACK_CUDA = (2, 13)
-
-
-def _device_kind(name, array, strict=True):
-    """"cpu" or "cuda", from the array's ``__dlpack_device__`` (NumPy arrays are "cpu").
-
-    Anything that is neither a NumPy array nor a DLPack array on the CPU or a CUDA device
-    is a TypeError (or "other" when not `strict`).
-    """
-    dlpack_device = getattr(array, "__dlpack_device__", None)
-    if dlpack_device is not None:
-        try:
-            device_type = int(dlpack_device()[0])
-        except Exception:  # a __dlpack_device__ that fails says nothing useful
-            device_type = None
-        if device_type in _DLPACK_CUDA:
-            return "cuda"
-        if device_type == _DLPACK_CPU and hasattr(array, "__dlpack__"):
-            return "cpu"
-    if isinstance(array, np.ndarray):
-        return "cpu"
-    if not strict:
-        return "other"
-    raise TypeError(f"{name}: expected a NumPy array, a CUDA array (CuPy, or any array with "
-                    f"__dlpack__ on a CUDA device) or a DLPack array on the CPU, got "
-                    f"{type(array).__module__}.{type(array).__qualname__}")
+from . import checks, gpu, layout, plan
+from .arrays import device_kind as _device_kind
+from .arrays import from_dlpack_like as _from_dlpack_like
+from .arrays import host_lengths
 
 
 class _Route:
@@ -59,16 +34,14 @@ class _Route:
             detail = ", ".join(f"{n} on {k}" for n, k in kinds.items())
             raise TypeError(f"arrays must all be NumPy (CPU) or all CUDA, got {detail}")
         self.cuda = "cuda" in kinds.values()
+        self.device = None  # a CUDA device number when on the GPU
         self.template = next((a for a in arrays.values() if a is not None), None)
         if not self.cuda:
-            from . import numpy_backend
-            self.backend, self.xp = numpy_backend, np
+            self.xp = np
             self.arrays = {n: a if a is None or isinstance(a, np.ndarray) else np.from_dlpack(a)
                            for n, a in arrays.items()}
             return
-        from . import cudnn_backend
-        self.backend = cudnn_backend
-        self.xp = cupy = cudnn_backend._cupy()
+        self.xp = cupy = gpu.cupy()
         self.arrays = {n: a if a is None or isinstance(a, cupy.ndarray) else cupy.from_dlpack(a)
                        for n, a in arrays.items()}
         devices = {n: a.device.id for n, a in self.arrays.items() if a is not None}
@@ -83,40 +56,6 @@ class _Route:
             return results
         wrap = _from_dlpack_like(self.template)
         return tuple(wrap(r) for r in results)
-
-    def run(self, function, *args):
-        """Call the backend on the arrays' device."""
-        if not self.cuda:
-            return function(*args)
-        with self.xp.cuda.Device(self.device):
-            return function(*args)
-
-
-def _from_dlpack_like(template):
-    """A function making arrays of `template`'s library from DLPack.
-
-    PyTorch and JAX are known; for anything else results stay the backend's own arrays
-    (NumPy or CuPy).
-    """
-    library = type(template).__module__.split(".")[0]
-    if library == "torch":
-        import torch
-        return torch.from_dlpack
-    if library in ("jax", "jaxlib"):
-        import jax.numpy as jnp
-        return jnp.from_dlpack
-    return lambda array: array
-
-
-def host_lengths(sequence_lengths):
-    """sequence_lengths as a host array (they steer the computation, so they live on the CPU)."""
-    if sequence_lengths is None or isinstance(sequence_lengths, (list, tuple, np.ndarray)):
-        return None if sequence_lengths is None else np.asarray(sequence_lengths)
-    if hasattr(sequence_lengths, "__dlpack_device__") and \
-            _device_kind("sequence_lengths", sequence_lengths, strict=False) == "cuda":
-        from .cudnn_backend import _cupy
-        return _cupy().asnumpy(_cupy().from_dlpack(sequence_lengths))
-    return np.asarray(sequence_lengths)
 
 
 def _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj):
@@ -266,13 +205,11 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
     lstm = rnn_mode == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
                         params=params))
-    a = route.arrays
-    problem = checks.check_forward(a["input"], a["input_h"], a["input_c"], a["params"],
-                                   host_lengths(sequence_lengths), rnn_mode=rnn_mode,
-                                   input_mode=input_mode, direction=direction, dropout=dropout,
-                                   seed=seed, seed2=seed2, num_proj=num_proj,
-                                   time_major=time_major, is_training=is_training)
-    return route.outputs(route.run(route.backend.forward, problem, *a.values()))
+    attributes = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                      dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
+                      time_major=time_major, is_training=is_training)
+    run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes, route.device)
+    return route.outputs(run.run_forward(route.arrays, reference="input"))
 
 
 def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
@@ -312,13 +249,8 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
                         output_h_backprop=output_h_backprop,
                         output_c_backprop=output_c_backprop if lstm else None,
                         reserve_space=reserve_space))
-    a = route.arrays
-    problem = checks.check_forward(a["input"], a["input_h"], a["input_c"], a["params"],
-                                   host_lengths(sequence_lengths), rnn_mode=rnn_mode,
-                                   input_mode=input_mode, direction=direction, dropout=dropout,
-                                   seed=seed, seed2=seed2, num_proj=num_proj, time_major=time_major,
-                                   is_training=True)
-    checks.check_backprop(problem, *[a[n] for n in ("output", "output_h", "output_c",
-                                                    "output_backprop", "output_h_backprop",
-                                                    "output_c_backprop", "reserve_space")])
-    return route.outputs(route.run(route.backend.backprop, problem, *a.values()))
+    attributes = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                      dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
+                      time_major=time_major, is_training=True)
+    run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes, route.device)
+    return route.outputs(run.run_backprop(route.arrays, reference="input"))

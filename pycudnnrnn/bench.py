@@ -55,8 +55,8 @@ class Case:
 def _xp(device):
     if device == "cpu":
         return np
-    from .cudnn_backend import _cupy
-    return _cupy()
+    from .gpu import cupy
+    return cupy()
 
 
 def ours(case: Case, device: str):

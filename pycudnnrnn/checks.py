@@ -1,8 +1,11 @@
 """Every argument check, in one place, before any computation.
 
-The public functions call ``check_forward`` or ``check_backprop`` (or
-``make_config`` for the params functions) and hand the resulting ``Problem``
-to a backend, which may then trust every shape, dtype and attribute. Checks read only
+A plan is built from ``check_forward`` (a functional call's arrays) or ``make_problem``
+(an ``RNNPlan``'s sizes), the params functions from ``make_config``; the resulting
+``Problem`` goes to a backend, which may then trust every attribute. Every run checks
+its arrays against the plan with ``check_arrays`` over ``forward_shapes`` (and
+``backprop_shapes``, ``check_reserve_space``), so a backend may trust every shape and
+dtype too. Checks read only
 ``.shape``, ``.ndim`` and ``.dtype``, so they work for any array type; sequence
 lengths arrive here already on the host.
 
@@ -12,58 +15,14 @@ type), and each message names the argument, what was expected and what was given
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 
 import numpy as np
 
 from . import layout
-from .config import DIRECTIONS, INPUT_MODES, RNN_MODES, RNNConfig
+from .config import DIRECTIONS, INPUT_MODES, RNN_MODES, Problem, RNNConfig
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """A validated call: the configuration plus the data's shapes.
-
-    Attributes
-    ----------
-    config : RNNConfig
-    max_time, batch_size : int
-        T and B.
-    time_major : bool
-    dtype : numpy.dtype
-        The data's dtype (float16, float32 or float64).
-    lengths : numpy.ndarray or None
-        int64 [B] sequence lengths; None when every sequence has length T.
-    is_training : bool
-    """
-
-    config: RNNConfig
-    max_time: int
-    batch_size: int
-    time_major: bool
-    dtype: np.dtype
-    lengths: np.ndarray | None
-    is_training: bool = True
-
-    def data_shape(self, width: int) -> tuple:
-        """Shape of input/output-like data of the given last dimension."""
-        T, B = self.max_time, self.batch_size
-        return (T, B, width) if self.time_major else (B, T, width)
-
-    def state_shape(self, width: int) -> tuple:
-        """Shape of input_h/input_c-like states of the given last dimension."""
-        LD, B = self.config.num_pseudo_layers, self.batch_size
-        return (LD, B, width) if self.time_major else (B, LD, width)
-
-    @property
-    def full_lengths(self) -> np.ndarray:
-        """The lengths as an array, T for every sequence when none were given."""
-        if self.lengths is None:
-            return np.full(self.batch_size, self.max_time, dtype=np.int64)
-        return self.lengths
 
 
 def _choice(name, value, allowed):
@@ -259,26 +218,47 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
     return Problem(config, T, B, time_major, dtype, lengths, is_training)
 
 
-def check_backprop(problem: Problem, output, output_h, output_c, output_backprop,
-                   output_h_backprop, output_c_backprop, reserve_space):
-    """Validate the arguments ``pycudnnrnn.backprop`` adds to those of forward."""
+def forward_shapes(problem: Problem) -> list:
+    """(name, expected shape, what it is) of forward's arrays for `problem`."""
     c = problem.config
-    dtype = problem.dtype
+    data_what = "([T, B, input_size])" if problem.time_major else "([B, T, input_size])"
+    state_what = "([L·D, B, {}])" if problem.time_major else "([B, L·D, {}])"
+    shapes = [("input", problem.data_shape(c.input_size), data_what),
+              ("input_h", problem.state_shape(c.state_size), state_what.format("P")),
+              ("params", (layout.params_size(c),), "(params_size)")]
+    if c.is_lstm:
+        shapes.append(("input_c", problem.state_shape(c.num_units), state_what.format("H")))
+    return shapes
+
+
+def backprop_shapes(problem: Problem) -> list:
+    """(name, expected shape, what it is) of the arrays backprop adds to forward's."""
+    c = problem.config
     out_shape = problem.data_shape(c.num_dirs * c.state_size)
     h_shape = problem.state_shape(c.state_size)
     c_shape = problem.state_shape(c.num_units)
     data_what = "([T, B, D·P])" if problem.time_major else "([B, T, D·P])"
     state_what = "(the shape of input_h)"
-    checks = [("output", output, out_shape, data_what),
-              ("output_h", output_h, h_shape, state_what),
-              ("output_backprop", output_backprop, out_shape, data_what),
-              ("output_h_backprop", output_h_backprop, h_shape, state_what)]
+    shapes = [("output", out_shape, data_what), ("output_h", h_shape, state_what),
+              ("output_backprop", out_shape, data_what),
+              ("output_h_backprop", h_shape, state_what)]
     if c.is_lstm:
-        checks += [("output_c", output_c, c_shape, "(the shape of input_c)"),
-                   ("output_c_backprop", output_c_backprop, c_shape, "(the shape of input_c)")]
-    for name, array, shape, what in checks:
-        _dtype(name, array, dtype)
+        shapes += [("output_c", c_shape, "(the shape of input_c)"),
+                   ("output_c_backprop", c_shape, "(the shape of input_c)")]
+    return shapes
+
+
+def check_arrays(arrays: dict, shapes, dtype, reference="input"):
+    """Each array named in `shapes` (name, shape, what) has that shape and `dtype`
+    (`reference`'s)."""
+    for name, shape, what in shapes:
+        array = arrays[name]
+        _dtype(name, array, dtype, reference)
         _shape(name, array, shape, what)
+
+
+def check_reserve_space(reserve_space):
+    """A 1-D, non-empty reserve_space (the backend then checks its header)."""
     if reserve_space is None:
         raise TypeError("reserve_space: expected the array forward(..., is_training=True) "
                         "returned, got None")
@@ -288,3 +268,20 @@ def check_backprop(problem: Problem, output, output_h, output_c, output_backprop
     if reserve_space.shape[0] == 0:
         raise ValueError("reserve_space: expected the array forward(..., is_training=True) "
                          "returned, got an empty one (forward ran with is_training=False)")
+
+
+def make_problem(*, max_time, batch_size, sequence_lengths, dtype, time_major, is_training,
+                 **attributes) -> Problem:
+    """Validate what an ``RNNPlan`` is built from (the op's attributes and the sizes)."""
+    config = make_config(**attributes)
+    max_time = _integer("max_time", max_time, 1)
+    batch_size = _integer("batch_size", batch_size, 1)
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"dtype: expected float16, float32 or float64, got {dtype!r}") from exc
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype: expected float16, float32 or float64, got {dtype}")
+    return Problem(config, max_time, batch_size, _boolean("time_major", time_major), dtype,
+                   check_lengths(sequence_lengths, batch_size, max_time),
+                   _boolean("is_training", is_training))

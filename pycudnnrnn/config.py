@@ -2,12 +2,15 @@
 
 `RNNConfig` is built only by ``pycudnnrnn.checks`` (which validates it) and read by
 everything else: the params layout, both backends and the descriptor cache, for which
-it is the hashable key.
+it is the hashable key. `Problem` adds the data's shapes, dtype and lengths: what a
+validated call (or a plan) hands a backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 RNN_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 INPUT_MODES = ("linear_input", "skip_input", "auto_select")
@@ -82,3 +85,46 @@ class RNNConfig:
 
     def with_dropout(self, dropout: float, seed: int) -> "RNNConfig":
         return dataclasses.replace(self, dropout=dropout, seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A validated call: the configuration plus the data's shapes.
+
+    Attributes
+    ----------
+    config : RNNConfig
+    max_time, batch_size : int
+        T and B.
+    time_major : bool
+    dtype : numpy.dtype
+        The data's dtype (float16, float32 or float64).
+    lengths : numpy.ndarray or None
+        int64 [B] sequence lengths; None when every sequence has length T.
+    is_training : bool
+    """
+
+    config: RNNConfig
+    max_time: int
+    batch_size: int
+    time_major: bool
+    dtype: np.dtype
+    lengths: np.ndarray | None
+    is_training: bool = True
+
+    def data_shape(self, width: int) -> tuple:
+        """Shape of input/output-like data of the given last dimension."""
+        T, B = self.max_time, self.batch_size
+        return (T, B, width) if self.time_major else (B, T, width)
+
+    def state_shape(self, width: int) -> tuple:
+        """Shape of input_h/input_c-like states of the given last dimension."""
+        LD, B = self.config.num_pseudo_layers, self.batch_size
+        return (LD, B, width) if self.time_major else (B, LD, width)
+
+    @property
+    def full_lengths(self) -> np.ndarray:
+        """The lengths as an array, T for every sequence when none were given."""
+        if self.lengths is None:
+            return np.full(self.batch_size, self.max_time, dtype=np.int64)
+        return self.lengths

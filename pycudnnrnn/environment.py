@@ -12,8 +12,8 @@ from . import __version__
 def gpu_status():
     """(usable, detail): whether CUDA arrays can run on cuDNN here, and why not if not."""
     try:
-        from .cudnn_backend import _cupy
-        cupy = _cupy()
+        from .gpu import cupy as find_cupy
+        cupy = find_cupy()
         from .cudnn import loader
         loader.load()
         from .cudnn.descriptors import Handle

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import layout, reserve_header
-from .checks import Problem
+from .config import Problem
 
 _MAGIC = b"pycudnnrnn-cpu\x00\x01"
 _HEADER_BYTES = reserve_header.HEADER_BYTES
@@ -134,13 +134,15 @@ def _carve(buffer, problem):
 
 def _new_reserve(problem):
     buffer = np.zeros(reserve_nbytes(problem), dtype=np.uint8)
-    buffer[:_HEADER_BYTES] = np.frombuffer(reserve_header.header(problem, _MAGIC), dtype=np.uint8)
+    head = reserve_header.header(problem, _MAGIC)
+    buffer[:len(head)] = np.frombuffer(head, dtype=np.uint8)
     return buffer
 
 
 def _open_reserve(reserve_space, problem):
     """Check a reserve_space from forward belongs to this call; return its views."""
-    head = bytes(reserve_space[:_HEADER_BYTES]) if reserve_space.dtype == np.uint8 else None
+    readable = reserve_space.dtype == np.uint8
+    head = bytes(reserve_space[:reserve_header.IDENTITY_BYTES]) if readable else None
     reserve_header.check(head, reserve_space.dtype, reserve_space.shape[0],
                          reserve_nbytes(problem), problem, _MAGIC, "NumPy")
     return _carve(np.ascontiguousarray(reserve_space), problem)
@@ -440,11 +442,14 @@ def _layer_input(views, problem, x0, layer):
     return x
 
 
-def forward(problem: Problem, input, input_h, input_c, params):
-    """Forward pass on NumPy arrays; see ``pycudnnrnn.forward``."""
+def forward(problem: Problem, input, input_h, input_c, params, batch=None):
+    """Forward pass on NumPy arrays; see ``pycudnnrnn.forward``.
+
+    `batch` is the problem's ``_Batch`` when the caller (a plan) keeps one.
+    """
     c = problem.config
     cdt = _compute_dtype(problem.dtype)
-    batch = _Batch(problem)
+    batch = batch or _Batch(problem)
     x0 = batch.data_in(input, problem.time_major, cdt)
     h = batch.state_in(input_h, problem.time_major, cdt)
     cell = batch.state_in(input_c, problem.time_major, cdt) if c.is_lstm else None
@@ -475,7 +480,7 @@ def forward(problem: Problem, input, input_h, input_c, params):
 
 
 def backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,
-             output_backprop, output_h_backprop, output_c_backprop, reserve_space):
+             output_backprop, output_h_backprop, output_c_backprop, reserve_space, batch=None):
     """Backprop of data and weights on NumPy arrays; see ``pycudnnrnn.backprop``.
 
     `output`, `output_h` and `output_c` are not read: the reserve space holds what
@@ -484,7 +489,7 @@ def backprop(problem: Problem, input, input_h, input_c, params, output, output_h
     c = problem.config
     cdt = _compute_dtype(problem.dtype)
     views = _open_reserve(reserve_space, problem)
-    batch = _Batch(problem)
+    batch = batch or _Batch(problem)
     tm = problem.time_major
     x0 = batch.data_in(input, tm, cdt)
     h0 = batch.state_in(input_h, tm, cdt)

@@ -160,8 +160,8 @@ def _compare(got, want, what, tolerance):
 
 def check_gpu(cfg: CheckConfig):
     """cuDNN against the NumPy backend, at the dtype's tolerance."""
-    from .cudnn_backend import _cupy
-    cupy = _cupy()
+    from .gpu import cupy as find_cupy
+    cupy = find_cupy()
     args = make_inputs(cfg, cfg.dtype)
     fwd_cpu, _, grads_cpu = _run(cfg, args)
     gpu_args = [None if a is None else cupy.asarray(a) for a in args]

@@ -13,26 +13,29 @@ import pytest
 
 import pycudnnrnn
 from conftest import make_case
-from fake_cuda import FakeCudnn, FakeCupy, FakeDeviceArray, _device
-from pycudnnrnn import cudnn_backend
-from pycudnnrnn.cudnn import descriptors
+import fake_cuda
+from fake_cuda import FakeDeviceArray, _device
+from pycudnnrnn import cudnn_resources, plan
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    fake_cupy, fake_api = FakeCupy(), FakeCudnn()
-    monkeypatch.setattr(cudnn_backend, "_cupy", lambda: fake_cupy)
-    monkeypatch.setattr(cudnn_backend, "api", lambda: fake_api)
-    monkeypatch.setattr(descriptors, "api", lambda: fake_api)
-    monkeypatch.setattr(cudnn_backend, "_local", type(cudnn_backend._local)())
-    cudnn_backend.clear_caches()
-    yield fake_api
-    cudnn_backend.clear_caches()
+    yield fake_cuda.install(monkeypatch)
+    plan.clear_caches()
 
 
 def _to_device(case):
     return [None if a is None else _device(a) for a in (case.input, case.input_h, case.input_c,
                                                         case.params)]
+
+
+def _nan_padding(data, lengths, time_major):
+    """NaN in every step past a sequence's length (the NumPy backend ignores it)."""
+    for b, n in enumerate(lengths or []):
+        if time_major:
+            data[n:, b] = np.nan
+        else:
+            data[b, n:] = np.nan
 
 
 MODES = [("lstm", 0), ("lstm", 2), ("gru", 0), ("rnn_tanh", 0), ("rnn_relu", 0)]
@@ -47,10 +50,12 @@ def test_same_results_as_the_numpy_backend(fake_gpu, mode_proj, direction, lengt
     mode, proj = mode_proj
     case = make_case(mode, direction, num_proj=proj, num_layers=2, lengths=lengths,
                      time_major=time_major, dtype=dtype, seed=4)
+    _nan_padding(case.input, case.sequence_lengths, time_major)  # padding may hold anything
     originals = [None if a is None else a.copy() for a in _to_device(case)]
     cpu = case.forward()
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal(a.shape).astype(dtype) for a in cpu[:3]]
+    _nan_padding(grads[0], case.sequence_lengths, time_major)
     cpu_grads = case.backprop(cpu, *grads)
 
     args = _to_device(case)
@@ -101,7 +106,7 @@ def test_descriptors_are_cached_and_layout_checked_once(fake_gpu):
     layout_queries = fake_gpu.calls.count("cudnnGetRNNWeightParams")
     assert layout_queries == 4 * (2 * 4 + 1) * 1  # L·D pseudo-layers × (2G + projection), once
     assert fake_gpu.calls.count("cudnnRNNForward") == 3
-    assert len(cudnn_backend._rnn_descriptors) == 1
+    assert len(cudnn_resources._rnn_descriptors) == 1
 
 
 def test_a_layout_disagreement_is_reported(fake_gpu, monkeypatch):
@@ -136,7 +141,7 @@ def test_dropout_states_are_initialised_once_per_seed(fake_gpu):
     assert calls.count("cudnnSetDropoutDescriptor") == 3  # seeds 1 and 2, and p = 0 (no states)
     assert calls.count("cudnnRestoreDropoutDescriptor") == 1  # p = 0.5 reuses seed 1's states
     assert calls.count("cudnnDropoutGetStatesSize") == 2
-    assert len(cudnn_backend._rnn_descriptors) == 4
+    assert len(cudnn_resources._rnn_descriptors) + len(cudnn_resources._dropout_rnn_descriptors) == 4
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

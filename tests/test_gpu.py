@@ -104,14 +104,14 @@ def test_padding_may_hold_nan():
 @pytest.mark.parametrize("skip", [False, True])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_layout_table_matches_cudnn(mode, proj, direction, skip, dtype):
-    from pycudnnrnn import cudnn_backend
+    from pycudnnrnn import cudnn_layout
     from pycudnnrnn.checks import make_config
     config = make_config(rnn_mode=mode, num_layers=3, num_units=8, input_size=8 if skip else 5,
                          input_mode="skip_input" if skip else "linear_input", direction=direction,
                          num_proj=proj)
-    nbytes, table = cudnn_backend.cudnn_weight_table(config, dtype)
+    nbytes, table = cudnn_layout.cudnn_weight_table(config, dtype)
     assert nbytes == pycudnnrnn.params_size(**_attrs(config)) * np.dtype(dtype).itemsize
-    assert sorted(table) == cudnn_backend._expected_table(config)
+    assert sorted(table) == cudnn_layout.expected_table(config)
 
 
 def _attrs(config):
@@ -136,14 +136,14 @@ def test_canonical_round_trip_on_cupy():
 def test_dropout_gradient_is_that_of_the_forward_mask():
     """Re-initialising the dropout states with the same seed replays the same mask, so
     central differences of forward see the mask backprop used."""
-    from pycudnnrnn import cudnn_backend
+    from pycudnnrnn import plan
     case = make_case("lstm", "bidirectional", num_layers=3, lengths="zero", dropout=0.4,
                      num_units=8, T=6, B=4)
     case.attrs.update(seed=5, seed2=9)
     g = {n: _gpu(getattr(case, n)) for n in ("input", "input_h", "input_c", "params")}
 
     def fwd(**over):
-        cudnn_backend.clear_caches()
+        plan.clear_caches()
         args = {**g, **over}
         return pycudnnrnn.forward(args["input"], args["input_h"], args["input_c"], args["params"],
                                   case.sequence_lengths, **case.attrs)

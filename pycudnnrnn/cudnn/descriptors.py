@@ -18,7 +18,6 @@ import numpy as np
 
 from ..config import RNNConfig
 from . import capi
-from .capi import api
 
 #: Live objects per class name (created minus freed).
 LIVE: collections.Counter = collections.Counter()
@@ -78,7 +77,7 @@ class Owned:
 
     def __init__(self):
         handle = ctypes.c_void_p()
-        getattr(api(), self._create)(ctypes.byref(handle))
+        getattr(capi.api(), self._create)(ctypes.byref(handle))
         self._handle = handle
         with _LIVE_LOCK:
             LIVE[type(self).__name__] += 1
@@ -99,7 +98,7 @@ class Owned:
         if handle is not None:
             with _LIVE_LOCK:
                 LIVE[type(self).__name__] -= 1
-            getattr(api(), self._destroy)(handle)
+            getattr(capi.api(), self._destroy)(handle)
 
     def __enter__(self):
         return self
@@ -122,7 +121,7 @@ class Handle(Owned):
     _create, _destroy = "cudnnCreate", "cudnnDestroy"
 
     def set_stream(self, stream_ptr: int):
-        api().cudnnSetStream(self, ctypes.c_void_p(stream_ptr))
+        capi.api().cudnnSetStream(self, ctypes.c_void_p(stream_ptr))
 
 
 class TensorDescriptor(Owned):
@@ -135,14 +134,14 @@ class TensorDescriptor(Owned):
         if dims is not None:
             strides = [int(np.prod(dims[i + 1:])) for i in range(len(dims))]
             n = len(dims)
-            api().cudnnSetTensorNdDescriptor(self, data_type(dtype), n, (ctypes.c_int * n)(*dims),
+            capi.api().cudnnSetTensorNdDescriptor(self, data_type(dtype), n, (ctypes.c_int * n)(*dims),
                                              (ctypes.c_int * n)(*strides))
 
     def read(self, max_dims: int = 8) -> dict:
         """dataType, dims and strides, from ``cudnnGetTensorNdDescriptor``."""
         dtype, n = ctypes.c_int(), ctypes.c_int()
         dims, strides = (ctypes.c_int * max_dims)(), (ctypes.c_int * max_dims)()
-        api().cudnnGetTensorNdDescriptor(self, max_dims, ctypes.byref(dtype), ctypes.byref(n),
+        capi.api().cudnnGetTensorNdDescriptor(self, max_dims, ctypes.byref(dtype), ctypes.byref(n),
                                          dims, strides)
         return dict(dataType=dtype.value, dims=list(dims[:n.value]), strides=list(strides[:n.value]))
 
@@ -153,11 +152,11 @@ class DropoutDescriptor(Owned):
     _create, _destroy = "cudnnCreateDropoutDescriptor", "cudnnDestroyDropoutDescriptor"
 
     def set(self, handle, dropout: float, states_ptr: int, states_size: int, seed: int):
-        api().cudnnSetDropoutDescriptor(self, handle, dropout, ctypes.c_void_p(states_ptr or None),
+        capi.api().cudnnSetDropoutDescriptor(self, handle, dropout, ctypes.c_void_p(states_ptr or None),
                                         states_size, seed)
 
     def restore(self, handle, dropout: float, states_ptr: int, states_size: int, seed: int):
-        api().cudnnRestoreDropoutDescriptor(self, handle, dropout, ctypes.c_void_p(states_ptr),
+        capi.api().cudnnRestoreDropoutDescriptor(self, handle, dropout, ctypes.c_void_p(states_ptr),
                                             states_size, seed)
 
 
@@ -174,7 +173,7 @@ class RNNDescriptor(Owned):
         super().__init__()
         self.config, self.dtype, self.dropout = config, np.dtype(dtype), dropout
         v = rnn_descriptor_values(config, dtype, allow_tf32)
-        api().cudnnSetRNNDescriptor_v8(
+        capi.api().cudnnSetRNNDescriptor_v8(
             self, v["algo"], v["cellMode"], v["biasMode"], v["dirMode"], v["inputMode"],
             v["dataType"], v["mathPrec"], v["mathType"], v["inputSize"], v["hiddenSize"],
             v["projSize"], v["numLayers"], dropout, v["auxFlags"])
@@ -185,7 +184,7 @@ class RNNDescriptor(Owned):
                  "mathType", "inputSize", "hiddenSize", "projSize", "numLayers"]
         values = [ctypes.c_int() for _ in names]
         dropout, aux = ctypes.c_void_p(), ctypes.c_uint32()
-        api().cudnnGetRNNDescriptor_v8(self, *map(ctypes.byref, values), ctypes.byref(dropout),
+        capi.api().cudnnGetRNNDescriptor_v8(self, *map(ctypes.byref, values), ctypes.byref(dropout),
                                        ctypes.byref(aux))
         result = {n: v.value for n, v in zip(names, values)}
         result["auxFlags"] = aux.value
@@ -208,7 +207,7 @@ class RNNDataDescriptor(Owned):
         self._fill = ctypes.create_string_buffer(np.dtype(dtype).itemsize)  # zeroed
         layout = (capi.CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED if time_major
                   else capi.CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED)
-        api().cudnnSetRNNDataDescriptor(self, data_type(dtype), layout, max_time, batch, width,
+        capi.api().cudnnSetRNNDataDescriptor(self, data_type(dtype), layout, max_time, batch, width,
                                         self.lengths, ctypes.cast(self._fill, ctypes.c_void_p))
 
     def read(self, batch: int) -> dict:
@@ -220,7 +219,7 @@ class RNNDataDescriptor(Owned):
         dtype, layout, T, B, W = (ctypes.c_int() for _ in range(5))
         lengths = (ctypes.c_int * batch)()
         fill = ctypes.create_string_buffer(b"\xff" * 8, 8)
-        api().cudnnGetRNNDataDescriptor(self, *map(ctypes.byref, (dtype, layout, T, B, W)), batch,
+        capi.api().cudnnGetRNNDataDescriptor(self, *map(ctypes.byref, (dtype, layout, T, B, W)), batch,
                                         lengths, ctypes.cast(fill, ctypes.c_void_p))
         return dict(dataType=dtype.value, layout=layout.value, maxSeqLength=T.value,
                     batchSize=B.value, vectorSize=W.value, seqLengthArray=list(lengths),

@@ -1,0 +1,69 @@
+"""Host-side cost of a GPU call, measured on the CPU with the stand-in GPU.
+
+    PYTHONPATH=. python3 benchmarks/gpu_host_bench.py [--rounds N]
+
+Runs the cuDNN backend's own Python code on tests/fake_cuda.py with cuDNN's compute
+calls made no-ops (still marshalled through ctypes), so what is timed is the host
+budget a GPU call pays on top of cuDNN's own: a plan's run against the functional API,
+on a tiny LSTM (T=1, B=1, H=8). Interleaved rounds; median and quartiles. Asserts nothing.
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "benchmarks")]
+
+import fake_cuda  # noqa: E402
+import pycudnnrnn  # noqa: E402
+from gpu_bench import format_rows, interleaved  # noqa: E402
+
+COMPUTE = ("_cudnnRNNForward", "_cudnnRNNBackwardData_v8", "_cudnnRNNBackwardWeights_v8")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        fake = fake_cuda.install(monkeypatch)
+        for name in COMPUTE:
+            monkeypatch.setattr(fake, name, lambda *a: None)
+        rng = np.random.default_rng(0)
+        attrs = dict(rnn_mode="lstm")
+        n = pycudnnrnn.params_size(num_layers=1, num_units=8, input_size=8, **attrs)
+        x, h, c = (fake_cuda._device(rng.standard_normal(s).astype(np.float32))
+                   for s in ((1, 1, 8), (1, 1, 8), (1, 1, 8)))
+        w = fake_cuda._device(rng.standard_normal(n).astype(np.float32))
+        inference = pycudnnrnn.RNNPlan(num_layers=1, num_units=8, input_size=8, max_time=1,
+                                       batch_size=1, device="cuda", is_training=False)
+        training = pycudnnrnn.RNNPlan(num_layers=1, num_units=8, input_size=8, max_time=1,
+                                      batch_size=1, device="cuda")
+        out = training.forward(x, h, c, w)
+        grads = [fake_cuda._device(np.ones_like(a)) for a in out[:3]]
+
+        def plan_step():
+            y, hy, cy, reserve = training.forward(x, h, c, w)
+            training.backprop(x, h, c, w, y, hy, cy, *grads, reserve)
+
+        def functional_step():
+            y, hy, cy, reserve = pycudnnrnn.forward(x, h, c, w)
+            pycudnnrnn.backprop(x, h, c, w, None, y, hy, cy, *grads, reserve)
+
+        forward = interleaved({
+            "forward plan": lambda: inference.forward(x, h, c, w),
+            "forward functional": lambda: pycudnnrnn.forward(x, h, c, w, is_training=False),
+        }, args.rounds, 500)
+        step = interleaved({"fwd+bwd plan": plan_step, "fwd+bwd functional": functional_step},
+                           args.rounds, 200)
+    print(format_rows("host us per call on the stand-in GPU, LSTM T1 B1 H8 f32, forward "
+                      "(inference)", forward))
+    print(format_rows("same, forward + backprop", step))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""What the cuDNN backend keeps between calls: handles, descriptors, dropout states.
+
+* one cuDNN handle per (thread, device);
+* descriptors in per-device LRU caches: RNN descriptors by configuration, dtype and math
+  mode, data and state descriptors by shape and lengths;
+* dropout RNG states. cuDNN needs one buffer per seed (``cudnnDropoutGetStatesSize``:
+  6.19 MiB on an H200), initialised by a kernel when a seed is first seen; restoring a
+  known seed's states is cheap. The caches keep the states of at most
+  ``DROPOUT_SEEDS_KEPT`` seeds per device (a loop over seeds keeps the most recent
+  ones); a plan the caller holds keeps its own seed's states alive as long as it lives.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from .cudnn import rnn
+from .cudnn.descriptors import (DropoutDescriptor, Handle, RNNDataDescriptor, RNNDescriptor,
+                                TensorDescriptor)
+from .lru import LRU
+
+#: Seeds whose dropout states the caches keep per device (each ~6 MiB on current GPUs).
+DROPOUT_SEEDS_KEPT = 4
+
+_rnn_descriptors = LRU(64)                           # (device, config, dtype, tf32), no dropout
+_dropout_rnn_descriptors = LRU(DROPOUT_SEEDS_KEPT)   # the same, with dropout
+_data_descriptors = LRU(256)    # (device, dtype, time_major, T, B, width, lengths)
+_state_descriptors = LRU(256)   # (device, dtype, dims)
+_dropout = LRU(DROPOUT_SEEDS_KEPT)          # (device, dropout, seed) → DropoutDescriptor
+_dropout_states = LRU(DROPOUT_SEEDS_KEPT)   # (device, seed) → DropoutStates
+_dropout_lock = threading.Lock()
+_local = threading.local()
+
+#: Dropout state buffers alive now, anywhere (for tests and diagnosis).
+LIVE_DROPOUT_STATES: "weakref.WeakSet" = weakref.WeakSet()
+
+
+class DropoutStates:
+    """One device buffer of cuDNN dropout RNG states, initialised for one seed."""
+
+    def __init__(self, buffer, seed: int):
+        self.buffer, self.seed = buffer, seed
+        LIVE_DROPOUT_STATES.add(self)
+
+
+def handle(cupy) -> Handle:
+    """This thread's handle for the current device, bound to CuPy's current stream."""
+    handles = getattr(_local, "handles", None)
+    if handles is None:
+        handles = _local.handles = {}
+    device = cupy.cuda.Device().id
+    if device not in handles:
+        handles[device] = Handle()
+    h = handles[device]
+    h.set_stream(cupy.cuda.get_current_stream().ptr)
+    return h
+
+
+def dropout_descriptor(cupy, handle, device: int, dropout: float, seed: int):
+    """A dropout descriptor; RNG states are initialised once per kept (device, seed)."""
+
+    def build():
+        desc = DropoutDescriptor()
+        if dropout == 0:
+            desc.set(handle, 0.0, 0, 0, seed)  # no states needed, nothing to draw
+            return desc
+        with _dropout_lock:
+            fresh = []
+
+            def new_states():
+                size = rnn.dropout_states_size(handle)
+                states = DropoutStates(cupy.empty(size, dtype=cupy.uint8), seed)
+                desc.set(handle, dropout, states.buffer.data.ptr, size, seed)  # slow, once
+                fresh.append(states)
+                return states
+
+            states = _dropout_states.get((device, seed), new_states)
+            if not fresh:
+                desc.restore(handle, dropout, states.buffer.data.ptr, states.buffer.size, seed)
+        desc.states = states  # keep the states alive as long as the descriptor
+        return desc
+
+    return _dropout.get((device, dropout, seed), build)
+
+
+def rnn_descriptor(cupy, handle, device: int, config, dtype, tf32: bool) -> RNNDescriptor:
+    """The RNN descriptor of a configuration (``layout_checked`` False when new)."""
+
+    def build():
+        dropout = dropout_descriptor(cupy, handle, device, config.dropout, config.seed)
+        desc = RNNDescriptor(config, dtype, dropout, tf32)
+        desc.layout_checked = False
+        return desc
+
+    cache = _dropout_rnn_descriptors if config.dropout else _rnn_descriptors
+    return cache.get((device, config, dtype, tf32), build)
+
+
+def data_descriptor(device: int, dtype, time_major, T, B, width, lengths) -> RNNDataDescriptor:
+    key = (device, dtype, time_major, T, B, width, tuple(lengths))
+    return _data_descriptors.get(
+        key, lambda: RNNDataDescriptor(dtype, time_major, T, B, width, lengths))
+
+
+def state_descriptor(device: int, dtype, dims) -> TensorDescriptor:
+    key = (device, dtype, tuple(dims))
+    return _state_descriptors.get(key, lambda: TensorDescriptor(dtype, dims))
+
+
+def clear_caches():
+    """Drop every cached descriptor, dropout state and this thread's handles (each is
+    freed once no plan holds it)."""
+    for cache in (_rnn_descriptors, _dropout_rnn_descriptors, _data_descriptors,
+                  _state_descriptors, _dropout, _dropout_states):
+        cache.clear()
+    _local.__dict__.pop("handles", None)

@@ -1,0 +1,67 @@
+"""Finding CuPy and the GPU, and the GPU settings: the one place that imports CuPy.
+
+``cupy()`` is what every module that needs CuPy calls (the API's routing, the cuDNN
+backend, ``info``, ``check``, ``bench``); the CI stand-in GPU replaces it (and
+``pycudnnrnn.cudnn.capi.api``) to run the cuDNN backend's code without a GPU.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from .errors import CudnnUnavailableError
+
+_settings = {"allow_tf32": False}
+
+
+def set_allow_tf32(enabled: bool) -> None:
+    """Let float32 RNNs use TF32 tensor cores (faster, ~1e-3 relative error).
+
+    Off by default: float32 runs strict FP32 (``CUDNN_FMA_MATH``). Plans take the setting
+    when they are built.
+    """
+    _settings["allow_tf32"] = bool(enabled)
+
+
+def get_allow_tf32() -> bool:
+    """Whether float32 RNNs may use TF32 tensor cores."""
+    return _settings["allow_tf32"]
+
+
+def cupy():
+    """The CuPy module, once it is known to see a GPU; else ``CudnnUnavailableError``."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise CudnnUnavailableError(
+            "CUDA arrays need CuPy: install `cupy-cuda12x` (CUDA 12) or `cupy-cuda13x` "
+            f"(CUDA 13) ({exc})") from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, or no device
+        raise CudnnUnavailableError(f"CUDA reports no usable GPU ({exc}); the cuDNN backend "
+                                    "needs an NVIDIA GPU and driver (NumPy arrays run on the "
+                                    "CPU backend)") from exc
+    if count == 0:
+        raise CudnnUnavailableError("CUDA reports no GPU; the cuDNN backend needs one (NumPy "
+                                    "arrays run on the CPU backend)")
+    return cupy
+
+
+def device_index(device) -> int | None:
+    """None for ``"cpu"``; the CUDA device number for ``"cuda"`` (the current one),
+    ``"cuda:N"`` or an int N."""
+    if isinstance(device, str):
+        if device == "cpu":
+            return None
+        if device == "cuda":
+            return cupy().cuda.Device().id
+        if device.startswith("cuda:") and device[5:].isdigit():
+            return int(device[5:])
+        raise ValueError(f"device: expected 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
+    if isinstance(device, numbers.Integral) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"device: expected a CUDA device number >= 0, got {device}")
+        return int(device)
+    raise TypeError(f"device: expected 'cpu', 'cuda', 'cuda:N' or an int, got "
+                    f"{type(device).__name__} {device!r}")

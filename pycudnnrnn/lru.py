@@ -1,0 +1,33 @@
+"""A small thread-safe LRU cache, for descriptors, dropout states and plans."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+
+class LRU:
+    """Keeps the `maxsize` most recently used values; evicted ones are freed once unused."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize, self._items, self._lock = maxsize, collections.OrderedDict(), threading.Lock()
+
+    def get(self, key, factory):
+        """The value for `key`, built by `factory()` on a miss."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = factory()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.maxsize:
+                self._items.popitem(last=False)
+        return value
+
+    def clear(self):
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self):
+        return len(self._items)

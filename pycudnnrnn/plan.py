@@ -1,0 +1,328 @@
+"""``RNNPlan``: everything one RNN call needs that the data does not, built once.
+
+The plan/run split of cuFFT plans: a plan fixes the op's attributes, the sizes, the
+sequence lengths, the dtype and the device; each run then only checks its arrays'
+shapes, dtypes and device and calls the backend. The functional ``forward`` and
+``backprop`` keep a bounded cache of plans keyed on what fixes one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+
+import numpy as np
+
+from . import checks, gpu, layout, numpy_backend
+from .arrays import device_kind, from_dlpack_like
+from .config import Problem
+from .lru import LRU
+
+_FORWARD_NAMES = ("input", "input_h", "input_c", "params")
+_BACKPROP_NAMES = _FORWARD_NAMES + ("output", "output_h", "output_c", "output_backprop",
+                                    "output_h_backprop", "output_c_backprop", "reserve_space")
+
+
+class RNNPlan:
+    """A planned RNN: the op's attributes, sizes, lengths, dtype and device, fixed once.
+
+    Parameters
+    ----------
+    num_layers, num_units, input_size : int
+    max_time, batch_size : int
+        T and B of every run.
+    sequence_lengths : array of int, optional
+        ``[B]`` lengths in ``[0, T]``; None means all T. Fixed: another set of lengths
+        needs another plan.
+    dtype : {"float16", "float32", "float64"}, default "float32"
+    device : "cpu", "cuda", "cuda:N" or int, default "cpu"
+        "cpu" runs the NumPy backend, anything else cuDNN on that CUDA device.
+    is_training : bool, default True
+        Training plans apply dropout, make a reserve_space and can run ``backprop``.
+    rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major
+        The attributes of ``pycudnnrnn.forward``, with its defaults.
+
+    Notes
+    -----
+    ``forward(input, input_h, input_c, params)`` and ``backprop(input, input_h, input_c,
+    params, output, output_h, output_c, output_backprop, output_h_backprop,
+    output_c_backprop, reserve_space)`` return what the functional API returns. Arrays
+    must have the plan's shapes, dtype and device (else ``ValueError`` / ``TypeError``
+    naming the argument); they may be NumPy / CuPy arrays or any DLPack array there, and
+    results come back in the library of `input`.
+
+    For framework adapters (a PyTorch custom op, a JAX FFI call), the sizes are known at
+    plan time: ``input_shape``, ``state_shapes``, ``output_shape``, ``output_h_shape``,
+    ``output_c_shape`` (``(0,)`` unless LSTM), ``params_size``, ``reserve_nbytes`` (0 in
+    inference) and ``workspace_nbytes``. A framework can allocate every buffer through its
+    own allocator and pass them in: ``out=(output, output_h, output_c, reserve_space)`` to
+    ``forward`` and ``out=(input_backprop, input_h_backprop, input_c_backprop,
+    params_backprop)`` to ``backprop`` (any entry may be None, and one for a result
+    that does not exist, output_c of other cells or an inference reserve_space, is
+    ignored; given ones must be C-contiguous, of the result's shape and dtype,
+    reserve_space uint8 of ``reserve_nbytes``), and ``workspace=`` a uint8 buffer of at
+    least ``workspace_nbytes``. The results are then those buffers. On the GPU a run works on
+    CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a framework's
+    stream) and makes no host↔device copy, no sync and no size query.
+    """
+
+    def __init__(self, *, num_layers, num_units, input_size, max_time, batch_size,
+                 sequence_lengths=None, dtype="float32", device="cpu", is_training=True,
+                 rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
+                 dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True):
+        from .arrays import host_lengths
+        problem = checks.make_problem(
+            max_time=max_time, batch_size=batch_size,
+            sequence_lengths=host_lengths(sequence_lengths), dtype=dtype,
+            time_major=time_major, is_training=is_training, rnn_mode=rnn_mode,
+            num_layers=num_layers, num_units=num_units, input_size=input_size,
+            input_mode=input_mode, direction=direction, num_proj=num_proj, dropout=dropout,
+            seed=seed, seed2=seed2)
+        self._build(problem, gpu.device_index(device))
+
+    @classmethod
+    def from_problem(cls, problem: Problem, device: int | None) -> "RNNPlan":
+        """A plan for a validated problem on a CUDA device (None: the CPU)."""
+        plan = cls.__new__(cls)
+        plan._build(problem, device)
+        return plan
+
+    def _build(self, problem: Problem, device):
+        self.problem, self.device_index = problem, device
+        c = problem.config
+        if device is None:
+            self._xp, self._executor = np, _NumpyExecutor(problem)
+            self.device = "cpu"
+        else:
+            from . import cudnn_backend
+            self._xp, self._executor = gpu.cupy(), cudnn_backend.Executor(problem, device)
+            self.device = f"cuda:{device}"
+        self.dtype = problem.dtype
+        self.input_shape = problem.data_shape(c.input_size)
+        self.state_shapes = (problem.state_shape(c.state_size),
+                             problem.state_shape(c.num_units) if c.is_lstm else None)
+        self.output_shape = problem.data_shape(c.num_dirs * c.state_size)
+        self.output_h_shape = self.state_shapes[0]
+        self.output_c_shape = self.state_shapes[1] if c.is_lstm else (0,)
+        self.params_size = layout.params_size(c)
+        self.reserve_nbytes = self._executor.reserve_nbytes
+        self.workspace_nbytes = self._executor.workspace_nbytes
+        uint8, lstm, training = np.dtype(np.uint8), c.is_lstm, problem.is_training
+        self._results_of = {  # (name, shape or None where there is no such result, dtype)
+            "forward": [("output", self.output_shape, self.dtype),
+                        ("output_h", self.output_h_shape, self.dtype),
+                        ("output_c", self.output_c_shape if lstm else None, self.dtype),
+                        ("reserve_space", (self.reserve_nbytes,) if training else None, uint8)],
+            "backprop": [("input_backprop", self.input_shape, self.dtype),
+                         ("input_h_backprop", self.output_h_shape, self.dtype),
+                         ("input_c_backprop", self.output_c_shape if lstm else None,
+                          self.dtype),
+                         ("params_backprop", (self.params_size,), self.dtype)]}
+        self._forward_shapes = checks.forward_shapes(problem)
+        self._backprop_shapes = self._forward_shapes + checks.backprop_shapes(problem)
+
+    @property
+    def is_training(self) -> bool:
+        return self.problem.is_training
+
+    def __repr__(self):
+        p = self.problem
+        return (f"RNNPlan({p.config}, max_time={p.max_time}, batch_size={p.batch_size}, "
+                f"time_major={p.time_major}, dtype={p.dtype}, device={self.device!r}, "
+                f"is_training={p.is_training})")
+
+    # ------------------------------------------------------------------ runs
+    def forward(self, input, input_h, input_c, params, out=None, workspace=None):
+        """Run forward; returns ``(output, output_h, output_c, reserve_space)``."""
+        arrays = self._adopt(dict(input=input, input_h=input_h, input_c=input_c, params=params))
+        results = self.run_forward(arrays, out=out, workspace=workspace)
+        return self._results(input, results)
+
+    def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
+                 output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+                 out=None, workspace=None):
+        """Run backprop; returns ``(input_backprop, input_h_backprop, input_c_backprop,
+        params_backprop)``."""
+        arrays = self._adopt(dict(
+            input=input, input_h=input_h, input_c=input_c, params=params, output=output,
+            output_h=output_h, output_c=output_c, output_backprop=output_backprop,
+            output_h_backprop=output_h_backprop, output_c_backprop=output_c_backprop,
+            reserve_space=reserve_space))
+        results = self.run_backprop(arrays, out=out, workspace=workspace)
+        return self._results(input, results)
+
+    def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan"):
+        """forward on backend arrays (NumPy or CuPy on the plan's device), by name."""
+        lstm = self.problem.config.is_lstm
+        checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
+        out = self._outputs(out, self._results_of["forward"])
+        workspace = self._workspace(workspace)
+        with self._on_device():
+            return self._executor.forward(input=arrays["input"], input_h=arrays["input_h"],
+                                          input_c=arrays["input_c"] if lstm else None,
+                                          params=arrays["params"], out=out, workspace=workspace)
+
+    def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan"):
+        """backprop on backend arrays (NumPy or CuPy on the plan's device), by name."""
+        if not self.problem.is_training:
+            raise ValueError("backprop: this plan was built with is_training=False; build "
+                             "one with is_training=True")
+        lstm = self.problem.config.is_lstm
+        checks.check_arrays(arrays, self._backprop_shapes, self.dtype, reference)
+        checks.check_reserve_space(arrays["reserve_space"])
+        out = self._outputs(out, self._results_of["backprop"])
+        workspace = self._workspace(workspace)
+        a = {n: arrays[n] for n in _BACKPROP_NAMES}
+        if not lstm:
+            a.update(input_c=None, output_c=None, output_c_backprop=None)
+        with self._on_device():
+            return self._executor.backprop(**a, out=out, workspace=workspace)
+
+    # ------------------------------------------------------------------ arrays
+    def _adopt(self, arrays: dict) -> dict:
+        """The arguments as backend arrays on the plan's device, or a clear error."""
+        xp, lstm = self._xp, self.problem.config.is_lstm
+        adopted = {}
+        for name, a in arrays.items():
+            if a is None or (not lstm and name in ("input_c", "output_c", "output_c_backprop")):
+                adopted[name] = None
+                continue
+            if type(a) is not xp.ndarray:
+                kind = device_kind(name, a)
+                if kind != ("cpu" if self.device_index is None else "cuda"):
+                    raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
+                                    f"device), got one on {kind}")
+                a = np.asarray(a) if isinstance(a, np.ndarray) and xp is np else \
+                    xp.from_dlpack(a)
+            if self.device_index is not None and a.device.id != self.device_index:
+                raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
+                                f"device), got one on cuda:{a.device.id}")
+            adopted[name] = a
+        return adopted
+
+    def _results(self, template, results):
+        if isinstance(template, self._xp.ndarray):
+            return results
+        wrap = from_dlpack_like(template)
+        return tuple(wrap(r) for r in results)
+
+    def _outputs(self, out, results):
+        """Caller buffers for the `results` (name, shape, dtype), checked; None where not
+        given or where there is no such result (output_c of other cells, an inference
+        reserve_space)."""
+        if out is None:
+            return (None,) * len(results)
+        out = tuple(out)
+        if len(out) != len(results):
+            names = ", ".join(name for name, _, _ in results)
+            raise ValueError(f"out: expected {len(results)} buffers ({names}) or None, got "
+                             f"{len(out)}")
+        checked = []
+        for (name, shape, dtype), buffer in zip(results, out):
+            if buffer is None or shape is None:
+                checked.append(None)
+                continue
+            label = f"out {name}"
+            buffer = self._adopt({label: buffer})[label]
+            checks.check_arrays({label: buffer}, [(label, shape, "(the result's)")], dtype,
+                                "the result")
+            if not buffer.flags.c_contiguous:
+                raise ValueError(f"{label}: expected a C-contiguous buffer")
+            checked.append(buffer)
+        return tuple(checked)
+
+    def _workspace(self, workspace):
+        if workspace is None:
+            return None
+        workspace = self._adopt({"workspace": workspace})["workspace"]
+        if workspace.dtype != np.uint8 or workspace.ndim != 1 or \
+                workspace.shape[0] < self.workspace_nbytes or not workspace.flags.c_contiguous:
+            raise ValueError(f"workspace: expected a contiguous 1-D uint8 buffer of at least "
+                             f"{self.workspace_nbytes} bytes, got {workspace.dtype} of shape "
+                             f"{tuple(workspace.shape)}")
+        return workspace
+
+    def _on_device(self):
+        if self.device_index is None:
+            return contextlib.nullcontext()
+        return self._xp.cuda.Device(self.device_index)
+
+
+
+
+class _NumpyExecutor:
+    """The CPU half of a plan: the NumPy backend with the batch's sorted order kept."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.batch = numpy_backend._Batch(problem)
+        self.reserve_nbytes = numpy_backend.reserve_nbytes(problem) if problem.is_training else 0
+        self.workspace_nbytes = 0
+
+    def forward(self, input, input_h, input_c, params, out, workspace=None):
+        results = numpy_backend.forward(self.problem, input=input, input_h=input_h,
+                                        input_c=input_c, params=params, batch=self.batch)
+        return _copy_into(results, out)
+
+    def backprop(self, out, workspace=None, **arrays):
+        results = numpy_backend.backprop(self.problem, **arrays, batch=self.batch)
+        return _copy_into(results, out)
+
+
+def _copy_into(results, out):
+    """Results written into the caller's buffers where given."""
+    merged = []
+    for result, buffer in zip(results, out):
+        if buffer is None:
+            merged.append(result)
+        else:
+            buffer[...] = result
+            merged.append(buffer)
+    return tuple(merged)
+
+
+# ---------------------------------------------------------------------- the plan cache
+
+_plans = LRU(64)
+_dropout_plans = LRU(4)  # each may hold a seed's GPU dropout states (~6 MiB)
+
+
+def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
+    """The cached plan for a functional call (its arrays checked in full on a miss)."""
+    try:
+        key = (device, str(arrays["input"].dtype), _shapes(arrays), _lengths_key(lengths),
+               gpu.get_allow_tf32(),
+               tuple((k, type(v), v) for k, v in sorted(attributes.items())))
+        hash(key)
+    except (TypeError, AttributeError):  # not an array, or an unhashable attribute:
+        key = None                        # the checks say what is wrong
+
+    def build():
+        problem = checks.check_forward(arrays["input"], arrays["input_h"], arrays["input_c"],
+                                       arrays["params"], lengths, **attributes)
+        return RNNPlan.from_problem(problem, device)
+
+    if key is None:
+        return build()
+    dropout = attributes.get("dropout", 0)
+    plain = isinstance(dropout, numbers.Real) and dropout == 0
+    return (_plans if plain else _dropout_plans).get(key, build)
+
+
+def _shapes(arrays):
+    return tuple(None if arrays.get(n) is None else tuple(arrays[n].shape) for n in _FORWARD_NAMES)
+
+
+def _lengths_key(lengths):
+    if lengths is None:
+        return None
+    return (lengths.dtype.str, lengths.shape, lengths.tobytes())
+
+
+def clear_caches():
+    """Drop the functional API's cached plans and the cuDNN backend's cached descriptors
+    and dropout states (freed once no plan you hold uses them)."""
+    _plans.clear()
+    _dropout_plans.clear()
+    from . import cudnn_resources
+    cudnn_resources.clear_caches()

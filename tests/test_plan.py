@@ -1,0 +1,323 @@
+"""RNNPlan and the functional API's plan cache, on the CPU and on a GPU.
+
+The ``device`` fixture runs each GPU test twice where practical: on the stand-in GPU of
+fake_cuda.py (always, in CI) and on a real one (marked ``gpu``, skipped without it). On
+the stand-in, host↔device copies and syncs are counted: a plan's steady-state run and a
+functional call that hits the plan cache make none.
+"""
+
+import gc
+
+import numpy as np
+import pytest
+
+import fake_cuda
+import pycudnnrnn
+from conftest import make_case
+from pycudnnrnn import cudnn_resources, plan
+
+STEADY = ("host_to_device", "device_to_host", "sync")
+
+
+class Device:
+    """Moves arrays to and from one GPU, real or stand-in."""
+
+    def __init__(self, kind, monkeypatch):
+        self.kind = kind
+        if kind == "stand-in":
+            fake_cuda.install(monkeypatch)
+            self.put, self.get = fake_cuda._device, lambda a: np.asarray(a).view(np.ndarray)
+        else:
+            import cupy
+            self.put, self.get = cupy.asarray, cupy.asnumpy
+            plan.clear_caches()
+
+    def counts(self):
+        """Host↔device copies and syncs since the last reset (stand-in only)."""
+        return {k: fake_cuda.COUNTS[k] for k in STEADY} if self.kind == "stand-in" else None
+
+
+@pytest.fixture(params=["stand-in", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request, monkeypatch):
+    yield Device(request.param, monkeypatch)
+    plan.clear_caches()
+
+
+def _plan_for(case, **overrides):
+    size = case.size
+    T, B = case.input.shape[:2] if case.attrs["time_major"] else case.input.shape[1::-1]
+    kwargs = dict(case.attrs, **size, max_time=T, batch_size=B,
+                  sequence_lengths=case.sequence_lengths, dtype=case.input.dtype)
+    kwargs.update(overrides)
+    return pycudnnrnn.RNNPlan(**kwargs)
+
+
+def _grads(outputs, seed=1):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(np.shape(a)).astype(np.asarray(a).dtype) for a in outputs[:3]]
+
+
+CASES = [dict(rnn_mode="lstm", direction="bidirectional", num_layers=2, lengths="zero"),
+         dict(rnn_mode="gru", lengths="ragged", time_major=False),
+         dict(rnn_mode="lstm", num_proj=2, lengths="full"),
+         dict(rnn_mode="rnn_relu", lengths=[0, 0, 0])]
+
+
+@pytest.mark.parametrize("spec", CASES, ids=lambda s: f"{s['rnn_mode']}-{s['lengths']}")
+def test_cpu_plan_equals_the_functional_api(spec):
+    case = make_case(**spec)
+    want = case.forward()
+    grads = _grads(want)
+    want_grads = case.backprop(want, *grads)
+    p = _plan_for(case, device="cpu")
+    got = p.forward(case.input, case.input_h, case.input_c, case.params)
+    got_grads = p.backprop(case.input, case.input_h, case.input_c, case.params, *got[:3],
+                           *grads, got[3])
+    for g, w in zip(got + got_grads, want + want_grads):
+        np.testing.assert_array_equal(g, w)
+    assert p.reserve_nbytes == got[3].size and p.workspace_nbytes == 0
+    assert p.output_shape == want[0].shape and p.output_h_shape == want[1].shape
+    assert p.output_c_shape == want[2].shape
+
+
+@pytest.mark.parametrize("spec", CASES, ids=lambda s: f"{s['rnn_mode']}-{s['lengths']}")
+def test_gpu_plan_equals_the_numpy_backend(device, spec):
+    case = make_case(**spec, dtype=np.float64)
+    want = case.forward()
+    grads = _grads(want)
+    want_grads = case.backprop(want, *grads)
+    p = _plan_for(case, device="cuda")
+    args = [None if a is None else device.put(a) for a in
+            (case.input, case.input_h, case.input_c, case.params)]
+    got = p.forward(*args)
+    got_grads = p.backprop(*args, *got[:3], *[device.put(g) for g in grads], got[3])
+    for g, w in zip(got[:3] + got_grads, want[:3] + want_grads):
+        np.testing.assert_allclose(device.get(g), w, rtol=1e-10, atol=1e-10)
+    assert got[3].size == p.reserve_nbytes
+
+
+def test_steady_state_runs_make_no_transfer_and_no_sync(device):
+    if device.kind != "stand-in":
+        pytest.skip("copies are counted on the stand-in GPU")
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="zero", time_major=False)
+    p = _plan_for(case, device="cuda")
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    first = p.forward(*args)
+    grads = [device.put(g) for g in _grads(first)]
+    p.backprop(*args, *first[:3], *grads, first[3])
+    fake_cuda.reset_counts()
+    out = p.forward(*args)
+    p.backprop(*args, *out[:3], *grads, out[3])
+    assert device.counts() == dict.fromkeys(STEADY, 0)
+
+    # The functional API, once its plan is cached, likewise (lengths stay on the host).
+    attrs = dict(case.attrs)
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **attrs)
+    pycudnnrnn.backprop(*args, case.sequence_lengths, *out[:3], *grads, out[3], **attrs)
+    fake_cuda.reset_counts()
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **attrs)
+    pycudnnrnn.backprop(*args, case.sequence_lengths, *out[:3], *grads, out[3], **attrs)
+    assert device.counts() == dict.fromkeys(STEADY, 0)
+
+
+def test_caller_buffers_are_used_and_nothing_else_is_copied(device):
+    """out= and workspace= (for framework allocators): results land in the buffers; with
+    every sequence full and time-major data, no array is copied on the device."""
+    case = make_case("lstm", "unidirectional", num_layers=2, lengths="full")
+    p = _plan_for(case, device="cuda")
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = (device.put(np.empty(p.output_shape)), device.put(np.empty(p.output_h_shape)),
+           device.put(np.empty(p.output_c_shape)),
+           device.put(np.empty(p.reserve_nbytes, np.uint8)))
+    workspace = device.put(np.empty(max(p.workspace_nbytes, 1), np.uint8))
+    fake_cuda.reset_counts()
+    got = p.forward(*args, out=out, workspace=workspace)
+    assert all(g is o for g, o in zip(got, out))
+    if device.kind == "stand-in":
+        assert fake_cuda.COUNTS["device_copy"] == 0 and fake_cuda.COUNTS["device_alloc"] == 0
+    np.testing.assert_array_equal(device.get(got[0]), case.forward()[0])
+    grads = [device.put(g) for g in _grads(got)]
+    grad_out = (device.put(np.empty(p.input_shape)), device.put(np.empty(p.output_h_shape)),
+                device.put(np.empty(p.output_c_shape)), device.put(np.empty(p.params_size)))
+    back = p.backprop(*args, *got[:3], *grads, got[3], out=grad_out, workspace=workspace)
+    assert all(g is o for g, o in zip(back, grad_out))
+    with pytest.raises(ValueError, match=r"workspace: expected a contiguous 1-D uint8 buffer"):
+        p.forward(*args, workspace=device.put(np.empty(0, np.uint8)) if p.workspace_nbytes
+                  else device.put(np.empty(3)))
+
+
+def test_padding_is_zeroed_only_when_lengths_are_ragged(device):
+    if device.kind != "stand-in":
+        pytest.skip("copies are counted on the stand-in GPU")
+    allocations = {}
+    for lengths in ("full", "ragged"):
+        case = make_case("gru", lengths=lengths)
+        p = _plan_for(case, device="cuda", is_training=False)
+        args = [None if a is None else device.put(a)
+                for a in (case.input, case.input_h, case.input_c, case.params)]
+        p.forward(*args)
+        fake_cuda.reset_counts()
+        p.forward(*args)
+        allocations[lengths] = fake_cuda.COUNTS["device_alloc"]
+        assert fake_cuda.COUNTS["device_copy"] == 0
+    assert allocations["ragged"] == allocations["full"] + 1  # the zero-padded copy of x
+
+
+def test_wrong_arrays_get_clear_errors():
+    case = make_case("lstm", lengths="ragged")
+    p = _plan_for(case, device="cpu")
+    args = [case.input, case.input_h, case.input_c, case.params]
+    with pytest.raises(ValueError, match=r"input: expected shape \(4, 3, 3\) .*got \(4, 2, 3\)"):
+        p.forward(case.input[:, :2], *args[1:])
+    with pytest.raises(TypeError, match=r"params: expected dtype float64 \(the dtype of the "
+                                        r"plan\), got float32"):
+        p.forward(*args[:3], case.params.astype(np.float32))
+    with pytest.raises(TypeError, match=r"input_h: expected an array on cpu \(the plan's "
+                                        r"device\), got one on cuda"):
+        p.forward(case.input, fake_cuda._device(case.input_h), *args[2:])
+    with pytest.raises(ValueError, match=r"out output: expected shape"):
+        p.forward(*args, out=(np.empty(3), None, None, None))
+    inference = _plan_for(case, device="cpu", is_training=False)
+    y = inference.forward(*args)
+    with pytest.raises(ValueError, match="backprop: this plan was built with is_training=False"):
+        inference.backprop(*args, *y[:3], *y[:3], y[3])
+    with pytest.raises(ValueError, match=r"device: expected 'cpu', 'cuda', 'cuda:N' or an int, "
+                                         r"got 'gpu'"):
+        _plan_for(case, device="gpu")
+    with pytest.raises(TypeError, match="dtype: expected float16, float32 or float64, got int32"):
+        _plan_for(case, dtype="int32")
+    with pytest.raises(ValueError, match=r"sequence_lengths: expected values in \[0, 4\]"):
+        _plan_for(case, sequence_lengths=[9, 1, 1])
+
+
+def test_arrays_on_another_gpu_are_refused(device):
+    if device.kind != "stand-in":
+        pytest.skip("the stand-in's arrays are all on cuda:0")
+    case = make_case("gru")
+    p = _plan_for(case, device="cuda:1")
+    args = [None if a is None else device.put(a)
+            for a in (case.input, case.input_h, case.input_c, case.params)]
+    with pytest.raises(TypeError, match=r"input: expected an array on cuda:1 \(the plan's "
+                                        r"device\), got one on cuda:0"):
+        p.forward(*args)
+    with pytest.raises(TypeError, match=r"input: expected an array on cuda:1 \(the plan's "
+                                        r"device\), got one on cpu"):
+        p.forward(case.input, *args[1:])
+
+
+def test_functional_calls_reuse_a_bounded_number_of_plans():
+    plan.clear_caches()
+    case = make_case("gru", lengths="ragged")
+    for n in range(1, 5):
+        lengths = [n, 1, 2]
+        pycudnnrnn.forward(case.input, case.input_h, None, case.params, lengths,
+                           **case.attrs)
+        pycudnnrnn.forward(case.input, case.input_h, None, case.params, lengths,
+                           **case.attrs)
+    assert len(plan._plans) == 4  # one per set of lengths, reused by the repeated call
+    for n in range(200):
+        pycudnnrnn.forward(case.input, case.input_h, None, case.params,
+                           [1 + n % 4, 1 + (n // 4) % 4, 1 + (n // 16) % 4], **case.attrs)
+    assert len(plan._plans) <= plan._plans.maxsize
+
+
+def test_a_cache_hit_still_checks_every_array():
+    case = make_case("lstm")
+    case.forward()  # cached
+    with pytest.raises(TypeError, match=r"input_c: expected dtype float64 \(the dtype of "
+                                        r"input\), got float32"):
+        pycudnnrnn.forward(case.input, case.input_h, case.input_c.astype(np.float32),
+                           case.params, **case.attrs)
+    with pytest.raises(TypeError, match="time_major: expected a bool, got int 1"):
+        pycudnnrnn.forward(case.input, case.input_h, case.input_c, case.params,
+                           **{**case.attrs, "time_major": 1})
+
+
+def test_dropout_states_stay_bounded_over_many_seeds(device):
+    """Issue 12: one ~6 MiB cuDNN state per seed was kept forever; now a bounded few."""
+    if device.kind != "stand-in":
+        pytest.skip("the live states are counted on the stand-in GPU")
+    case = make_case("lstm", "bidirectional", num_layers=2)
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    for seed in range(40):
+        pycudnnrnn.forward(*args, **{**case.attrs, "dropout": 0.3, "seed": seed})
+    gc.collect()
+    assert cudnn_resources.DROPOUT_SEEDS_KEPT <= 8  # at most ~50 MiB on an H200
+    assert len(cudnn_resources.LIVE_DROPOUT_STATES) <= cudnn_resources.DROPOUT_SEEDS_KEPT
+    held = _plan_for(case, device="cuda", dropout=0.3, seed=1000)  # a held plan keeps its own
+    for seed in range(40):
+        pycudnnrnn.forward(*args, **{**case.attrs, "dropout": 0.3, "seed": seed})
+    gc.collect()
+    assert len(cudnn_resources.LIVE_DROPOUT_STATES) <= cudnn_resources.DROPOUT_SEEDS_KEPT + 1
+    assert held.forward(*args)[0].shape == held.output_shape
+
+
+def test_reserve_identity_needs_no_read_back(device):
+    """backprop knows its own reserve spaces without reading their header from the GPU;
+    a copy (not ours) is read, and still checked."""
+    if device.kind != "stand-in":
+        pytest.skip("copies are counted on the stand-in GPU")
+    case = make_case("lstm", num_layers=2, lengths="ragged")
+    p = _plan_for(case, device="cuda")
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = p.forward(*args)
+    grads = [device.put(g) for g in _grads(out)]
+    fake_cuda.reset_counts()
+    p.backprop(*args, *out[:3], *grads, out[3])
+    assert fake_cuda.COUNTS["device_to_host"] == 0
+    copy = device.put(np.asarray(out[3]).copy())
+    p.backprop(*args, *out[:3], *grads, copy)
+    assert fake_cuda.COUNTS["device_to_host"] == 1
+    other = _plan_for(case, device="cuda", sequence_lengths=[4, 4, 1]).forward(*args)[3]
+    with pytest.raises(ValueError, match="reserve_space: made by a forward call with a different"):
+        p.backprop(*args, *out[:3], *grads, other)
+
+
+@pytest.mark.parametrize("lengths", ["full", "zero"])
+def test_forward_and_backprop_capture_into_a_cuda_graph(device, lengths):
+    """Item 4: a training step (forward + backprop through a plan) captured once and
+    replayed on new input values equals eager calls. On the stand-in, the capture shows
+    that a run makes no transfer and no sync (CUDA would refuse them while capturing)."""
+    from pycudnnrnn import graphs
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths=lengths, dtype=np.float32)
+    p = _plan_for(case, device="cuda")
+    x, h, c, w = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    dy, dh, dc = [device.put(g) for g in _grads(case.forward())]
+
+    def step():
+        y, hy, cy, reserve = p.forward(x, h, c, w)
+        return (y, hy, cy) + p.backprop(x, h, c, w, y, hy, cy, dy, dh, dc, reserve)
+
+    step()  # the plan's first call
+    captured = graphs.capture(step)
+    if device.kind == "stand-in":
+        assert fake_cuda.CAPTURING == []
+        assert "cudnnRNNBackwardWeights_v8" in captured.graph.calls
+        return
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        with captured.stream:  # new values, ordered before the replay on its stream
+            x[...] = device.put(rng.standard_normal(x.shape).astype(np.float32))
+            w[...] = device.put(rng.uniform(-0.3, 0.3, w.shape).astype(np.float32))
+            captured.replay()
+        captured.stream.synchronize()
+        replayed = [device.get(a) for a in captured.outputs]
+        eager = [device.get(a) for a in step()]
+        for got, want in zip(replayed, eager):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_nothing_is_kept_after_a_call(device):
+    """Item 6: a call's arrays (inputs, results, reserve space) are freed once the caller
+    drops them: neither the plan, its cache nor the reserve-header memory keeps one."""
+    import weakref
+    case = make_case("lstm", lengths="zero", num_layers=2)
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    grads = [device.put(g) for g in _grads(out)]
+    back = pycudnnrnn.backprop(*args, case.sequence_lengths, *out[:3], *grads, out[3],
+                               **case.attrs)
+    refs = [weakref.ref(a) for a in args + list(out) + grads + list(back)]
+    del args, out, grads, back
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []

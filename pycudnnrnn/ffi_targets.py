@@ -5,22 +5,25 @@
 
 ``pycudnnrnn_forward``
     operands ``input, input_h, [input_c], params, [sequence_lengths]``;
-    results ``output, output_h, [output_c], reserve_space``.
+    results ``output, output_h, [output_c], reserve_space, workspace``.
 ``pycudnnrnn_backprop``
     operands ``input, input_h, [input_c], params, [sequence_lengths], output, output_h,
     [output_c], output_backprop, output_h_backprop, [output_c_backprop], reserve_space``;
-    results ``input_backprop, input_h_backprop, [input_c_backprop], params_backprop``.
+    results ``input_backprop, input_h_backprop, [input_c_backprop], params_backprop,
+    workspace``.
 
 Attributes of both: the op's ``rnn_mode, input_mode, direction`` (strings), ``dropout``
 (f64), ``seed, seed2, num_proj`` (i64), ``time_major, is_training, has_lengths`` (pred).
 
 A handler reads the call frame (``pycudnnrnn.xla_ffi``), views XLA's buffers as arrays
-without a copy (NumPy on the host; CuPy on XLA's device and stream on CUDA), runs the
-same checks and backend as ``pycudnnrnn.forward``/``backprop``, and writes the results
-into XLA's result buffers. ``reserve_space`` is allocated by XLA at the size
-``pycudnnrnn.jax`` computed at trace time (the largest any registered platform needs);
-a backend uses its first bytes. Errors (for example lengths out of range, known only
-when a traced ``sequence_lengths`` arrives) become XLA errors with our message.
+without a copy (NumPy on the host; CuPy on XLA's device, with XLA's stream current, on
+CUDA) and runs the cached ``RNNPlan`` for them (``pycudnnrnn.plan.for_call``, the
+functional API's cache) with XLA's result buffers as ``out=`` and XLA's workspace: the
+results are written in place, and on the GPU nothing per call is allocated behind XLA's
+back. ``reserve_space`` and ``workspace`` are sized at trace time by ``buffer_sizes``
+(the most any platform can need); a plan uses their first bytes. Errors (for example
+lengths out of range, known only when a traced ``sequence_lengths`` arrives) become XLA
+errors with our message.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import functools
 
 import numpy as np
 
-from . import checks, numpy_backend, xla_ffi
+from . import xla_ffi
 from .xla_ffi import DataType
 
 FORWARD = "pycudnnrnn_forward"
@@ -55,9 +58,10 @@ def operand_names(target: str, lstm: bool, has_lengths: bool) -> list:
 def result_names(target: str, lstm: bool) -> list:
     """Names of a target's results, in call order."""
     if target == FORWARD:
-        return ["output", "output_h"] + (["output_c"] if lstm else []) + ["reserve_space"]
+        return ["output", "output_h"] + (["output_c"] if lstm else []) + \
+            ["reserve_space", "workspace"]
     return ["input_backprop", "input_h_backprop"] + (["input_c_backprop"] if lstm else []) + \
-        ["params_backprop"]
+        ["params_backprop", "workspace"]
 
 
 def _ml_dtypes_bfloat16():
@@ -97,28 +101,57 @@ class _Call:
         self.operands = dict(zip(names, operands))
         self.results = dict(zip(outs, results))
 
-    def forward_problem(self, arrays, host_lengths):
-        return checks.check_forward(arrays["input"], arrays["input_h"], arrays.get("input_c"),
-                                    arrays["params"], host_lengths, **self.op,
-                                    is_training=self.is_training)
 
 
-def _store(name, destination, value):
-    """Copy a backend result into XLA's buffer (reserve_space into its first bytes)."""
-    if name == "reserve_space":
-        if value.shape[0] > destination.shape[0]:
-            raise ValueError(f"reserve_space: the backend needs {value.shape[0]} bytes, XLA "
-                             f"allocated {destination.shape[0]}")
-        destination[:value.shape[0]] = value
-    elif value.size:  # non-LSTM output_c and input_c_backprop are empty: nothing to write
-        destination[...] = value
+def _prefix(buffer, nbytes, name):
+    """The first `nbytes` of an XLA byte buffer sized for every platform."""
+    if nbytes > buffer.shape[0]:
+        raise ValueError(f"{name}: this call needs {nbytes} bytes, XLA allocated "
+                         f"{buffer.shape[0]}")
+    return buffer[:nbytes]
 
 
-def _reserve_prefix(reserve, nbytes):
-    if nbytes > reserve.shape[0]:
-        raise ValueError(f"reserve_space: expected at least {nbytes} bytes for this call, got "
-                         f"{reserve.shape[0]}")
-    return reserve[:nbytes]
+def buffer_sizes(problem, cuda: bool) -> tuple[int, int]:
+    """``(reserve_space, workspace)`` bytes to allocate at trace time for `problem`.
+
+    Lengths are unknown then (``problem`` has none: every row runs, the most a plan can
+    need), and so is the platform: the sizes are the largest of the CPU's and, when
+    `cuda`, device 0's cuDNN plan. A handler uses the first bytes its plan needs.
+    """
+    from .plan import RNNPlan
+    plans = [RNNPlan.from_problem(problem, None)]
+    if cuda:
+        plans.append(RNNPlan.from_problem(problem, 0))
+    return (max(p.reserve_nbytes for p in plans), max(p.workspace_nbytes for p in plans))
+
+
+def _run(call_frame, target: str, place):
+    """Run one call frame through the cached plan for its arrays, on `place`'s device,
+    writing straight into XLA's result buffers."""
+    from . import plan as plans
+    call = _Call(call_frame, target)
+    with place:
+        a = {n: place.array(b) for n, b in call.operands.items()}
+        lengths = place.host_lengths(a.pop("sequence_lengths", None))
+        out = {n: place.array(b) for n, b in call.results.items()}
+        for name in ("input_c", "output_c", "output_c_backprop"):
+            a.setdefault(name, None)  # not LSTM
+        plan = plans.for_call(a, lengths, {**call.op, "is_training": call.is_training},
+                              place.device)
+        workspace = out.pop("workspace")
+        workspace = workspace[:plan.workspace_nbytes] \
+            if workspace.shape[0] >= plan.workspace_nbytes else None  # None: the plan's own
+        if target == FORWARD:
+            reserve = _prefix(out["reserve_space"], plan.reserve_nbytes, "reserve_space") \
+                if call.is_training else None
+            plan.run_forward(a, out=(out["output"], out["output_h"], out.get("output_c"),
+                                     reserve), workspace=workspace)
+        else:
+            a["reserve_space"] = _prefix(a["reserve_space"], plan.reserve_nbytes,
+                                         "reserve_space")
+            plan.run_backprop(a, out=(out["input_backprop"], out["input_h_backprop"],
+                                      out.get("input_c_backprop"), out["params_backprop"]),
+                              workspace=workspace)
 
 
 # --------------------------------------------------------------------------- the CPU
@@ -133,80 +166,55 @@ def host_array(buffer: xla_ffi.Buffer) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype).reshape(buffer.shape)
 
 
+class _Host:
+    """The CPU: XLA's host buffers as NumPy arrays; the NumPy backend's plans."""
+
+    device = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    array = staticmethod(host_array)
+
+    @staticmethod
+    def host_lengths(lengths):
+        return lengths
+
+
 def cpu_forward(call_frame):
     """``pycudnnrnn_forward`` on host buffers, with the NumPy backend."""
-    call = _Call(call_frame, FORWARD)
-    a = {n: host_array(b) for n, b in call.operands.items()}
-    problem = call.forward_problem(a, a.get("sequence_lengths"))
-    results = numpy_backend.forward(problem, a["input"], a["input_h"], a.get("input_c"),
-                                    a["params"])
-    _store_all(call, dict(zip(("output", "output_h", "output_c", "reserve_space"), results)),
-               host_array)
+    _run(call_frame, FORWARD, _Host())
 
 
 def cpu_backprop(call_frame):
     """``pycudnnrnn_backprop`` on host buffers, with the NumPy backend."""
-    call = _Call(call_frame, BACKPROP)
-    a = {n: host_array(b) for n, b in call.operands.items()}
-    problem = call.forward_problem(a, a.get("sequence_lengths"))
-    reserve = _reserve_prefix(a["reserve_space"], numpy_backend.reserve_nbytes(problem))
-    grads = _backprop(numpy_backend.backprop, problem, a, reserve)
-    _store_all(call, grads, host_array)
-
-
-def _backprop(backend_backprop, problem, a, reserve):
-    """Check and run a backend's backprop on named arrays; results by name."""
-    empty = a["input"][:0].reshape(0)  # an empty array of the right type for non-LSTM
-    args = [a["output"], a["output_h"], a.get("output_c", empty), a["output_backprop"],
-            a["output_h_backprop"], a.get("output_c_backprop", empty)]
-    checks.check_backprop(problem, *args, reserve)
-    results = backend_backprop(problem, a["input"], a["input_h"], a.get("input_c"),
-                               a["params"], *args, reserve)
-    return dict(zip(("input_backprop", "input_h_backprop", "input_c_backprop",
-                     "params_backprop"), results))
-
-
-def _store_all(call, values, view):
-    for name, buffer in call.results.items():
-        _store(name, view(buffer), values[name])
+    _run(call_frame, BACKPROP, _Host())
 
 
 # --------------------------------------------------------------------------- CUDA
 
-def cuda_sizes(problem) -> int:
-    """Bytes of the cuDNN backend's reserve_space for `problem` (0 when not training).
-
-    The one place that asks the cuDNN backend for sizes: at trace time (lengths unknown,
-    so every row counts: the most cuDNN can need) and in the backprop handler (lengths
-    known). Needs a GPU.
-    """
-    if not problem.is_training:
-        return 0
-    from . import cudnn_backend
-    cupy = cudnn_backend._cupy()
-    call = cudnn_backend._Call(cupy, problem, training=True)
-    return cudnn_backend._HEADER_BYTES + (call.reserve_bytes if call.batch else 0)
-
-
 class _Device:
     """XLA's device and stream for this call, made current for CuPy (and so for cuDNN,
-    whose handle follows CuPy's current stream)."""
+    whose handle follows CuPy's current stream); XLA's buffers as CuPy views."""
 
     def __init__(self, call_frame):
-        from . import cudnn_backend
-        self.cupy = cp = cudnn_backend._cupy()
-        self.ordinal = xla_ffi.device_ordinal(call_frame)
-        self.device = cp.cuda.Device(self.ordinal)
-        self.stream = cp.cuda.ExternalStream(xla_ffi.stream(call_frame), self.ordinal)
+        from . import gpu
+        self.cupy = cp = gpu.cupy()
+        self.device = xla_ffi.device_ordinal(call_frame)
+        self._device = cp.cuda.Device(self.device)
+        self._stream = cp.cuda.ExternalStream(xla_ffi.stream(call_frame), self.device)
 
     def __enter__(self):
-        self.device.__enter__()
-        self.stream.__enter__()
+        self._device.__enter__()
+        self._stream.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.stream.__exit__(*exc)
-        self.device.__exit__(*exc)
+        self._stream.__exit__(*exc)
+        self._device.__exit__(*exc)
 
     def array(self, buffer: xla_ffi.Buffer):
         """A CuPy view of a device buffer (no copy; XLA owns the memory)."""
@@ -215,7 +223,7 @@ class _Device:
         count = int(np.prod(buffer.shape, dtype=np.int64))
         if count == 0 or not buffer.data:
             return cp.empty(buffer.shape, dtype)
-        memory = cp.cuda.UnownedMemory(buffer.data, count * dtype.itemsize, None, self.ordinal)
+        memory = cp.cuda.UnownedMemory(buffer.data, count * dtype.itemsize, None, self.device)
         return cp.ndarray(buffer.shape, dtype, cp.cuda.MemoryPointer(memory, 0))
 
     def host_lengths(self, lengths):
@@ -224,28 +232,13 @@ class _Device:
 
 
 def cuda_forward(call_frame):
-    """``pycudnnrnn_forward`` on XLA's CUDA buffers, with the cuDNN backend on XLA's stream."""
-    from . import cudnn_backend
-    call = _Call(call_frame, FORWARD)
-    with _Device(call_frame) as device:
-        a = {n: device.array(b) for n, b in call.operands.items()}
-        problem = call.forward_problem(a, device.host_lengths(a.get("sequence_lengths")))
-        results = cudnn_backend.forward(problem, a["input"], a["input_h"], a.get("input_c"),
-                                        a["params"])
-        _store_all(call, dict(zip(("output", "output_h", "output_c", "reserve_space"),
-                                  results)), device.array)
+    """``pycudnnrnn_forward`` on XLA's CUDA buffers, with cuDNN on XLA's stream."""
+    _run(call_frame, FORWARD, _Device(call_frame))
 
 
 def cuda_backprop(call_frame):
-    """``pycudnnrnn_backprop`` on XLA's CUDA buffers, with the cuDNN backend on XLA's stream."""
-    from . import cudnn_backend
-    call = _Call(call_frame, BACKPROP)
-    with _Device(call_frame) as device:
-        a = {n: device.array(b) for n, b in call.operands.items()}
-        problem = call.forward_problem(a, device.host_lengths(a.get("sequence_lengths")))
-        reserve = _reserve_prefix(a["reserve_space"], cuda_sizes(problem))
-        grads = _backprop(cudnn_backend.backprop, problem, a, reserve)
-        _store_all(call, grads, device.array)
+    """``pycudnnrnn_backprop`` on XLA's CUDA buffers, with cuDNN on XLA's stream."""
+    _run(call_frame, BACKPROP, _Device(call_frame))
 
 
 @functools.lru_cache(maxsize=None)

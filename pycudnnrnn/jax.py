@@ -8,8 +8,9 @@ backend on host buffers) and for CUDA (cuDNN on XLA's stream). Nothing is compil
   (``ValueError``/``TypeError`` naming the argument); ``sequence_lengths`` is an
   operand, so it may be traced: its values are checked by the handler, and a bad one
   raises the handler's message from the computation.
-* ``reserve_space`` is a result of the forward call, sized at trace time (the largest
-  of the sizes the CPU and, when JAX has a GPU, cuDNN need), so XLA allocates it.
+* ``reserve_space`` is a result of the forward call, and the plan's workspace one of
+  each call, sized at trace time (the largest of the sizes the CPU and, when JAX has a
+  GPU, cuDNN need), so XLA allocates them.
 * Gradients: ``jax.custom_vjp`` onto ``pycudnnrnn.backprop``'s target, with respect to
   input, input_h, input_c and params (lengths are integers, not differentiable).
 * ``vmap``: inference (``is_training=False``) folds the mapped axis into the batch, one
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from . import checks, ffi_targets, numpy_backend
+from . import checks, ffi_targets
 from .errors import CudnnUnavailableError
 from .ffi_targets import BACKPROP, FORWARD
 
@@ -94,17 +95,14 @@ class _Op:
                                        for f in dataclasses.fields(self)})
 
 
-def _reserve_nbytes(problem) -> int:
-    """reserve_space bytes: enough for every platform this JAX can run the call on."""
-    if not problem.is_training:
-        return 0
-    nbytes = numpy_backend.reserve_nbytes(problem)
+def _buffer_sizes(problem) -> tuple[int, int]:
+    """reserve_space and workspace bytes: enough for every platform this JAX can run on."""
     if _has_cuda():
         try:
-            nbytes = max(nbytes, ffi_targets.cuda_sizes(problem))
+            return ffi_targets.buffer_sizes(problem, cuda=True)
         except CudnnUnavailableError:
             pass  # JAX has a GPU but we cannot use it: the CUDA handler will say why
-    return nbytes
+    return ffi_targets.buffer_sizes(problem, cuda=False)
 
 
 def _check_lengths(sequence_lengths, batch_size, max_time):
@@ -140,10 +138,12 @@ def _forward_call(op: _Op, *operands):
                jax.ShapeDtypeStruct(problem.state_shape(c.state_size), dtype)]
     if op.lstm:
         results.append(jax.ShapeDtypeStruct(problem.state_shape(c.num_units), dtype))
-    results.append(jax.ShapeDtypeStruct((_reserve_nbytes(problem),), jnp.uint8))
+    reserve_nbytes, workspace_nbytes = _buffer_sizes(problem)
+    results += [jax.ShapeDtypeStruct((reserve_nbytes,), jnp.uint8),
+                jax.ShapeDtypeStruct((workspace_nbytes,), jnp.uint8)]
     register()
     return jax.ffi.ffi_call(FORWARD, results, vmap_method="sequential")(
-        *operands, **op.attributes(has_lengths))
+        *operands, **op.attributes(has_lengths))[:-1]  # the workspace is scratch
 
 
 def _backprop_call(op: _Op, has_lengths: bool, *operands):
@@ -152,9 +152,11 @@ def _backprop_call(op: _Op, has_lengths: bool, *operands):
     a = dict(zip(names, operands))
     results = [jax.ShapeDtypeStruct(a[n].shape, a[n].dtype)
                for n in ("input", "input_h") + (("input_c",) if op.lstm else ()) + ("params",)]
+    problem = op.problem(a["input"], a["input_h"], a.get("input_c"), a["params"])
+    results.append(jax.ShapeDtypeStruct((_buffer_sizes(problem)[1],), jnp.uint8))
     register()
     return jax.ffi.ffi_call(BACKPROP, results, vmap_method="sequential")(
-        *operands, **dataclasses.replace(op, is_training=True).attributes(has_lengths))
+        *operands, **dataclasses.replace(op, is_training=True).attributes(has_lengths))[:-1]
 
 
 # --------------------------------------------------------------------------- vmap: folding

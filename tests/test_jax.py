@@ -474,26 +474,14 @@ def test_docs_examples_run():
 
 # --------------------------------------------------------------------------- handlers without XLA
 
-class _ReserveFollowsCopies(dict):
-    """The stand-in cuDNN keeps what a forward computed under its reserve's address. The
-    handler copies the backend's reserve into XLA's buffer, so the address changes: as on a
-    real GPU, where a reserve space is data, not addresses (XLA copies residuals, e.g. when
-    lax.scan stacks them, and JAX's own cuDNN LSTM relies on it), the one forward's state
-    must be found at its new address."""
-
-    def __missing__(self, address):
-        [state] = self.values()
-        return state
-
-
 @pytest.fixture
 def stand_in_gpu(monkeypatch):
     """fake_cuda's stand-in GPU, plus the CuPy pieces the CUDA handlers use (views of raw
     pointers, XLA's stream made current); yields the streams cuDNN's handle was set to."""
-    from fake_cuda import FakeCudnn, FakeCupy
-    from pycudnnrnn import cudnn_backend
-    from pycudnnrnn.cudnn import descriptors
-    fake_cupy, fake_api, streams = FakeCupy(), FakeCudnn(), []
+    import fake_cuda
+    from pycudnnrnn import gpu
+    fake_api = fake_cuda.install(monkeypatch)
+    fake_cupy, streams = gpu.cupy(), []
     current = [fake_cupy.cuda.get_current_stream()]
 
     class ExternalStream:
@@ -516,14 +504,7 @@ def stand_in_gpu(monkeypatch):
         (ctypes.c_char * size).from_address(ptr)
     fake_cupy.cuda.MemoryPointer = memory_pointer
     fake_api._cudnnSetStream = lambda handle, stream: streams.append(stream)
-    fake_api.state = _ReserveFollowsCopies()
-    monkeypatch.setattr(cudnn_backend, "_cupy", lambda: fake_cupy)
-    monkeypatch.setattr(cudnn_backend, "api", lambda: fake_api)
-    monkeypatch.setattr(descriptors, "api", lambda: fake_api)
-    monkeypatch.setattr(cudnn_backend, "_local", type(cudnn_backend._local)())
-    cudnn_backend.clear_caches()
     yield streams
-    cudnn_backend.clear_caches()
 
 
 def _op(case, **overrides):
@@ -531,42 +512,48 @@ def _op(case, **overrides):
                           **overrides})
 
 
-def _forward_frame(case, op, reserve_nbytes, lengths=None):
+def _forward_frame(case, op, sizes, lengths=None):
+    """A forward call frame over `case`'s arrays; reserve and workspace of `sizes` bytes."""
     from fake_xla import FakeCallFrame
     lengths = _lengths(case) if lengths is None else lengths
     operands = [a for a in (case.input, case.input_h, case.input_c, case.params, lengths)
                 if a is not None]
     expected = case.forward()
     results = [np.full(e.shape, np.nan, e.dtype) for e in expected[:3] if e.size]
-    results.append(np.zeros(reserve_nbytes, np.uint8))
+    results += [np.zeros(n, np.uint8) for n in sizes]
     return FakeCallFrame(operands, results, op.attributes(lengths is not None)), expected, results
 
 
-@pytest.mark.parametrize("name", ["lstm-bi-2layer-zero-lengths", "gru-skip-input-batch-major"])
-def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name):
+@pytest.mark.parametrize("name, lengths", [("lstm-bi-2layer-zero-lengths", "zero"),
+                                           ("gru-skip-input-batch-major", None),
+                                           ("gru-bi-ragged", "ragged"),
+                                           ("lstm-projection-bi", None)])
+def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
+    import fake_cuda
     from fake_xla import FakeCallFrame
-    from pycudnnrnn import ffi_targets, numpy_backend
-    case = _case(name)
+    from pycudnnrnn import ffi_targets
+    case = _case(name, lengths=lengths)
     op = _op(case)
     problem = op.problem(case.input, case.input_h, case.input_c, case.params)
-    nbytes = max(numpy_backend.reserve_nbytes(problem), ffi_targets.cuda_sizes(problem))
-    stand_in_gpu.clear()  # cuda_sizes ran on the default stream, as at trace time
-    frame, expected, results = _forward_frame(case, op, nbytes)
+    sizes = ffi_targets.buffer_sizes(problem, cuda=True)
+    stand_in_gpu.clear()  # buffer_sizes ran on the default stream, as at trace time
+    frame, expected, results = _forward_frame(case, op, sizes)
     assert frame.call(xla_ffi.make_handler(ffi_targets.cuda_forward)) is None, frame.errors
-    _assert_same(results[:-1], [e for e in expected[:3] if e.size])
+    outputs, reserve = results[:-2], results[-2]
+    _assert_same(outputs, [e for e in expected[:3] if e.size])
     assert frame.asked == ["XLA_FFI_DeviceOrdinal_Get", "XLA_FFI_Stream_Get"]
     assert stand_in_gpu and set(stand_in_gpu) == {frame.stream}  # cuDNN ran on XLA's stream
 
     lstm = op.lstm
     dy, dh, dc = _loss_weights(case, expected[:3])
-    outputs = results[:-1]
     operands = [a for a in (case.input, case.input_h, case.input_c, case.params,
                             _lengths(case)) if a is not None]
-    operands += outputs + [dy, dh] + ([dc] if lstm else []) + [results[-1]]
+    operands += outputs + [dy, dh] + ([dc] if lstm else []) + [reserve]
     grads = [np.full(a.shape, np.nan, a.dtype) for a in (case.input, case.input_h,
                                                            case.input_c, case.params)
              if a is not None]
-    backward = FakeCallFrame(operands, grads, op.attributes(case.sequence_lengths is not None))
+    backward = FakeCallFrame(operands, grads + [np.zeros(sizes[1], np.uint8)],
+                             op.attributes(case.sequence_lengths is not None))
     assert backward.call(xla_ffi.make_handler(ffi_targets.cuda_backprop)) is None, \
         backward.errors
     reference = case.backprop(expected, dy, dh, dc if lstm else np.zeros((0,), np.float32))
@@ -574,16 +561,31 @@ def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name):
     for ours, theirs in zip(grads, reference):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
 
+    # A second forward finds its plan cached: no copy between host and device and no sync
+    # (but for the lengths: traced, they come to the host on every call); and, time-major
+    # and without lengths, XLA's buffers are written in place with no allocation (the
+    # backend makes temporaries to zero ragged padding, to leave rows of length 0 out of
+    # cuDNN and to make batch-major states time-major).
+    fake_cuda.reset_counts()
+    frame, _, results = _forward_frame(case, op, sizes)
+    assert frame.call(xla_ffi.make_handler(ffi_targets.cuda_forward)) is None, frame.errors
+    _assert_same(results[:-2], outputs)
+    traffic = {k: fake_cuda.COUNTS[k] for k in ("host_to_device", "device_to_host", "sync")}
+    reads = 1 if case.sequence_lengths else 0
+    assert traffic == {"host_to_device": 0, "device_to_host": reads, "sync": reads}
+    if case.attrs["time_major"] and case.sequence_lengths is None:
+        assert fake_cuda.COUNTS["device_alloc"] == 0
+
 
 def test_handler_errors_and_metadata_without_xla():
-    from pycudnnrnn import ffi_targets, numpy_backend
+    from pycudnnrnn import ffi_targets
     case = _case("lstm-bi-2layer-zero-lengths")
     op = _op(case)
     handler = xla_ffi.make_handler(ffi_targets.cpu_forward)
     problem = op.problem(case.input, case.input_h, case.input_c, case.params)
-    nbytes = numpy_backend.reserve_nbytes(problem)
+    sizes = ffi_targets.buffer_sizes(problem, cuda=False)
 
-    frame, _, results = _forward_frame(case, op, nbytes, lengths=np.array([1, 9, 0], np.int32))
+    frame, _, results = _forward_frame(case, op, sizes, lengths=np.array([1, 9, 0], np.int32))
     assert frame.call(handler) == frame.ERROR
     [(message, code)] = frame.errors
     assert code == xla_ffi.ErrorCode.INVALID_ARGUMENT
@@ -591,16 +593,17 @@ def test_handler_errors_and_metadata_without_xla():
 
     def interrupted(call_frame):
         raise KeyboardInterrupt
-    frame, _, results = _forward_frame(case, op, nbytes)
+    frame, _, results = _forward_frame(case, op, sizes)
     assert frame.call(xla_ffi.make_handler(interrupted)) == frame.ERROR  # not "success"
     assert frame.errors[0][0].startswith("KeyboardInterrupt")
     assert frame.errors[0][1] == xla_ffi.ErrorCode.INTERNAL
 
-    frame, _, results = _forward_frame(case, op, nbytes - 1)  # XLA gave too little room
+    too_small = (sizes[0] - 1, sizes[1])  # XLA gave too little room
+    frame, _, results = _forward_frame(case, op, too_small)
     assert frame.call(handler) == frame.ERROR
-    assert "reserve_space: the backend needs" in frame.errors[0][0]
+    assert "reserve_space: this call needs" in frame.errors[0][0]
 
-    frame, expected, results = _forward_frame(case, op, nbytes)
+    frame, expected, results = _forward_frame(case, op, sizes)
     metadata = frame.metadata
     frame.frame.extension_start = ctypes.cast(ctypes.pointer(xla_ffi.XLA_FFI_Metadata_Extension(
         xla_ffi.XLA_FFI_Extension_Base(0, xla_ffi.ExtensionType.METADATA, None),

@@ -98,9 +98,12 @@ class FakeCallFrame:
             if isinstance(value, str):
                 types[i], values[i] = AttrType.STRING, ctypes.addressof(self._span(value))
                 continue
-            kind, ctype = ((DataType.PRED, ctypes.c_bool) if isinstance(value, (bool, np.bool_))
-                           else (DataType.S64, ctypes.c_int64) if isinstance(value, (int, np.integer))
-                           else (DataType.F64, ctypes.c_double))
+            if isinstance(value, (bool, np.bool_)):
+                kind, ctype = DataType.PRED, ctypes.c_bool
+            elif isinstance(value, (int, np.integer)):
+                kind, ctype = DataType.S64, ctypes.c_int64
+            else:
+                kind, ctype = DataType.F64, ctypes.c_double
             cell = ctype(value)
             scalar = xla_ffi.XLA_FFI_Scalar(kind, ctypes.addressof(cell))
             self._keep += [cell, scalar]

@@ -482,6 +482,7 @@ def stand_in_gpu(monkeypatch):
     pointers, XLA's stream made current); yields the streams cuDNN's handle was set to."""
     import fake_cuda
     from pycudnnrnn import gpu
+    from pycudnnrnn import plan as plans
     fake_api = fake_cuda.install(monkeypatch)
     fake_cupy, streams = gpu.cupy(), []
     current = [fake_cupy.cuda.get_current_stream()]
@@ -507,6 +508,7 @@ def stand_in_gpu(monkeypatch):
     fake_cupy.cuda.MemoryPointer = memory_pointer
     fake_api._cudnnSetStream = lambda handle, stream: streams.append(stream)
     yield streams
+    plans.clear_caches()  # no stand-in plan may outlive the stand-in (a real GPU may follow)
 
 
 def _op(case, **overrides):

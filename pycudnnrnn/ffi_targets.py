@@ -102,7 +102,6 @@ class _Call:
         self.results = dict(zip(outs, results))
 
 
-
 def _prefix(buffer, nbytes, name):
     """The first `nbytes` of an XLA byte buffer sized for every platform."""
     if nbytes > buffer.shape[0]:

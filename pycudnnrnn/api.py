@@ -53,11 +53,11 @@ class _Route:
         self.device = next(iter(devices.values()))
 
     def outputs(self, results):
-        """Backend results in the caller's array type."""
+        """Backend results in the caller's array type (None stays None)."""
         if isinstance(self.template, self.xp.ndarray):
             return results
         wrap = _from_dlpack_like(self.template)
-        return tuple(wrap(r) for r in results)
+        return tuple(None if r is None else wrap(r) for r in results)
 
 
 def _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj):
@@ -222,7 +222,7 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
              output_backprop, output_h_backprop, output_c_backprop, reserve_space, *,
              rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
              dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True, num_layers=None,
-             num_units=None, input_size=None) -> BackpropResult:
+             num_units=None, input_size=None, gradients="all") -> BackpropResult:
     """Backprop of data and weights (TensorFlow's ``CudnnRNNBackpropV3``).
 
     Parameters
@@ -248,13 +248,19 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     time_major : bool, default True
     num_layers, num_units, input_size : int, optional
         As in ``forward``: checked against the shapes when given.
+    gradients : {"all", "data", "weights"}, default "all"
+        Which gradients to compute. ``"data"``: input_backprop and the state gradients
+        only (cuDNN skips ``cudnnRNNBackwardWeights``; the NumPy backend skips the
+        weight-gradient products), for input saliency or frozen weights. ``"weights"``:
+        params_backprop only (cuDNN still runs its data pass, which the weight pass
+        needs; the NumPy backend skips the first layer's input gradient).
 
     Returns
     -------
     BackpropResult
         Named tuple ``(input_backprop, input_h_backprop, input_c_backprop,
         params_backprop)``: gradients shaped like input, input_h, input_c (empty ``(0,)``
-        unless LSTM) and params.
+        unless LSTM) and params; those that `gradients` leaves out are None.
     """
     lstm = checks.rnn_mode(rnn_mode) == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
@@ -268,4 +274,5 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
                       time_major=time_major, is_training=True, num_layers=num_layers,
                       num_units=num_units, input_size=input_size)
     run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes, route.device)
-    return BackpropResult(*route.outputs(run.run_backprop(route.arrays, reference="input")))
+    return BackpropResult(*route.outputs(run.run_backprop(route.arrays, reference="input",
+                                                          gradients=gradients)))

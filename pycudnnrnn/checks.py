@@ -297,6 +297,14 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
     return Problem(config, T, B, time_major, dtype, lengths, is_training)
 
 
+GRADIENTS = ("all", "data", "weights")
+
+
+def check_gradients(gradients) -> str:
+    """Which gradients ``backprop`` computes: "all", "data" or "weights"."""
+    return _choice("gradients", gradients, GRADIENTS)
+
+
 def forward_shapes(problem: Problem) -> list:
     """(name, expected shape, what it is) of forward's arrays for `problem`."""
     c = problem.config

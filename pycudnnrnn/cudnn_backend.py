@@ -209,15 +209,30 @@ class Executor:
 
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                 out=(None,) * 4, workspace=None):
-        """Backprop of data, then weights; see ``pycudnnrnn.backprop``."""
+                 out=(None,) * 4, workspace=None, gradients="all"):
+        """Backprop of data, then weights; see ``pycudnnrnn.backprop``.
+
+        `gradients="data"` skips cudnnRNNBackwardWeights; "weights" still runs the data
+        pass (the weight pass reads what it leaves in the reserve space). Gradients left
+        out come back as None.
+        """
+        grads = self._backprop(input, input_h, input_c, params, output, output_h, output_c,
+                               output_backprop, output_h_backprop, output_c_backprop,
+                               reserve_space, out, workspace, gradients != "data")
+        return grads if gradients != "weights" else (None, None, None, grads[3])
+
+    def _backprop(self, input, input_h, input_c, params, output, output_h, output_c,
+                  output_backprop, output_h_backprop, output_c_backprop, reserve_space, out,
+                  workspace, want_weights):
         cp, problem = self.cupy, self.problem
         c, dtype = problem.config, problem.dtype
         lstm = c.is_lstm
         reserve = self._open_reserve(reserve_space)
         out_dx, out_dh, out_dc, out_dw = out
-        dparams = out_dw if out_dw is not None else cp.empty(layout.params_size(c), dtype)
-        dparams[...] = 0  # cuDNN adds the weight gradients
+        dparams = None
+        if want_weights:
+            dparams = out_dw if out_dw is not None else cp.empty(layout.params_size(c), dtype)
+            dparams[...] = 0  # cuDNN adds the weight gradients
         if self.batch == 0:
             dx = out_dx if out_dx is not None else cp.empty(input.shape, dtype)
             dx[...] = 0
@@ -244,9 +259,10 @@ class Executor:
                           hx=hx.data.ptr, dhy=dhy.data.ptr, dhx=dhx.data.ptr,
                           c_desc=self.c_desc, cx=_ptr(cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
                           weights=weights.data.ptr, **common)
-        rnn.backward_weights(handle, self.rnn, x_desc=self.x_desc, x=x.data.ptr,
-                             h_desc=self.h_desc, hx=hx.data.ptr, y_desc=self.y_desc,
-                             y=y.data.ptr, dweights=dparams.data.ptr, **common)
+        if want_weights:
+            rnn.backward_weights(handle, self.rnn, x_desc=self.x_desc, x=x.data.ptr,
+                                 h_desc=self.h_desc, hx=hx.data.ptr, y_desc=self.y_desc,
+                                 y=y.data.ptr, dweights=dparams.data.ptr, **common)
         return (self._data_out(dx, out_dx, c.input_size),
                 self._state_out(dhx, out_dh, output_h_backprop),
                 self._state_out(dcx, out_dc, output_c_backprop) if lstm else self.empty,

@@ -134,6 +134,7 @@ def _output_slots(problem: Problem) -> int:
 def reserve_nbytes(problem: Problem) -> int:
     """Bytes of the reserve_space forward makes for this problem."""
     itemsize = _compute_dtype(problem.dtype).itemsize
+    # math.prod, not np.prod: sizes may be symbolic while PyTorch traces (pycudnnrnn.torch)
     return _HEADER_BYTES + itemsize * sum(math.prod(s) for _, s in _reserve_entries(problem))
 
 
@@ -424,9 +425,9 @@ def _lstm_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
         dc_k *= f[t, :k]
         np.matmul(dg, rec, out=dh_k)
     grads = {}
-    if dhs is not None:
-        m = o * np.tanh(cells)
-        grads["w_proj"] = np.matmul(dhs.reshape(-1, dhs.shape[2]).T, m.reshape(-1, H))
+    if dhs is not None:  # formed only if weight gradients are wanted
+        grads["w_proj"] = lambda: np.matmul(dhs.reshape(-1, dhs.shape[2]).T,
+                                            (o * np.tanh(cells)).reshape(-1, H))
     return dgates, dgates, grads
 
 
@@ -560,12 +561,16 @@ def forward(problem: Problem, input, input_h, input_c, params, batch=None):
 
 
 def backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,
-             output_backprop, output_h_backprop, output_c_backprop, reserve_space, batch=None):
+             output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+             gradients="all", batch=None):
     """Backprop of data and weights on NumPy arrays; see ``pycudnnrnn.backprop``.
 
     `output`, `output_h` and `output_c` are not read: the reserve space holds what
-    forward computed, so a caller cannot make the two disagree.
+    forward computed, so a caller cannot make the two disagree. `gradients` ("all",
+    "data" or "weights") leaves out the weight-gradient products, or the first layer's
+    input gradient; what is left out comes back as None.
     """
+    want_data, want_weights = gradients in ("all", "data"), gradients in ("all", "weights")
     c = problem.config
     cdt = _compute_dtype(problem.dtype)
     views = _open_reserve(reserve_space, problem)
@@ -594,17 +599,20 @@ def backprop(problem: Problem, input, input_h, input_c, params, output, output_h
             dxg, dhg, extra = backward(dy[..., direction * P:(direction + 1) * P], dh[k],
                                        None if dc is None else dc[k], w, store, prev_h,
                                        prev_c, batch, reverse)
-            dx += _input_gradient(dxg, w, x.shape[2])
-            _store_weight_grads(dparams, blocks[k], w, x, prev_h, dxg, dhg, extra)
+            if want_data or layer > 0:  # layer l's input gradient feeds layer l-1
+                dx += _input_gradient(dxg, w, x.shape[2])
+            if want_weights:
+                _store_weight_grads(dparams, blocks[k], w, x, prev_h, dxg, dhg, extra)
         if f"mask{layer}" in views:
             dx *= views[f"mask{layer}"]
         dy = dx
 
     dtype = problem.dtype
-    return (batch.data_out(dy, tm, dtype),
+    data = (batch.data_out(dy, tm, dtype),
             batch.state_out(dh, tm, dtype),
-            batch.state_out(dc, tm, dtype) if c.is_lstm else np.zeros((0,), dtype),
-            dparams.astype(dtype, copy=False))
+            batch.state_out(dc, tm, dtype) if c.is_lstm else np.zeros((0,), dtype)) \
+        if want_data else (None, None, None)
+    return data + (dparams.astype(dtype, copy=False) if want_weights else None,)
 
 
 def _store_weight_grads(dparams, blocks, w, x, prev_h, dxg, dhg, extra):
@@ -618,4 +626,4 @@ def _store_weight_grads(dparams, blocks, w, x, prev_h, dxg, dhg, extra):
     blocks.b_input.view(dparams)[rows] = dxg2.sum(axis=0)
     blocks.b_recurrent.view(dparams)[rows] = dhg2.sum(axis=0)
     if blocks.w_projection is not None:
-        blocks.w_projection.view(dparams)[:] = extra["w_proj"]
+        blocks.w_projection.view(dparams)[:] = extra["w_proj"]()

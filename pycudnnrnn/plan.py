@@ -146,15 +146,16 @@ class RNNPlan:
 
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                 out=None, workspace=None):
+                 out=None, workspace=None, gradients="all"):
         """Run backprop; returns ``BackpropResult(input_backprop, input_h_backprop,
-        input_c_backprop, params_backprop)``."""
+        input_c_backprop, params_backprop)``, None for those `gradients` ("all", "data" or
+        "weights", as for ``pycudnnrnn.backprop``) leaves out."""
         arrays = self._adopt(dict(
             input=input, input_h=input_h, input_c=input_c, params=params, output=output,
             output_h=output_h, output_c=output_c, output_backprop=output_backprop,
             output_h_backprop=output_h_backprop, output_c_backprop=output_c_backprop,
             reserve_space=reserve_space))
-        results = self.run_backprop(arrays, out=out, workspace=workspace)
+        results = self.run_backprop(arrays, out=out, workspace=workspace, gradients=gradients)
         return BackpropResult(*self._results(input, results))
 
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan"):
@@ -168,12 +169,14 @@ class RNNPlan:
                                           input_c=arrays["input_c"] if lstm else None,
                                           params=arrays["params"], out=out, workspace=workspace)
 
-    def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan"):
+    def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan",
+                     gradients="all"):
         """backprop on backend arrays (NumPy or CuPy on the plan's device), by name."""
         if not self.problem.is_training:
             raise ValueError("backprop: this plan was built with is_training=False; build "
                              "one with is_training=True")
         lstm = self.problem.config.is_lstm
+        gradients = checks.check_gradients(gradients)
         checks.check_arrays(arrays, self._backprop_shapes, self.dtype, reference)
         checks.check_reserve_space(arrays["reserve_space"])
         out = self._outputs(out, self._results_of["backprop"])
@@ -182,7 +185,8 @@ class RNNPlan:
         if not lstm:
             a.update(input_c=None, output_c=None, output_c_backprop=None)
         with self._on_device():
-            return self._executor.backprop(**a, out=out, workspace=workspace)
+            return self._executor.backprop(**a, out=out, workspace=workspace,
+                                           gradients=gradients)
 
     # ------------------------------------------------------------------ arrays
     def _adopt(self, arrays: dict) -> dict:
@@ -211,7 +215,7 @@ class RNNPlan:
         if isinstance(template, self._xp.ndarray):
             return results
         wrap = from_dlpack_like(template)
-        return tuple(wrap(r) for r in results)
+        return tuple(None if r is None else wrap(r) for r in results)
 
     def _outputs(self, out, results):
         """Caller buffers for the `results` (name, shape, dtype), checked; None where not
@@ -276,9 +280,10 @@ class _NumpyExecutor:
                                         input_c=input_c, params=params, batch=self.batch)
         return _copy_into(results, out)
 
-    def backprop(self, out, workspace=None, **arrays):
+    def backprop(self, out, workspace=None, gradients="all", **arrays):
         memory.ensure_available(self.backprop_nbytes, "backprop")
-        results = numpy_backend.backprop(self.problem, **arrays, batch=self.batch)
+        results = numpy_backend.backprop(self.problem, **arrays, gradients=gradients,
+                                         batch=self.batch)
         return _copy_into(results, out)
 
 
@@ -286,7 +291,7 @@ def _copy_into(results, out):
     """Results written into the caller's buffers where given."""
     merged = []
     for result, buffer in zip(results, out):
-        if buffer is None:
+        if buffer is None or result is None:
             merged.append(result)
         else:
             buffer[...] = result

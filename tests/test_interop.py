@@ -356,3 +356,39 @@ def test_the_documented_round_trip_runs():
     assert "to_torch gives the same network: True" in proc.stdout
     diff = float(proc.stdout.split("max |pycudnnrnn - PyTorch|:")[1].split()[0])
     assert diff < 1e-5
+
+
+def test_the_earlier_autograd_function_interface_still_works():
+    from pycudnnrnn.torch import CudnnRNNFunction, rnn
+    torch.manual_seed(0)
+    x = torch.randn(4, 2, 3, dtype=torch.float64, requires_grad=True)
+    h = torch.zeros(2, 2, 5, dtype=torch.float64)
+    attrs = dict(rnn_mode="gru", direction="bidirectional", seed=1, seed2=2)
+    p = torch.rand(pycudnnrnn.params_size(rnn_mode="gru", num_layers=1, num_units=5,
+                                          input_size=3, direction="bidirectional"),
+                   dtype=torch.float64)
+    y, hy, _ = CudnnRNNFunction.apply(x, h, None, p, [4, 1], attrs, True)
+    y_ref, hy_ref, _ = rnn(x, h, None, p, [4, 1], **attrs)
+    assert torch.equal(y, y_ref) and torch.equal(hy, hy_ref)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_importing_pycudnnrnn_does_not_import_torch():
+    import subprocess
+    import sys
+    code = "import sys, pycudnnrnn; print('torch' in sys.modules)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=root, timeout=120)
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_torch_rnn_checks_given_sizes_against_the_shapes():
+    from pycudnnrnn.torch import rnn
+    module = _module("GRU", {}, True, 2)
+    params, attrs = convert.from_torch(module)
+    x = torch.randn(5, 3, 3, dtype=torch.float64)
+    h0 = torch.randn(4, 3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"num_layers: given 3, but input_h's shape"):
+        rnn(x, h0, None, params, **{**attrs, "num_layers": 3})

@@ -1,10 +1,10 @@
 """The dtypes the library takes, what each computes in, and bfloat16 across DLPack.
 
 float16, bfloat16, float32 and float64. bfloat16 is ``ml_dtypes.bfloat16``, the NumPy
-dtype JAX, TensorFlow and CuPy 14 use. ``ml_dtypes`` is optional (the ``bfloat16``
-extra): the dtype is recognised by name, and the package is imported only when this
-library has to make the dtype itself (from a PyTorch tensor, or from the name
-"bfloat16"); an array that already has the dtype has already imported it.
+dtype JAX, TensorFlow and CuPy 14 use (``ml_dtypes`` is a dependency). The dtype is
+recognised by name, so the package is imported only when this library has to make the
+dtype itself (from a PyTorch tensor, or from the name "bfloat16"); an array that already
+has the dtype has already imported it.
 
 The 16-bit types compute in float32, as cuDNN does. NumPy's ``from_dlpack`` cannot
 import bfloat16 (DLPack's ``kDLBfloat`` is not among its types), and PyTorch cannot
@@ -53,8 +53,8 @@ def bfloat16(name: str = "input") -> np.dtype:
         import ml_dtypes
     except ImportError as exc:
         raise TypeError(f"{name}: bfloat16 needs the ml_dtypes package (NumPy's bfloat16), "
-                        f"which is not installed: `pip install 'pycudnnrnn[bfloat16]'` or "
-                        f"`pip install '{_MINIMUM_ML_DTYPES}'`; or use float32 ({exc})") from exc
+                        f"a dependency of pycudnnrnn that is not installed: `pip install "
+                        f"'{_MINIMUM_ML_DTYPES}'`; or use float32 ({exc})") from exc
     return np.dtype(ml_dtypes.bfloat16)
 
 

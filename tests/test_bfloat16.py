@@ -157,7 +157,7 @@ def test_bfloat16_without_ml_dtypes_names_the_package(monkeypatch):
     case = make_case("gru", dtype=BF16)
     args = [_tensor(case.input), _tensor(case.input_h), None, _tensor(case.params)]
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # `import ml_dtypes` now fails
-    message = r"{}: bfloat16 needs the ml_dtypes package .*pip install 'pycudnnrnn\[bfloat16\]'"
+    message = r"{}: bfloat16 needs the ml_dtypes package .*pip install 'ml_dtypes>=0.4'"
     with pytest.raises(TypeError, match=message.format("input")):
         pycudnnrnn.forward(*args, rnn_mode="gru")
     with pytest.raises(TypeError, match=message.format("dtype")):

@@ -3,27 +3,37 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TESTED := $(VENV)/.installed-test
+# The GPU extra (CuPy and cuDNN, about 2 GB of NVIDIA wheels) only where an NVIDIA GPU
+# answers; cuda12 runs on CUDA 12 and 13 drivers. `make demo` needs nothing else. The test
+# extra adds the tools and the cuDNN library alone (no CuPy): the binding's tests and the
+# stand-in GPU make real cuDNN descriptors, which need no GPU.
+GPU_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo '[cuda12]')
 
 .PHONY: demo test bench docs gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.$(GPU_EXTRA)'
+	touch $(STAMP)
+
+$(TESTED): $(STAMP)
 	# torch 2.13.0 first: on this project's machines that release is a CPU build on disk.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(TESTED)
 
 demo: $(STAMP)
 	$(PY) -m pycudnnrnn check
 
-test: $(STAMP)
+test: $(TESTED)
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
+bench: $(TESTED)
 	$(PY) benchmarks/cpu_bench.py
 
-docs: $(STAMP)
+docs: $(TESTED)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:

@@ -1,8 +1,9 @@
 """Timing forward and forward+backprop, ours and PyTorch's, on the CPU or a GPU.
 
-Used by ``pycudnnrnn bench`` and the scripts in ``benchmarks/``. Figures are medians
-after warm-up: wall-clock on the CPU, CUDA events on the GPU. Nothing here asserts a
-speed; it measures and reports.
+Used by ``pycudnnrnn bench`` and the scripts in ``benchmarks/``. Each figure is the
+median of the timed runs after warm-up, with their minimum and maximum beside it:
+wall-clock on the CPU, CUDA events on the GPU. Nothing here asserts a speed; it
+measures and reports.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import time
 
 import numpy as np
 
-from . import api
+from . import api, dtypes
 
 METRICS = ("fwd_ms", "fwd_bwd_ms")
+#: Every figure ``key`` (the median) has ``key_min`` and ``key_max`` beside it.
+SPREAD = ("min", "max")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +71,7 @@ def ours(case: Case, device: str):
                         input_size=case.input_size, **case.attrs)
 
     def array(*shape):
-        return xp.asarray(rng.uniform(-0.1, 0.1, shape).astype(case.dtype))
+        return xp.asarray(rng.uniform(-0.1, 0.1, shape).astype(dtypes.by_name(case.dtype)))
 
     x = array(case.max_time, case.batch_size, case.input_size)
     h = array(case.num_layers * D, case.batch_size, case.hidden_size)
@@ -126,8 +129,8 @@ def pytorch(case: Case, device: str):
     return forward, forward_backward
 
 
-def median_ms(fn, device: str, repeat: int, warmup: int) -> float:
-    """Median time of `fn` in milliseconds: wall clock on the CPU, CUDA events on a GPU."""
+def times_ms(fn, device: str, repeat: int, warmup: int) -> list:
+    """Every timed run of `fn` in milliseconds: wall clock on the CPU, CUDA events on a GPU."""
     for _ in range(warmup):
         fn()
     times = []
@@ -145,7 +148,18 @@ def median_ms(fn, device: str, repeat: int, warmup: int) -> float:
             stop.record()
             stop.synchronize()
             times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+    return times
+
+
+def median_ms(fn, device: str, repeat: int, warmup: int) -> float:
+    """Median time of `fn` in milliseconds."""
+    return float(np.median(times_ms(fn, device, repeat, warmup)))
+
+
+def spread(key: str, times) -> dict:
+    """``{key: median, key_min: ..., key_max: ...}`` of `times`."""
+    return {key: float(np.median(times)), f"{key}_min": float(min(times)),
+            f"{key}_max": float(max(times))}
 
 
 def host_overhead_us(fn, device: str, calls: int = 300) -> float:
@@ -165,7 +179,7 @@ class Progress:
     """A one-line progress bar on stderr, shown only on a terminal or when forced."""
 
     def __init__(self, total: int, enabled: bool | None = None):
-        self.total, self.done = total, 0
+        self.total, self.done, self.last = total, 0, 0
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
 
     def step(self, label: str):
@@ -173,8 +187,11 @@ class Progress:
         if self.enabled:
             width = 30
             filled = int(width * self.done / self.total)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] "
-                             f"{self.done}/{self.total} {label[:40]:40s}")
+            line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label}"
+            # The whole label, padded to wipe a longer previous one (no cursor codes, so a
+            # log file reads the same).
+            sys.stderr.write("\r" + line.ljust(self.last))
+            self.last = len(line)
             if self.done == self.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
@@ -184,7 +201,8 @@ def run(cases, devices=("cpu",), *, repeat=10, warmup=2, with_torch=True, progre
     """Time every case on every device; PyTorch's figures joined where it is installed.
 
     Returns a list of dicts: the case's fields, ``device``, ``fwd_ms``, ``fwd_bwd_ms`` and,
-    with torch, ``torch_fwd_ms``, ``torch_fwd_bwd_ms``.
+    with torch, ``torch_fwd_ms``, ``torch_fwd_bwd_ms``: medians, each with ``_min`` and
+    ``_max`` beside it (e.g. ``fwd_ms_min``).
     """
     cases = list(cases)
     bar = Progress(len(cases) * len(devices), progress)
@@ -195,31 +213,43 @@ def run(cases, devices=("cpu",), *, repeat=10, warmup=2, with_torch=True, progre
         for case in cases:
             fwd, fwd_bwd = ours(case, device)
             results.append(dict(dataclasses.asdict(case), name=case.name, device=device,
-                                fwd_ms=median_ms(fwd, device, repeat, warmup),
-                                fwd_bwd_ms=median_ms(fwd_bwd, device, repeat, warmup)))
+                                **spread("fwd_ms", times_ms(fwd, device, repeat, warmup)),
+                                **spread("fwd_bwd_ms", times_ms(fwd_bwd, device, repeat, warmup))))
             bar.step(f"{device} {case.name}")
     if with_torch:
         for row, (device, case) in zip(results, [(d, c) for d in devices for c in cases]):
             fns = pytorch(case, device)
             if fns is not None:
-                row["torch_fwd_ms"] = median_ms(fns[0], device, repeat, warmup)
-                row["torch_fwd_bwd_ms"] = median_ms(fns[1], device, repeat, warmup)
+                row.update(spread("torch_fwd_ms", times_ms(fns[0], device, repeat, warmup)))
+                row.update(spread("torch_fwd_bwd_ms", times_ms(fns[1], device, repeat, warmup)))
     return results
 
 
+_COLUMNS = (("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd+bwd"), ("torch_fwd_ms", "torch fwd"),
+            ("torch_fwd_bwd_ms", "torch f+b"))
+
+
 def format_table(results) -> str:
-    """The results as a text table (milliseconds)."""
-    has_torch = any("torch_fwd_ms" in r for r in results)
-    head = f"{'configuration':50s} {'device':6s} {'fwd':>9s} {'fwd+bwd':>9s}"
-    if has_torch:
-        head += f" {'torch fwd':>10s} {'torch f+b':>10s}"
-    lines = [head + "   (median ms)"]
+    """The results as a text table: the median and [min-max] milliseconds of each figure."""
+    columns = [(key, title) for key, title in _COLUMNS if any(key in r for r in results)]
+    head = ["configuration", "device"]
+    for _, title in columns:
+        head += [f"{title} ms", "[min-max]"]
+    rows = [head]
     for r in results:
-        line = f"{r['name']:50s} {r['device']:6s} {r['fwd_ms']:9.3f} {r['fwd_bwd_ms']:9.3f}"
-        if has_torch:
-            line += f" {r.get('torch_fwd_ms', math.nan):10.3f} {r.get('torch_fwd_bwd_ms', math.nan):10.3f}"
-        lines.append(line)
-    return "\n".join(lines)
+        row = [r["name"], r["device"]]
+        for key, _ in columns:
+            if key in r:
+                low, high = r.get(f"{key}_min", r[key]), r.get(f"{key}_max", r[key])
+                row += [f"{r[key]:.3f}", f"[{low:.3f}-{high:.3f}]"]
+            else:
+                row += ["-", ""]
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    # Names and spreads left-aligned, medians right-aligned under their titles.
+    align = lambda i: "<" if i < 2 or i % 2 == 1 else ">"
+    return "\n".join(" ".join(f"{cell:{align(i)}{widths[i]}}" for i, cell in enumerate(row)).rstrip()
+                     for row in rows)
 
 
 def plot(results, path: str):

@@ -1,43 +1,70 @@
 """The ``pycudnnrnn`` command: ``info``, ``check`` and ``bench``.
 
-Bad options are usage errors (exit 2, no traceback); ``check`` exits 1 when a check fails.
+Exit status: 0 success; 1 a check that failed; 2 a usage error (a bad option, a
+configuration the library refuses, sizes too large for memory, an output folder that does
+not exist), said in one line with no traceback and before any work; 3 an unexpected error
+(a bug: the traceback is printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
+import traceback
 
-from .config import DIRECTIONS, INPUT_MODES, RNN_MODES
+from .config import DIRECTIONS, GATES, INPUT_MODES, RNN_MODES
 
-DTYPES = ("float16", "float32", "float64")
-
-
-def _int_list(text):
-    try:
-        values = [int(v) for v in text.split(",") if v.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: ``check`` verifies by finite differences, whose work grows with the problem: it refuses
+#: problems whose working set is larger than this (``bench`` times large problems).
+CHECK_LIMIT_BYTES = 1 << 30
+EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3
 
 
-def _positive(text):
+def _integer(text, minimum, what):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
     return value
+
+
+def _positive(text):
+    return _integer(text, 1, "a positive integer")
+
+
+def _non_negative(text):
+    return _integer(text, 0, "a non-negative integer")
+
+
+def _int_list(minimum):
+    """Type of a comma-separated list of integers >= `minimum`."""
+    what = "positive" if minimum == 1 else "non-negative"
+
+    def parse(text):
+        try:
+            values = [int(v) for v in text.split(",") if v.strip() != ""]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError("expected at least one integer")
+        if min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what} integers, got {text}")
+        return values
+
+    return parse
 
 
 def _add_network_options(p, *, layers, input_size, hidden_size, bidirectional):
     p.add_argument("--mode", choices=RNN_MODES, default="lstm", help="cell (default: lstm)")
-    p.add_argument("--direction", choices=DIRECTIONS,
-                   default="bidirectional" if bidirectional else "unidirectional")
+    direction = "bidirectional" if bidirectional else "unidirectional"
+    p.add_argument("--direction", choices=DIRECTIONS, default=direction,
+                   help=f"default: {direction}")
     p.add_argument("--layers", type=_positive, default=layers, help=f"default: {layers}")
     p.add_argument("--input-size", type=_positive, default=input_size, help=f"default: {input_size}")
     p.add_argument("--hidden-size", type=_positive, default=hidden_size,
@@ -51,9 +78,11 @@ def _parser():
     sub = parser.add_subparsers(dest="command", metavar="{info,check,bench}", required=True)
 
     sub.add_parser("info", help="versions, cuDNN, GPUs and backends (paste into bug reports)",
-                   description="Print package, Python, NumPy and CuPy versions, the cuDNN "
-                               "library and version (or why it does not load), the GPUs seen "
-                               "and which backend runs which arrays.")
+                   description="Print the package, Python, NumPy (and its BLAS), CuPy, "
+                               "PyTorch and JAX versions, CPUs and thread settings, the "
+                               "NVIDIA driver and CUDA versions, the cuDNN library and "
+                               "version (or why it does not load), the GPUs seen and which "
+                               "backend runs which arrays.")
 
     check = sub.add_parser("check", help="run forward + backprop once and verify the gradients",
                            description="Run forward and backprop once and verify them: against "
@@ -61,8 +90,8 @@ def _parser():
                                        "NumPy backend on a GPU. Exits 1 on a mismatch.")
     _add_network_options(check, layers=2, input_size=5, hidden_size=6, bidirectional=True)
     check.add_argument("--input-mode", choices=INPUT_MODES, default="linear_input")
-    check.add_argument("--num-proj", type=int, default=0, help="LSTM projection (default: 0)")
-    check.add_argument("--lengths", type=_int_list, default=[7, 3, 0, 5],
+    check.add_argument("--num-proj", type=_non_negative, default=0, help="LSTM projection (default: 0)")
+    check.add_argument("--lengths", type=_int_list(0), default=[7, 3, 0, 5],
                        help="sequence lengths, comma-separated; the batch size is their count "
                             "(default: 7,3,0,5)")
     check.add_argument("--max-time", type=_positive, default=None,
@@ -71,28 +100,123 @@ def _parser():
     check.add_argument("--dtype", choices=DTYPES, default="float64")
     check.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto",
                        help="auto: the GPU when one is usable (default)")
-    check.add_argument("--seed", type=int, default=0, help="for the random problem")
+    check.add_argument("--seed", type=_non_negative, default=0, help="for the random problem")
 
     bench = sub.add_parser("bench", help="time forward and forward+backprop (and PyTorch's)",
                            description="Time forward and forward+backprop over sequence lengths "
-                                       "on the chosen backend(s), with warm-up and medians; "
+                                       "on the chosen backend(s), after warm-up: the median "
+                                       "of the timed runs with their minimum and maximum; "
                                        "compares with PyTorch when it is installed.")
-    _add_network_options(bench, layers=2, input_size=256, hidden_size=256, bidirectional=True)
+    _add_network_options(bench, layers=2, input_size=256, hidden_size=256, bidirectional=False)
     bench.add_argument("--batch", type=_positive, default=32, help="default: 32")
-    bench.add_argument("--seq-lengths", type=_int_list, default=[16, 32, 64],
+    bench.add_argument("--seq-lengths", type=_int_list(1), default=[16, 32, 64],
                        help="T values, comma-separated (default: 16,32,64)")
     bench.add_argument("--ragged", action="store_true", help="lengths drawn from [T/2, T]")
     bench.add_argument("--dtype", choices=DTYPES, default="float32")
     bench.add_argument("--backend", choices=("auto", "cpu", "gpu", "all"), default="auto",
                        help="auto: the GPU when usable, else the CPU; all: every usable one")
     bench.add_argument("--repeat", type=_positive, default=10, help="timed runs (default: 10)")
-    bench.add_argument("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
+    bench.add_argument("--warmup", type=_non_negative, default=2, help="untimed runs first (default: 2)")
     bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     bench.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     bench.add_argument("--plot", metavar="PATH", help="also plot time against T (PNG)")
     bench.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                        help="progress bar on stderr (auto: on a terminal)")
     return parser
+
+
+# --------------------------------------------------------------------------- up-front checks
+
+def _params_count(args, input_mode):
+    """Elements of params, from the library's layout at one and two layers (later layers are
+    all alike), so that a huge --layers costs nothing to size. Raises the library's
+    ValueError for a configuration it refuses."""
+    from . import api
+    size = lambda layers: api.params_size(rnn_mode=args.mode, num_layers=layers,
+                                          num_units=args.hidden_size, input_size=args.input_size,
+                                          input_mode=input_mode, direction=args.direction,
+                                          num_proj=getattr(args, "num_proj", 0))
+    one = size(1)
+    return one + (args.layers - 1) * (size(2) - one)
+
+
+def estimated_bytes(args, *, max_time, batch, itemsize, params_copies, input_mode="linear_input"):
+    """A generous estimate of the memory one forward + backprop holds at once.
+
+    params and its gradient (and `params_copies` more: finite differences), input and
+    output with their gradients, the states, and what forward keeps for backprop (every
+    step's gates and states), twice over for backprop's own buffers.
+    """
+    D = 2 if args.direction == "bidirectional" else 1
+    H = args.hidden_size
+    P = getattr(args, "num_proj", 0) or H
+    G = len(GATES[args.mode])
+    params = _params_count(args, input_mode)
+    io = max_time * batch * (args.input_size + D * P)
+    states = args.layers * D * batch * (H + P)
+    kept = max_time * batch * args.layers * D * ((G + 2) * H + P)
+    return itemsize * ((2 + params_copies) * params + 3 * io + 4 * states + 2 * kept)
+
+
+def _available_bytes(device):
+    """Memory free for the run on `device`, or None when it cannot be told."""
+    if device == "gpu":
+        from .gpu import cupy
+        return cupy().cuda.runtime.memGetInfo()[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _human(nbytes):
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if nbytes < 1024 or unit == "PiB":
+            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+
+
+def _refuse_if_too_large(parser, args, needed, limit, what, size_options):
+    """Usage error naming the size options given when `needed` bytes exceed `limit`."""
+    if limit is None or needed <= limit:
+        return
+    given = [f"--{name.replace('_', '-')} {_shown(getattr(args, name))}" for name in size_options
+             if getattr(args, name) != parser.get_default(name)] or \
+            [f"--{name.replace('_', '-')} {_shown(getattr(args, name))}" for name in size_options]
+    parser.error(f"{' '.join(given)}: too large, this run would need about {_human(needed)} "
+                 f"({needed:,} bytes), more than the {_human(limit)} {what}")
+
+
+def _shown(value):
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _writable_path(parser, option, path):
+    """Usage error unless `path` can be written (checked before the run, not after it)."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        parser.error(f"{option} {path}: is a folder, expected a file path")
+    if not os.path.isdir(folder):
+        parser.error(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        parser.error(f"{option} {path}: the folder {folder} is not writable")
+
+
+def _library_refusal(parser, call):
+    """Run `call`; a configuration the library refuses becomes a usage error."""
+    try:
+        return call()
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc).splitlines()[0])
 
 
 def _devices(choice, parser, allow_all):
@@ -103,7 +227,7 @@ def _devices(choice, parser, allow_all):
     if choice in ("gpu", "all") and not usable:
         if choice == "all":
             return ["cpu"]
-        parser.error(f"--backend gpu: no usable GPU ({detail})")
+        parser.error(f"--backend gpu: {detail}")
     return ["cpu", "gpu"] if choice == "all" and allow_all else [choice]
 
 
@@ -122,16 +246,22 @@ def _check(args, parser):
     if max(args.lengths) > max_time or min(args.lengths) < 0:
         parser.error(f"--lengths: expected values in [0, {max_time}] (--max-time), got {args.lengths}")
     device = _devices(args.backend, parser, allow_all=False)[0]
+    needed = _library_refusal(parser, lambda: estimated_bytes(
+        args, max_time=max_time, batch=len(args.lengths), itemsize=8, params_copies=3,
+        input_mode=args.input_mode))
+    available = _available_bytes("cpu")  # finite differences or the NumPy reference: host
+    limit = CHECK_LIMIT_BYTES if available is None else min(CHECK_LIMIT_BYTES, available)
+    _refuse_if_too_large(parser, args, needed, limit,
+                         "that check allows (finite differences grow with the size; bench times "
+                         "large problems)" if limit == CHECK_LIMIT_BYTES else "of memory available",
+                         ("layers", "input_size", "hidden_size", "num_proj", "lengths", "max_time"))
     cfg = selfcheck.CheckConfig(rnn_mode=args.mode, direction=args.direction,
                                 input_mode=args.input_mode, num_layers=args.layers,
                                 input_size=args.input_size, hidden_size=args.hidden_size,
                                 num_proj=args.num_proj, max_time=max_time,
                                 lengths=tuple(args.lengths), time_major=not args.batch_major,
                                 dtype=args.dtype, backend=device, seed=args.seed)
-    try:
-        rows = selfcheck.run(cfg)
-    except (ValueError, TypeError) as exc:  # a configuration the library refuses
-        parser.error(str(exc))
+    rows = _library_refusal(parser, lambda: selfcheck.run(cfg))
     how = "central finite differences (float64)" if device == "cpu" else "the NumPy backend"
     print(f"pycudnnrnn check: {args.direction} {args.layers}-layer {args.mode}, input "
           f"{args.input_size}, units {args.hidden_size}"
@@ -146,24 +276,38 @@ def _check(args, parser):
         print(f"{row.name:44s} {error:>10s} {tol:>10s}  {'ok' if row.ok else 'FAIL'}")
     failed = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return EXIT_CHECK_FAILED if failed else 0
 
 
 def _bench(args, parser):
     from . import bench
+    _writable_path(parser, "--json", args.json)
+    _writable_path(parser, "--plot", args.plot)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot: needs matplotlib (pip install matplotlib)")
     devices = _devices(args.backend, parser, allow_all=True)
+    itemsize = {"float16": 2, "float32": 4, "float64": 8}[args.dtype]
+    needed = _library_refusal(parser, lambda: estimated_bytes(
+        args, max_time=max(args.seq_lengths), batch=args.batch, itemsize=itemsize,
+        params_copies=0))
+    for device in devices:
+        _refuse_if_too_large(parser, args, needed, _available_bytes(device),
+                             f"of memory available on the {device.upper()}",
+                             ("layers", "input_size", "hidden_size", "batch", "seq_lengths"))
     cases = [bench.Case(rnn_mode=args.mode, num_layers=args.layers,
                         bidirectional=args.direction == "bidirectional", max_time=T,
                         batch_size=args.batch, input_size=args.input_size,
                         hidden_size=args.hidden_size, dtype=args.dtype, ragged=args.ragged)
              for T in args.seq_lengths]
     progress = {"auto": None, "always": True, "never": False}[args.progress]
+    # The configuration was checked by the size estimate: an error now is not a usage error.
     results = bench.run(cases, devices, repeat=args.repeat, warmup=args.warmup,
                         with_torch=not args.no_torch, progress=progress)
     print(bench.format_table(results))
     if args.json:
+        from .environment import collect
         with open(args.json, "w") as f:
-            json.dump({"results": results}, f, indent=2)
+            json.dump({"environment": collect(), "results": results}, f, indent=2)
     if args.plot:
         bench.plot(results, args.plot)
     return 0
@@ -173,7 +317,19 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     command = {"info": _info, "check": _check, "bench": _bench}[args.command]
-    return command(args, _subparser(parser, args.command))
+    sub = _subparser(parser, args.command)
+    try:
+        return command(args, sub)
+    except MemoryError as exc:  # an allocation the up-front estimate let through
+        sub.error(f"not enough memory for these sizes: {exc or 'MemoryError'}")
+    except KeyboardInterrupt:
+        print("pycudnnrnn: interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # a bug: show everything, with a status of its own
+        traceback.print_exc()
+        print(f"pycudnnrnn {args.command}: unexpected error (a bug; please report it with the "
+              "output of `pycudnnrnn info`)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 def _subparser(parser, name):

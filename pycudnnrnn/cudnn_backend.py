@@ -12,7 +12,7 @@ host↔device copy, no sync, no size query. Per run:
   on the other rows, and the run fills in zeros and passed-through states;
 * batch-major states are made contiguous ``[L·D, B, P]`` for cuDNN and put back;
 * padding of x, y and dy is zeroed when lengths are ragged, so that (as on the CPU)
-  padding may hold anything, even NaN (cuDNN's weight-gradient products read it);
+  padding may hold anything, even NaN (cuDNN need not ignore it);
 * arrays already contiguous are used in place; results go into caller buffers (``out``)
   when given; reserve_space starts with the 256-byte header of
   ``pycudnnrnn.reserve_header`` (remembered on the host, so backprop reads it back only
@@ -58,22 +58,29 @@ class Executor:
             self.head_device = cp.asarray(np.frombuffer(self.head, dtype=np.uint8))
             self.empty = cp.zeros((0,), dtype=dtype)  # output_c of other cells: never written
             self.no_reserve = cp.zeros((0,), dtype=cp.uint8)  # inference's reserve_space
-            if B == 0:
-                return
-            tm = problem.time_major
-            self.x_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B, c.input_size,
-                                                          run_lengths)
-            self.y_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B,
-                                                          c.num_dirs * c.state_size, run_lengths)
-            LD = c.num_pseudo_layers
-            self.h_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.state_size))
-            self.c_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.num_units))
-            self.dev_lengths = cp.asarray(run_lengths)
-            if self.ragged:
-                steps = np.arange(T)[:, None] < run_lengths[None, :]
-                self.valid = cp.asarray((steps if tm else steps.T)[..., None])
-            self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
-                handle, self.rnn, problem.is_training, self.x_desc)
+            if B:
+                self._describe(handle, run_lengths)
+            # Runs may come on other streams (threads, graphs): the uploads must be done.
+            cp.cuda.get_current_stream().synchronize()
+
+    def _describe(self, handle, run_lengths):
+        """Descriptors, temp-space sizes and device lengths and mask of the running rows."""
+        cp, problem, device = self.cupy, self.problem, self.device
+        c, dtype, T, B = problem.config, problem.dtype, problem.max_time, self.batch
+        tm = problem.time_major
+        self.x_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B, c.input_size,
+                                                      run_lengths)
+        self.y_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B,
+                                                      c.num_dirs * c.state_size, run_lengths)
+        LD = c.num_pseudo_layers
+        self.h_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.state_size))
+        self.c_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.num_units))
+        self.dev_lengths = cp.asarray(run_lengths)
+        if self.ragged:
+            steps = np.arange(T)[:, None] < run_lengths[None, :]
+            self.valid = cp.asarray((steps if tm else steps.T)[..., None])
+        self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
+            handle, self.rnn, problem.is_training, self.x_desc)
 
     # ------------------------------------------------------------------ sizes
     @property

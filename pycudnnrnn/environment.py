@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
+import os
 import platform
+from importlib import metadata
 
 import numpy as np
 
@@ -19,38 +23,150 @@ def gpu_status():
         from .cudnn.descriptors import Handle
         Handle().close()
     except Exception as exc:
-        return False, f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return False, _reason(exc)
     return True, f"{cupy.cuda.runtime.getDeviceCount()} GPU(s)"
 
 
+def _reason(exc) -> str:
+    """One line: our own unavailability messages as they are, anything else with its type."""
+    from .errors import CudnnUnavailableError
+    text = str(exc) if isinstance(exc, CudnnUnavailableError) else f"{type(exc).__name__}: {exc}"
+    return text.splitlines()[0]
+
+
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                     "NUMEXPR_NUM_THREADS")
+
+
 def collect() -> dict:
-    """Everything a bug report needs, as plain strings."""
+    """Everything a bug report needs, as plain strings (as ``torch.utils.collect_env``)."""
     info = {"pycudnnrnn": __version__, "python": platform.python_version(),
-            "platform": platform.platform(), "numpy": np.__version__}
+            "platform": platform.platform(), "numpy": np.__version__,
+            "blas": _blas(), "cpus": _cpus(), "thread settings": _thread_settings()}
     try:
         import cupy
         info["cupy"] = cupy.__version__
+        info["cuda runtime (cupy)"] = _cuda_version(cupy.cuda.runtime.runtimeGetVersion())
     except ImportError as exc:
         info["cupy"] = f"not importable ({exc})"
+        info["cuda runtime (cupy)"] = "none (no CuPy)"
+    except Exception as exc:
+        info["cuda runtime (cupy)"] = f"unknown ({_reason(exc)})"
+    info["nvidia driver"] = _nvidia_driver()
+    info["cuda driver api"] = _cuda_driver_api()
     try:
         from .cudnn import loader
         info["cudnn"] = ".".join(map(str, loader.version()))
         info["cudnn library"] = loader.library_path()
-    except Exception as exc:
+    except Exception as exc:  # the loader's message lists every path tried, then the fix
         info["cudnn"] = "not loadable"
-        info["cudnn library"] = str(exc).splitlines()[0]
-    try:
-        import cupy
-        count = cupy.cuda.runtime.getDeviceCount()
-        names = []
-        for i in range(count):
-            name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
-            names.append(name.decode() if isinstance(name, bytes) else name)
-        info["gpus"] = ", ".join(names) or "none"
-    except Exception as exc:
-        info["gpus"] = f"none ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        lines = str(exc).splitlines()
+        info["cudnn library"] = f"none found. {lines[-1]}" if len(lines) > 2 else lines[0]
+    info["gpus"] = _gpus()
+    info["torch"] = _torch()
+    info["jax"] = _jax()
     usable, detail = gpu_status()
     info["backend for NumPy arrays"] = "NumPy (CPU)"
     info["backend for CUDA arrays"] = f"cuDNN ({detail})" if usable else f"unavailable: {detail}"
     info["default backend (check, bench)"] = "gpu" if usable else "cpu"
     return info
+
+
+def _cuda_version(number: int) -> str:
+    """CUDA's 12090 as "12.9"."""
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def _blas() -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:  # older NumPy: no machine-readable configuration
+        return "unknown"
+
+
+def _cpus() -> str:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    text = f"{os.cpu_count()}"
+    if usable is not None and usable != os.cpu_count():
+        text += f" ({usable} usable by this process)"
+    try:
+        from threadpoolctl import threadpool_info
+        pools = [f"{p['internal_api']} {p['num_threads']}" for p in threadpool_info()]
+        text += f"; thread pools: {', '.join(pools)}"
+    except ImportError:
+        pass
+    return text
+
+
+def _thread_settings() -> str:
+    settings = [f"{name}={os.environ[name]}" for name in _THREAD_VARIABLES if name in os.environ]
+    return ", ".join(settings) or f"none of {', '.join(_THREAD_VARIABLES)} set"
+
+
+def _nvidia_driver(path="/proc/driver/nvidia/version") -> str:
+    """The kernel driver's version, from /proc (no CUDA call needed)."""
+    try:
+        with open(path) as f:
+            first = f.readline()
+    except OSError:
+        return f"none found (no {path})"
+    words = first.split()
+    versions = [w for w in words if w.count(".") >= 1 and w.replace(".", "").isdigit()]
+    return versions[0] if versions else first.strip()
+
+
+def _cuda_driver_api() -> str:
+    """The CUDA version libcuda supports (cuDriverGetVersion)."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "none (libcuda.so.1 does not load: no NVIDIA driver)"
+    version = ctypes.c_int(0)
+    status = libcuda.cuDriverGetVersion(ctypes.byref(version))
+    return _cuda_version(version.value) if status == 0 else f"unknown (CUresult {status})"
+
+
+def _gpus() -> str:
+    try:
+        from .gpu import cupy as find_cupy
+        cupy = find_cupy()
+        names = []
+        for i in range(cupy.cuda.runtime.getDeviceCount()):
+            props = cupy.cuda.runtime.getDeviceProperties(i)
+            name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+            names.append(f"{name} ({props['totalGlobalMem'] / 2**30:.0f} GiB, "
+                         f"sm_{props['major']}{props['minor']})")
+        return ", ".join(names) or "none"
+    except Exception as exc:
+        return f"none ({_reason(exc)})"
+
+
+def _torch() -> str:
+    if importlib.util.find_spec("torch") is None:
+        return "not installed"
+    try:
+        import torch
+    except Exception as exc:
+        return f"not importable ({_reason(exc)})"
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    cudnn = torch.backends.cudnn.version() if torch.version.cuda else None
+    parts = [build] + ([f"cuDNN {cudnn}"] if cudnn else [])
+    if torch.version.cuda:
+        parts.append(f"CUDA available: {torch.cuda.is_available()}")
+    parts.append(f"{torch.get_num_threads()} threads")
+    return f"{torch.__version__} ({', '.join(parts)})"
+
+
+def _jax() -> str:
+    """Versions from package metadata: importing JAX would start its backends."""
+    try:
+        versions = [f"jax {metadata.version('jax')}"]
+    except metadata.PackageNotFoundError:
+        return "not installed"
+    for plugin in ("jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin"):
+        try:
+            versions.append(f"{plugin} {metadata.version(plugin)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(versions)

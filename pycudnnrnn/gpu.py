@@ -7,6 +7,7 @@ backend, ``info``, ``check``, ``bench``); the CI stand-in GPU replaces it (and
 
 from __future__ import annotations
 
+import ctypes
 import numbers
 
 from .errors import CudnnUnavailableError
@@ -34,17 +35,22 @@ def cupy():
         import cupy
     except ImportError as exc:
         raise CudnnUnavailableError(
-            "CUDA arrays need CuPy: install `cupy-cuda12x` (CUDA 12) or `cupy-cuda13x` "
-            f"(CUDA 13) ({exc})") from exc
+            "CuPy is not installed, so the cuDNN backend has no usable GPU: CUDA arrays need the "
+            "GPU extra (CuPy and cuDNN), `pip install 'pycudnnrnn[cuda12]'` (CUDA 12 and 13 "
+            f"drivers) or `pip install 'pycudnnrnn[cuda13]'` (CUDA 13) ({exc})") from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, or no device
-        raise CudnnUnavailableError(f"CUDA reports no usable GPU ({exc}); the cuDNN backend "
-                                    "needs an NVIDIA GPU and driver (NumPy arrays run on the "
-                                    "CPU backend)") from exc
+    except Exception as exc:  # no driver (CUDA then calls it "insufficient"), or no device
+        try:
+            ctypes.CDLL("libcuda.so.1")
+            found = "CUDA cannot use an NVIDIA GPU with the driver found"
+        except OSError:
+            found = "no NVIDIA GPU or driver was found"
+        raise CudnnUnavailableError(f"{found}, so the cuDNN backend has no usable GPU (NumPy "
+                                    f"arrays run on the CPU backend). CUDA says: {exc}") from exc
     if count == 0:
-        raise CudnnUnavailableError("CUDA reports no GPU; the cuDNN backend needs one (NumPy "
-                                    "arrays run on the CPU backend)")
+        raise CudnnUnavailableError("no NVIDIA GPU was found, so the cuDNN backend has no usable "
+                                    "GPU (NumPy arrays run on the CPU backend)")
     return cupy
 
 

@@ -79,7 +79,7 @@ def test_gpu_backend_without_a_gpu_is_a_usage_error():
     if gpu_status()[0]:
         pytest.skip("this machine has a GPU")
     proc = _run("check", "--backend", "gpu")
-    assert proc.returncode == 2 and "--backend gpu: no usable GPU" in proc.stderr
+    assert proc.returncode == 2 and "--backend gpu: " in proc.stderr
 
 
 def test_bench_writes_json_and_png(tmp_path):
@@ -88,16 +88,341 @@ def test_bench_writes_json_and_png(tmp_path):
                 "--hidden-size", "16", "--batch", "4", "--repeat", "3", "--warmup", "1",
                 "--json", str(json_path), "--plot", str(png_path), "--progress", "always")
     assert proc.returncode == 0, proc.stderr
-    results = json.loads(json_path.read_text())["results"]
+    written = json.loads(json_path.read_text())
+    results = written["results"]
     assert [r["max_time"] for r in results] == [4, 8]
     for r in results:
         assert r["device"] == "cpu" and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > r["fwd_ms"] * 0.5
         assert r["torch_fwd_ms"] > 0  # torch is in the test environment
+        for key in ("fwd_ms", "fwd_bwd_ms", "torch_fwd_ms", "torch_fwd_bwd_ms"):
+            assert r[f"{key}_min"] <= r[key] <= r[f"{key}_max"], key
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 5000
     assert "configuration" in proc.stdout and "2/2" in proc.stderr  # table and progress bar
+    assert proc.stdout.splitlines()[0].count("[min-max]") == 4  # the spread of every figure
+
+
+def test_bench_json_carries_the_environment(tmp_path):
+    json_path = tmp_path / "bench.json"
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "2", "--input-size", "3",
+                "--hidden-size", "4", "--batch", "2", "--repeat", "2", "--warmup", "0",
+                "--no-torch", "--json", str(json_path))
+    assert proc.returncode == 0, proc.stderr
+    environment = json.loads(json_path.read_text())["environment"]
+    from pycudnnrnn.environment import collect
+    assert set(environment) == set(collect())
+    assert environment["numpy"] == __import__("numpy").__version__
+
+
+def test_bench_defaults_to_the_librarys_unidirectional(tmp_path):
+    json_path = tmp_path / "bench.json"
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "2", "--input-size", "3",
+                "--hidden-size", "4", "--batch", "2", "--repeat", "1", "--warmup", "0",
+                "--no-torch", "--json", str(json_path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(json_path.read_text())["results"][0]["bidirectional"] is False
+    assert " uni " in proc.stdout
+
+
+def test_bench_progress_shows_the_whole_label():
+    proc = _run("bench", "--backend", "cpu", "--mode", "rnn_tanh", "--layers", "12",
+                "--seq-lengths", "4", "--input-size", "8", "--hidden-size", "16", "--batch", "4",
+                "--dtype", "float64", "--ragged", "--repeat", "1", "--warmup", "0", "--no-torch",
+                "--progress", "always")
+    assert proc.returncode == 0, proc.stderr
+    label = "cpu rnn_tanh 12L uni T4 B4 8->16 float64 ragged"
+    assert len(label) > 40 and label in proc.stderr
+
+
+def test_info_gives_frameworks_driver_cuda_blas_and_threads():
+    proc = _run("info", env={"OMP_NUM_THREADS": "3"})
+    assert proc.returncode == 0, proc.stderr
+    info = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition("  ")
+        info[key.strip()] = value.strip()
+    torch = pytest.importorskip("torch")
+    assert info["torch"].startswith(torch.__version__)
+    from importlib import metadata
+    try:
+        assert info["jax"].startswith(f"jax {metadata.version('jax')}")
+    except metadata.PackageNotFoundError:
+        assert info["jax"] == "not installed"
+    for field in ("nvidia driver", "cuda driver api", "cuda runtime (cupy)", "cpus"):
+        assert info.get(field), field
+    assert "OMP_NUM_THREADS=3" in info["thread settings"]
+    blas = __import__("numpy").show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
+    assert info["blas"].startswith(blas)
 
 
 @pytest.mark.parametrize("command", ["info", "check", "bench"])
 def test_every_command_has_help(command):
     proc = _run(command, "--help")
     assert proc.returncode == 0 and f"usage: pycudnnrnn {command}" in proc.stdout
+
+
+# --- without a GPU: say so plainly ------------------------------------------------------
+
+class _NoDriverRuntime:
+    """CuPy's runtime as it answers on a machine without an NVIDIA driver."""
+
+    @staticmethod
+    def getDeviceCount():
+        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient "
+                           "for CUDA runtime version")
+
+
+def _fake_cupy_without_driver(monkeypatch, libcuda_loads):
+    import ctypes
+    import types
+    from pycudnnrnn import gpu
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=_NoDriverRuntime())
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    real_cdll = ctypes.CDLL
+
+    def cdll(name, *args, **kwargs):
+        if name == "libcuda.so.1":
+            if libcuda_loads:
+                return object()
+            raise OSError("libcuda.so.1: cannot open shared object file")
+        return real_cdll(name, *args, **kwargs)
+
+    monkeypatch.setattr(gpu.ctypes, "CDLL", cdll)
+    return gpu
+
+
+def test_no_driver_is_named_as_such_with_cudas_reason_after_it(monkeypatch):
+    from pycudnnrnn.errors import CudnnUnavailableError
+    backend = _fake_cupy_without_driver(monkeypatch, libcuda_loads=False)
+    with pytest.raises(CudnnUnavailableError) as info:
+        backend.cupy()
+    message = str(info.value)
+    assert message.startswith("no NVIDIA GPU or driver was found")
+    assert message.index("no NVIDIA GPU") < message.index("CUDA driver version is insufficient")
+
+
+def test_a_driver_that_cannot_run_cuda_is_not_called_missing(monkeypatch):
+    from pycudnnrnn.errors import CudnnUnavailableError
+    backend = _fake_cupy_without_driver(monkeypatch, libcuda_loads=True)
+    with pytest.raises(CudnnUnavailableError, match="driver found") as info:
+        backend.cupy()
+    assert "no NVIDIA GPU or driver" not in str(info.value)
+    assert "CUDA driver version is insufficient" in str(info.value)
+
+
+def _cupy_but_no_driver_here():
+    import ctypes
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False  # then the reason given is the missing CuPy (tested above)
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return False
+
+
+no_driver_here = pytest.mark.skipif(not _cupy_but_no_driver_here(),
+                                    reason="needs CuPy installed on a machine without an "
+                                           "NVIDIA driver")
+
+
+@no_driver_here
+def test_info_says_no_gpu_or_driver_was_found():
+    proc = _run("info")
+    lines = {line.split("  ")[0]: line for line in proc.stdout.splitlines()}
+    for field in ("gpus", "backend for CUDA arrays"):
+        assert "no NVIDIA GPU or driver was found" in lines[field], lines[field]
+
+
+@no_driver_here
+def test_check_on_the_gpu_says_no_gpu_or_driver_was_found():
+    proc = _run("check", "--backend", "gpu")
+    assert proc.returncode == 2
+    assert "--backend gpu: no NVIDIA GPU or driver was found" in proc.stderr, proc.stderr
+
+
+@no_driver_here
+def test_gpu_test_skip_reason_says_no_gpu_or_driver_was_found():
+    from conftest import _gpu_reason
+    assert "no NVIDIA GPU or driver was found" in _gpu_reason()
+
+
+# --- every bad command line: exit 2 at once, one line naming the option, no traceback -----
+
+@pytest.mark.parametrize("args,named", [
+    (["bench", "--seq-lengths", "0"], "argument --seq-lengths: expected positive integers"),
+    (["bench", "--seq-lengths=-5"], "argument --seq-lengths: expected positive integers"),
+    (["bench", "--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: the folder"),
+    (["bench", "--plot", "/nonexistent/x.png"], "--plot /nonexistent/x.png: the folder"),
+    (["check", "--hidden-size", "100000"], "--hidden-size 100000: too large"),
+    (["check", "--lengths", "1,2", "--max-time", "99999999"], "--max-time 99999999: too large"),
+    (["bench", "--hidden-size", "100000", "--input-size", "100000"],
+     "--input-size 100000 --hidden-size 100000: too large"),
+    (["bench", "--batch", "1000000000"], "--batch 1000000000: too large"),
+    (["check", "--layers", "100000"], "--layers 100000: too large"),
+    (["bench", "--layers", "100000"], "--layers 100000: too large"),
+    (["check", "--seed=-1"], "argument --seed: expected a non-negative integer, got -1"),
+    (["bench", "--warmup=-1"], "argument --warmup: expected a non-negative integer, got -1"),
+    (["check", "--num-proj=-1"], "argument --num-proj: expected a non-negative integer"),
+    (["check", "--lengths=-1,3"], "argument --lengths: expected non-negative integers"),
+])
+def test_bad_command_lines_exit_2_at_once_naming_the_option(args, named):
+    # The timeout is the bound: without the up-front checks these ran a whole benchmark
+    # first, or for minutes, or did not end.
+    proc = subprocess.run([sys.executable, "-m", "pycudnnrnn", *args], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"pycudnnrnn {args[0]}: error: ") and named in last, last
+    assert proc.stdout == ""  # refused before any work
+
+
+def test_too_large_names_the_bytes_needed():
+    proc = _run("check", "--layers", "100000")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert " bytes), more than the 1.0 GiB that check allows" in last
+
+
+def test_size_estimate_is_instant_for_many_layers_and_grows_linearly():
+    from pycudnnrnn import cli
+    args = cli._parser().parse_args(["check", "--layers", "1000000"])
+    one = cli.estimated_bytes(args, max_time=7, batch=4, itemsize=8, params_copies=3)
+    args.layers = 2000000
+    two = cli.estimated_bytes(args, max_time=7, batch=4, itemsize=8, params_copies=3)
+    assert 1.99 < two / one < 2.01
+
+
+def test_size_estimate_covers_what_forward_really_allocates():
+    import numpy as np
+    import pycudnnrnn
+    from pycudnnrnn import cli
+    args = cli._parser().parse_args(["bench", "--layers", "3", "--input-size", "5",
+                                     "--hidden-size", "6", "--direction", "bidirectional"])
+    T, B = 7, 4
+    n = pycudnnrnn.params_size(num_layers=3, num_units=6, input_size=5, direction="bidirectional")
+    x, h, c = np.zeros((T, B, 5)), np.zeros((6, B, 6)), np.zeros((6, B, 6))
+    y, hy, cy, reserve = pycudnnrnn.forward(x, h, c, np.zeros(n), direction="bidirectional")
+    allocated = sum(a.nbytes for a in (x, h, c, y, hy, cy, reserve)) + 8 * n
+    assert cli.estimated_bytes(args, max_time=T, batch=B, itemsize=8, params_copies=0) > allocated
+
+
+def test_a_library_memory_error_is_a_usage_error(monkeypatch, capsys):
+    from pycudnnrnn import cli, selfcheck
+
+    def refuse(cfg):
+        raise MemoryError("Unable to allocate 3.8 GiB for an array")
+
+    monkeypatch.setattr(selfcheck, "run", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["check", "--backend", "cpu"])
+    assert exit_info.value.code == 2
+    assert "not enough memory for these sizes: Unable to allocate 3.8 GiB" in capsys.readouterr().err
+
+
+def test_an_unexpected_error_is_not_mistaken_for_a_failed_check(monkeypatch, capsys):
+    from pycudnnrnn import cli, selfcheck
+
+    def broken(cfg):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(selfcheck, "run", broken)
+    assert cli.main(["check", "--backend", "cpu"]) == cli.EXIT_INTERNAL != 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "unexpected error" in err
+
+
+# --- installing: NumPy alone; the GPU packages are extras, named when they are missing ----
+
+def test_the_core_needs_numpy_only_and_the_gpu_packages_are_extras():
+    import tomllib
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    assert [d.split(">")[0] for d in project["dependencies"]] == ["numpy"]
+    extras = project["optional-dependencies"]
+    names = lambda extra: sorted(d.split(">")[0] for d in extras[extra])
+    assert names("cuda12") == ["cupy-cuda12x", "nvidia-cudnn-cu12"]
+    assert names("cuda13") == ["cupy-cuda13x", "nvidia-cudnn-cu13"]
+    assert not [d for d in extras["test"] if d.startswith("cupy")]  # CI has no GPU
+
+
+def test_a_cuda_array_without_cupy_names_the_extra_to_install(monkeypatch):
+    import pycudnnrnn
+    from pycudnnrnn.errors import CudnnUnavailableError
+
+    class CudaArray:
+        shape, ndim, dtype = (4, 3, 3), 3, "float32"
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
+    a = CudaArray()
+    with pytest.raises(CudnnUnavailableError) as info:
+        pycudnnrnn.forward(a, a, a, a)
+    assert "pip install 'pycudnnrnn[cuda12]'" in str(info.value)
+    assert "pip install 'pycudnnrnn[cuda13]'" in str(info.value)
+
+
+def test_missing_cudnn_names_the_extra_to_install():
+    from pycudnnrnn.cudnn import loader
+    assert "pip install 'pycudnnrnn[cuda12]'" in loader.INSTALL_HINT
+
+
+def test_make_installs_the_cuda_extra_only_where_an_nvidia_gpu_answers(tmp_path):
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fake_smi = tmp_path / "nvidia-smi"
+
+    def installs(target, smi_status):
+        fake_smi.write_text(f"#!/bin/sh\nexit {smi_status}\n")
+        fake_smi.chmod(0o755)
+        path = f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"
+        proc = subprocess.run([make, "-n", "-B", "VENV=venv", target], cwd=root,
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PATH": path})
+        assert proc.returncode == 0, proc.stderr
+        return [line.split(" -e ")[1] for line in proc.stdout.splitlines() if " -e " in line]
+
+    assert installs("demo", 1) == ["'.'"]  # no GPU: NumPy alone
+    assert installs("demo", 0) == ["'.[cuda12]'"]
+    assert installs("test", 1) == ["'.'", "'.[test]'"]
+    assert installs("test", 0) == ["'.[cuda12]'", "'.[test]'"]
+
+
+def test_info_reads_the_driver_version_and_lists_gpus(tmp_path, monkeypatch):
+    """The GPU-side fields, from what the driver and CuPy report (no GPU needed)."""
+    import types
+    from pycudnnrnn import environment, gpu
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  "
+                       "Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Sep 25 2025\n")
+    assert environment._nvidia_driver(str(version)) == "580.95.05"
+    assert environment._nvidia_driver(str(tmp_path / "none")).startswith("none found")
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1,
+        getDeviceProperties=lambda i: {"name": b"NVIDIA H200", "totalGlobalMem": 150 * 2**30,
+                                       "major": 9, "minor": 0})
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+    monkeypatch.setattr(gpu, "cupy", lambda: fake)
+    assert environment._gpus() == "NVIDIA H200 (150 GiB, sm_90)"
+
+
+def test_info_without_cudnn_says_how_to_get_it(monkeypatch):
+    from pycudnnrnn import environment
+    from pycudnnrnn.cudnn import loader
+    monkeypatch.setattr(loader, "nvidia_wheel_roots", lambda: [])
+    monkeypatch.setattr(loader, "SONAME", "libcudnn_no_such_library.so.9")
+    monkeypatch.delenv(loader.ENV_VAR, raising=False)
+    loader.load.cache_clear()
+    try:
+        info = environment.collect()
+    finally:
+        loader.load.cache_clear()
+    assert info["cudnn"] == "not loadable"
+    assert info["cudnn library"].startswith("none found. To fix: install the GPU extra")

@@ -1,46 +1,58 @@
-"""The documentation builds in strict mode, and the notebook runs top to bottom."""
+"""The documentation builds in strict mode, running the notebook it shows with its outputs."""
 
 import os
+import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT_PATH = pathlib.Path(ROOT)
 
 
 def test_docs_build_strict(tmp_path):
+    """Strict build; the quick-start notebook is run by it and shown with its outputs."""
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
                            str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    api_page = (tmp_path / "site" / "api" / "index.html").read_text()
+    site = tmp_path / "site"
+    api_page = (site / "api" / "index.html").read_text()
     assert "params_to_canonical" in api_page and "CudnnNotSupportedError" in api_page
-    assert (tmp_path / "site" / "examples" / "quickstart.ipynb").exists()
-
-
-def test_quickstart_notebook_runs():
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    path = os.path.join(ROOT, "docs", "examples", "quickstart.ipynb")
-    notebook = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": ROOT}})
-    client.execute()
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    text = "".join(o.get("text", "") for o in outputs)
-    assert "finite difference" in text
-    assert any("image/png" in o.get("data", {}) for o in outputs), "the gradient plot"
+    notebook = (site / "examples" / "quickstart" / "index.html").read_text()
+    # Outputs only a run can make (the notebook is kept without any): the printed
+    # gradient check and the plot.
+    import json
+    source = json.loads((ROOT_PATH / "docs" / "examples" / "quickstart.ipynb").read_text())
+    assert not [c for c in source["cells"] if c.get("outputs")], "keep the notebook unrun"
+    assert re.search(r"backprop -?\d+\.\d{10}, finite difference -?\d+\.\d{10}", notebook)
+    assert "data:image/png;base64," in notebook, "the gradient plot"
+    assert 'href="examples/quickstart/"' in (site / "index.html").read_text()
+    assert not list(ROOT_PATH.glob(".cache/mkdocs-jupyter/*")), "the build wrote a cache"
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
 def test_quick_start_code_runs(page):
     """The Python example on the page runs as shown."""
-    import re
     text = open(os.path.join(ROOT, page), encoding="utf-8").read()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert blocks, f"no python example in {page}"
     namespace = {}
     exec(compile(blocks[0], page, "exec"), namespace)
     assert namespace["dparams"].shape == namespace["params"].shape
+
+
+def test_pages_say_the_layout_was_checked_on_a_gpu():
+    """The H200 run (cuDNN 9.19.0, 20 of 20 layouts) is recorded, and no page still calls
+    the projection and skip_input placements unverified."""
+    from pycudnnrnn import layout
+    read = lambda page: (ROOT_PATH / "docs" / page).read_text(encoding="utf-8")
+    record = read("gpu-validation.md")
+    assert "| 2026-11-30 16:23 UTC | 1 × NVIDIA H200 | 9.19.0 |" in record
+    assert "275 passed, 0 failed" in record and "20 of 20" in record
+    for name, text in (("params-layout.md", read("params-layout.md")),
+                       ("layout.py", " ".join(layout.__doc__.split()))):
+        assert "cuDNN 9.19" in text, name
+        assert "to be checked" not in text and "this project's choice" not in text, name

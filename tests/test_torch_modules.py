@@ -280,3 +280,29 @@ def test_the_pytorch_page_examples_run():
     exec(compile(blocks[1], "pytorch.md", "exec"), namespace)
     theirs, back = namespace["theirs"].state_dict(), namespace["back"].state_dict()
     assert list(theirs) == list(back) and all(torch.equal(theirs[k], back[k]) for k in theirs)
+
+
+def test_bfloat16_module_follows_the_float32_network():
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(I, H, L, bidirectional=True)
+    ours = prt.LSTM.from_torch(reference).to(torch.bfloat16)
+    x = torch.randn(T, B, I)
+    x_bf16 = x.to(torch.bfloat16).requires_grad_()
+    out, (h, c) = ours(x_bf16)
+    assert out.dtype == h.dtype == c.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference(x_bf16.detach().float())[0],
+                               rtol=0, atol=2e-2)
+    out.float().square().sum().backward()
+    assert x_bf16.grad.dtype == ours.params.grad.dtype == torch.bfloat16
+
+
+def test_rnn_checks_the_converter_sizes_when_given():
+    from pycudnnrnn import convert
+    module = torch.nn.GRU(I, H, L, dtype=torch.float64)
+    params, attrs = convert.from_torch(module)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    h0 = torch.zeros(L, B, H, dtype=torch.float64)
+    torch.testing.assert_close(prt.rnn(x, h0, None, params, **attrs)[0], module(x, h0)[0],
+                               rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="num_layers"):
+        prt.rnn(x, h0, None, params, **dict(attrs, num_layers=3))

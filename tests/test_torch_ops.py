@@ -391,21 +391,3 @@ def test_the_planned_path_cuda_takes_equals_the_functional_api(mode, gradients):
     for a, b in zip(ours, theirs):
         assert (a is None) == (b is None)
         assert a is None or torch.equal(a, b)
-
-
-def test_a_reserve_tensor_keeps_the_identity_its_plan_noted():
-    """Backprop on CUDA then finds the header without reading it back from the GPU."""
-    import gc
-    from pycudnnrnn import reserve_header
-    from pycudnnrnn.torch import kernels
-    reserve = torch.zeros(512, dtype=torch.uint8)
-    view = reserve.numpy()  # the short-lived array the plan was handed
-    reserve_header.remember(view, reserve.data_ptr(), b"h" * 32)
-    kernels.remember_reserve(reserve)
-    del view
-    gc.collect()
-    assert reserve_header.known(reserve.data_ptr()) == b"h" * 32
-    pointer = reserve.data_ptr()
-    del reserve
-    gc.collect()
-    assert reserve_header.known(pointer) is None

@@ -21,7 +21,7 @@ import contextlib
 import numpy as np
 import torch
 
-from .. import api, checks, gpu, numpy_backend, plan, reserve_header
+from .. import api, checks, gpu, numpy_backend, plan
 from ..arrays import host_lengths
 
 _NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
@@ -58,15 +58,16 @@ def _shapes(input, input_h, input_c, params, attrs):
                 params=_Shape(params, (0,)))
 
 
-def problem(input, input_h, input_c, params, attrs, is_training):
+def problem(input, input_h, input_c, params, attrs, is_training, **sizes):
     """The validated ``Problem`` of a forward call, from shapes and dtypes alone.
 
     Works on fake tensors (it reads no data, and no sequence lengths: nothing the sizes
-    depend on), and raises the functional API's own errors.
+    depend on), and raises the functional API's own errors. `sizes`: num_layers,
+    num_units, input_size to check against the shapes, if given.
     """
     shapes = _shapes(input, input_h, input_c, params, attrs)
     return checks.check_forward(*shapes.values(), None, seed=0, seed2=0,
-                                is_training=is_training, **attrs)
+                                is_training=is_training, **attrs, **sizes)
 
 
 def reserve_nbytes(problem, device: torch.device):
@@ -133,27 +134,13 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
     out = (_empty(run.output_shape, input), _empty(run.output_h_shape, input),
            _empty(run.output_c_shape, input) if lstm else None,
            _empty((run.reserve_nbytes,), input, torch.uint8) if is_training else None)
-    results = run.forward(input, input_h, input_c, params, out=out,
-                          workspace=_workspace(run, input))
-    if is_training:
-        remember_reserve(out[3])
-        if attrs["dropout"] > 0 and input.device.type == "cuda":
-            _dropout_holders[(input.device, int(seed))] = run
-    del results
+    # The plan remembers the reserve tensor's identity by the tensor itself, so backward
+    # reads no header back from the GPU.
+    run.forward(input, input_h, input_c, params, out=out, workspace=_workspace(run, input))
+    if is_training and attrs["dropout"] > 0 and input.device.type == "cuda":
+        _dropout_holders[(input.device, int(seed))] = run
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
             out[3] if is_training else input.new_empty((0,), dtype=torch.uint8))
-
-
-def remember_reserve(reserve: torch.Tensor):
-    """Tie the identity the plan noted for `reserve`'s memory to the tensor's lifetime.
-
-    The plan remembers each reserve space it fills, so that backprop need not read its
-    header back from the GPU (a copy and a sync, which a CUDA graph capture forbids); it
-    keys that on the array it was handed, here a short-lived view of the tensor.
-    """
-    head = reserve_header.known(reserve.data_ptr())
-    if head is not None:
-        reserve_header.remember(reserve, reserve.data_ptr(), head)
 
 
 def planned_backprop(input, input_h, input_c, params, output, output_h, output_c,

@@ -142,7 +142,8 @@ forward.register_autograd(_backward, setup_context=_setup_context)
 
 def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
         input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0,
-        num_proj=0, time_major=True, is_training=True):
+        num_proj=0, time_major=True, is_training=True, num_layers=None, num_units=None,
+        input_size=None):
     """Differentiable ``pycudnnrnn.forward`` on tensors: ``(output, output_h, output_c)``.
 
     Parameters
@@ -158,6 +159,9 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
         takes a new seed per call without recompiling).
     is_training : bool
         False runs inference: no reserve space, and no backward.
+    num_layers, num_units, input_size : int, optional
+        As for ``pycudnnrnn.forward`` (the attribute dict of ``pycudnnrnn.convert``):
+        checked against the shapes when given.
 
     Returns
     -------
@@ -165,6 +169,11 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
         output_c is empty ``(0,)`` unless LSTM. Gradients flow to every tensor argument,
         computed only for those that require them.
     """
+    if (num_layers, num_units, input_size) != (None, None, None):
+        attrs = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                     dropout=dropout, num_proj=num_proj, time_major=time_major)
+        kernels.problem(input, input_h, input_c, params, attrs, is_training,
+                        num_layers=num_layers, num_units=num_units, input_size=input_size)
     if sequence_lengths is not None and not isinstance(sequence_lengths, torch.Tensor):
         sequence_lengths = torch.as_tensor(sequence_lengths, dtype=torch.int64)
     if not isinstance(seed, torch.Tensor):

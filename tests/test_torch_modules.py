@@ -306,3 +306,17 @@ def test_rnn_checks_the_converter_sizes_when_given():
                                rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="num_layers"):
         prt.rnn(x, h0, None, params, **dict(attrs, num_layers=3))
+
+
+def test_the_readme_torch_example_runs():
+    """With backend aot_eager, to keep CI short: inductor is tested in test_torch_ops."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    block = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "prt." in b][0]
+    namespace = {}
+    torch._dynamo.reset()
+    exec(compile(block.replace("fullgraph=True", "fullgraph=True, backend='aot_eager'"),
+                 "README.md", "exec"), namespace)
+    assert namespace["output"].shape == (8, 20, 64) and namespace["h_n"].shape == (2, 8, 64)

@@ -140,10 +140,10 @@ def test_compile_fullgraph_aot_eager_equals_eager_and_takes_a_new_mask_without_r
         assert compiled(x).item() == model(x).item() == compiled(x).item()
 
 
-def test_compile_fullgraph_inductor_equals_eager():
+def test_compile_fullgraph_inductor_equals_eager_and_draws_reproducible_masks():
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = prt.GRU(I, H, dtype=torch.float64)
+    model = prt.GRU(I, H, 2, dropout=0.5, dtype=torch.float64)
     x = torch.randn(T, B, I, dtype=torch.float64)
 
     def step(x):
@@ -156,6 +156,11 @@ def test_compile_fullgraph_inductor_equals_eager():
     from torch._inductor import config as inductor_config
     with inductor_config.patch(fx_graph_cache=False), \
             functorch_config.patch(enable_autograd_cache=False):
+        torch.manual_seed(5)
+        first, second = compiled(x).item(), compiled(x).item()
+        torch.manual_seed(5)
+        assert compiled(x).item() == first != second  # fresh masks, reproducible
+        model.eval()
         ours = _loss_and_grads(model, compiled, x)
     torch.testing.assert_close(ours, _loss_and_grads(model, step, x), rtol=1e-12, atol=1e-12)
 

@@ -9,7 +9,6 @@ torch = pytest.importorskip("torch")
 
 import pycudnnrnn  # noqa: E402
 import pycudnnrnn.torch as prt  # noqa: E402
-from pycudnnrnn.torch import ops  # noqa: E402
 
 T, B, I, H = 5, 3, 4, 6
 

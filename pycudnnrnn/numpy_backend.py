@@ -134,6 +134,7 @@ def _output_slots(problem: Problem) -> int:
 def reserve_nbytes(problem: Problem) -> int:
     """Bytes of the reserve_space forward makes for this problem."""
     itemsize = _compute_dtype(problem.dtype).itemsize
+    # math.prod, not np.prod: sizes may be symbolic while PyTorch traces (pycudnnrnn.torch)
     return _HEADER_BYTES + itemsize * sum(math.prod(s) for _, s in _reserve_entries(problem))
 
 

@@ -148,8 +148,8 @@ class RNNPlan:
                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                  out=None, workspace=None, gradients="all"):
         """Run backprop; returns ``BackpropResult(input_backprop, input_h_backprop,
-        input_c_backprop, params_backprop)``, None for those `gradients` ("all", "data"
-        or "weights", as for ``pycudnnrnn.backprop``) leaves out."""
+        input_c_backprop, params_backprop)``, None for those `gradients` ("all", "data" or
+        "weights", as for ``pycudnnrnn.backprop``) leaves out."""
         arrays = self._adopt(dict(
             input=input, input_h=input_h, input_c=input_c, params=params, output=output,
             output_h=output_h, output_c=output_c, output_backprop=output_backprop,

@@ -332,7 +332,7 @@ def test_conjugate_torch_tensor_is_a_dtype_error():
     torch = pytest.importorskip("torch")
     conj = torch.from_numpy(C.input.astype(np.complex128)).conj()
     assert conj.is_conj()
-    with pytest.raises(TypeError, match=r"input: expected dtype float16, float32 or float64, "
+    with pytest.raises(TypeError, match=r"input: expected dtype float16, bfloat16, float32 or float64, "
                                         r"got complex128"):
         C.forward(input=conj)
 

@@ -382,3 +382,13 @@ def test_importing_pycudnnrnn_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=root, timeout=120)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_torch_rnn_checks_given_sizes_against_the_shapes():
+    from pycudnnrnn.torch import rnn
+    module = _module("GRU", {}, True, 2)
+    params, attrs = convert.from_torch(module)
+    x = torch.randn(5, 3, 3, dtype=torch.float64)
+    h0 = torch.randn(4, 3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"num_layers: given 3, but input_h's shape"):
+        rnn(x, h0, None, params, **{**attrs, "num_layers": 3})

@@ -296,18 +296,6 @@ def test_bfloat16_module_follows_the_float32_network():
     assert x_bf16.grad.dtype == ours.params.grad.dtype == torch.bfloat16
 
 
-def test_rnn_checks_the_converter_sizes_when_given():
-    from pycudnnrnn import convert
-    module = torch.nn.GRU(I, H, L, dtype=torch.float64)
-    params, attrs = convert.from_torch(module)
-    x = torch.randn(T, B, I, dtype=torch.float64)
-    h0 = torch.zeros(L, B, H, dtype=torch.float64)
-    torch.testing.assert_close(prt.rnn(x, h0, None, params, **attrs)[0], module(x, h0)[0],
-                               rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match="num_layers"):
-        prt.rnn(x, h0, None, params, **dict(attrs, num_layers=3))
-
-
 def test_the_readme_torch_example_runs():
     """With backend aot_eager, to keep CI short: inductor is tested in test_torch_ops."""
     import os

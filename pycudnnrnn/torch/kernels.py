@@ -58,16 +58,15 @@ def _shapes(input, input_h, input_c, params, attrs):
                 params=_Shape(params, (0,)))
 
 
-def problem(input, input_h, input_c, params, attrs, is_training, **sizes):
+def problem(input, input_h, input_c, params, attrs, is_training):
     """The validated ``Problem`` of a forward call, from shapes and dtypes alone.
 
     Works on fake tensors (it reads no data, and no sequence lengths: nothing the sizes
-    depend on), and raises the functional API's own errors. `sizes`: num_layers,
-    num_units, input_size to check against the shapes, if given.
+    depend on), and raises the functional API's own errors.
     """
     shapes = _shapes(input, input_h, input_c, params, attrs)
     return checks.check_forward(*shapes.values(), None, seed=0, seed2=0,
-                                is_training=is_training, **attrs, **sizes)
+                                is_training=is_training, **attrs)
 
 
 def reserve_nbytes(problem, device: torch.device):

@@ -160,8 +160,8 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     is_training : bool
         False runs inference: no reserve space, and no backward.
     num_layers, num_units, input_size : int, optional
-        As for ``pycudnnrnn.forward`` (the attribute dict of ``pycudnnrnn.convert``):
-        checked against the shapes when given.
+        As for ``pycudnnrnn.forward``: checked against the shapes when given (the
+        attribute dicts of ``pycudnnrnn.convert`` carry them).
 
     Returns
     -------
@@ -169,11 +169,11 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
         output_c is empty ``(0,)`` unless LSTM. Gradients flow to every tensor argument,
         computed only for those that require them.
     """
-    if (num_layers, num_units, input_size) != (None, None, None):
-        attrs = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
-                     dropout=dropout, num_proj=num_proj, time_major=time_major)
-        kernels.problem(input, input_h, input_c, params, attrs, is_training,
-                        num_layers=num_layers, num_units=num_units, input_size=input_size)
+    sizes = {name: value for name, value in (("num_layers", num_layers), ("num_units", num_units),
+                                             ("input_size", input_size)) if value is not None}
+    if sizes:
+        attrs = _attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
+        kernels.problem(input, input_h, input_c, params, {**attrs, **sizes}, is_training)
     if sequence_lengths is not None and not isinstance(sequence_lengths, torch.Tensor):
         sequence_lengths = torch.as_tensor(sequence_lengths, dtype=torch.int64)
     if not isinstance(seed, torch.Tensor):

@@ -227,6 +227,11 @@ def test_dtype_device_and_size_errors():
         ours(torch.randn(5, 2, 3, 1))
     with pytest.raises(ValueError, match="hx: for unbatched .* expected 2-D states"):
         ours(torch.randn(5, 3), torch.zeros(1, 1, 4))
+    packed = pack_padded_sequence(torch.randn(5, 2, 3), [5, 2])
+    with pytest.raises(TypeError, match="sequence_lengths: a PackedSequence carries its lengths"):
+        ours(packed, sequence_lengths=[5, 2])
+    with pytest.raises(ValueError, match="sequence_lengths: expected values in \\[0, 5\\]"):
+        ours(torch.randn(5, 2, 3), sequence_lengths=[6, 2])
 
 
 # --------------------------------------------------------------------------- modes

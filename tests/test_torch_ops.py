@@ -139,6 +139,27 @@ def test_compile_fullgraph_aot_eager_equals_eager_and_takes_a_new_mask_without_r
         assert compiled(x).item() == model(x).item() == compiled(x).item()
 
 
+def test_ragged_batches_compile_through_sequence_lengths_and_equal_packing():
+    """PackedSequence does not trace; sequence_lengths= on the drop-in does, with the same
+    result as packing with torch.nn."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    reference = torch.nn.GRU(I, H, 2, batch_first=True, bidirectional=True,
+                             dtype=torch.float64)
+    model = prt.GRU.from_torch(reference)
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    lengths = torch.tensor([2, 5, 3])
+    compiled = torch.compile(lambda x, n: model(x, sequence_lengths=n), backend="aot_eager",
+                             fullgraph=True)
+    out, h_n = compiled(x, lengths)
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    out_ref, h_ref = reference(packed)
+    out_ref = pad_packed_sequence(out_ref, batch_first=True, total_length=T)[0]
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h_n, h_ref, rtol=1e-12, atol=1e-12)
+
+
 def test_compile_fullgraph_inductor_equals_eager_and_draws_reproducible_masks():
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -322,6 +322,23 @@ def test_held_dropout_states_are_reused_not_initialised_again(monkeypatch):
     plan.clear_caches()
 
 
+def test_a_module_gets_its_dropout_plan_back_while_the_key_holds():
+    from pycudnnrnn.torch.kernels import ModulePlans
+    built = []
+
+    def build():
+        built.append(object())
+        return built[-1]
+
+    plans = ModulePlans()
+    first = plans.get(0, 7, ("shapes", 1), build)
+    others = [plans.get(0, seed, ("shapes", 1), build) for seed in range(100, 120)]  # others
+    assert plans.get(0, 7, ("shapes", 1), build) is first and len(built) == 21
+    assert plans.get(0, 7, ("shapes", 2), build) is not first  # new lengths: a new plan
+    assert plans.get(1, 7, ("shapes", 2), build) is not built[-2]  # another device
+    assert len(built) == 23 and len(others) == 20
+
+
 @pytest.mark.gpu
 def test_cuda_many_dropout_modules_each_draw_fresh_masks():
     """More modules than the caches keep seeds for: no state is re-initialised (which

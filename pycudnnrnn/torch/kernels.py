@@ -117,13 +117,32 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
         return planned_backprop(*arrays, reserve_space, lengths, seed, attrs, gradients)
 
 
-#: (device, seed) → the latest training plan with dropout for that seed. A plan keeps its
-#: seed's cuDNN dropout state alive; the shared caches keep only a few seeds, so without
-#: this a process with many dropout modules would re-initialise a module's state (and
-#: repeat its masks) at every step. Each module has one seed: about 6 MiB per module with
-#: dropout and device, kept for the life of the process (PyTorch's RNNs share one state
-#: per device instead).
-_dropout_holders: dict = {}
+class ModulePlans:
+    """The latest training plan with dropout of each (device, seed), held for reuse.
+
+    On CUDA each module has its own dropout seed. Holding its plan keeps that seed's cuDNN
+    dropout state alive (the shared caches keep only a few seeds; a state initialised
+    again would repeat its masks), and gives the module its plan back at the next call
+    with the same shapes and lengths even when the functional API's small cache of
+    dropout plans has dropped it (a rebuilt plan costs descriptors and a sync). One plan
+    per module with dropout and device, kept for the life of the process (about 6 MiB of
+    dropout state each; PyTorch's own RNNs share one state per device instead).
+    """
+
+    def __init__(self):
+        self._held = {}
+
+    def get(self, device, seed: int, key, build):
+        """The held plan for (device, seed) if it was built for `key`, else ``build()``."""
+        held = self._held.get((device, seed))
+        if held is not None and held[0] == key:
+            return held[1]
+        run = build()
+        self._held[(device, seed)] = (key, run)
+        return run
+
+
+_module_plans = ModulePlans()
 
 
 def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_training):
@@ -136,8 +155,6 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
     # The plan remembers the reserve tensor's identity by the tensor itself, so backward
     # reads no header back from the GPU.
     run.forward(input, input_h, input_c, params, out=out, workspace=_workspace(run, input))
-    if is_training and attrs["dropout"] > 0 and input.device.type == "cuda":
-        _dropout_holders[(input.device, int(seed))] = run
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
             out[3] if is_training else input.new_empty((0,), dtype=torch.uint8))
 
@@ -165,8 +182,18 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
     device = None if input.device.type == "cpu" else \
         input.device.index if input.device.index is not None else torch.cuda.current_device()
     attributes = dict(attrs, **split_seed(seed), is_training=is_training)
-    return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths, attributes,
-                         device)
+
+    def build():
+        return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths,
+                             attributes, device)
+
+    if device is None or not (is_training and attrs["dropout"] > 0):
+        return build()
+    key = (str(input.dtype), tuple(None if t is None else tuple(t.shape)
+                                   for t in (input, input_h, input_c, params)),
+           None if lengths is None else lengths.tolist(), sorted(attributes.items()),
+           gpu.get_allow_tf32())
+    return _module_plans.get(device, int(seed), key, build)
 
 
 def _empty(shape, like, dtype=None):

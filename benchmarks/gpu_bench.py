@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 import pycudnnrnn
+from pycudnnrnn import dtypes
 
 # (name, rnn_mode, layers, bidirectional, T, B, input, hidden, dtype)
 LARGE = [
@@ -25,6 +26,8 @@ LARGE = [
     ("lstm 2L bi T256 B64 512 f16", "lstm", 2, True, 256, 64, 512, 512, "float16"),
     ("lstm 4L uni T512 B128 1024 f16", "lstm", 4, False, 512, 128, 1024, 1024, "float16"),
 ]
+# Its own part of the report: it needs cuDNN >= 9.13 (and a PyTorch that runs it).
+BFLOAT16 = [("lstm 2L bi T256 B64 512 bf16", "lstm", 2, True, 256, 64, 512, 512, "bfloat16")]
 
 
 def interleaved(functions: dict, rounds: int, calls: int, sync=lambda: None) -> dict:
@@ -65,7 +68,8 @@ class Problem:
                      "unidirectional")
         rng = np.random.default_rng(0)
         n = pycudnnrnn.params_size(num_layers=layers, num_units=H, input_size=I, **attrs)
-        put = lambda *shape: cupy.asarray(rng.uniform(-0.1, 0.1, shape).astype(dtype))
+        host_dtype = dtypes.by_name(dtype)
+        put = lambda *shape: cupy.asarray(rng.uniform(-0.1, 0.1, shape).astype(host_dtype))
         self.x, self.h, self.w = put(T, B, I), put(layers * D, B, H), put(n)
         self.c = put(layers * D, B, H) if mode == "lstm" else None
         self.attrs = attrs
@@ -78,9 +82,10 @@ class Problem:
         cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[mode]
         self.net = cls(I, H, num_layers=layers, bidirectional=bidirectional).to(
             "cuda", getattr(torch, dtype))
-        self.tx = torch.from_dlpack(self.x).clone().requires_grad_()
-        self.th = torch.from_dlpack(self.h).clone()
-        self.tc = torch.from_dlpack(self.c).clone() if self.c is not None else None
+        to_torch = dtypes.torch_from_dlpack  # bfloat16 too
+        self.tx = to_torch(self.x).clone().requires_grad_()
+        self.th = to_torch(self.h).clone()
+        self.tc = to_torch(self.c).clone() if self.c is not None else None
 
     def ours_forward(self):
         return self.plan.forward(self.x, self.h, self.c, self.w)
@@ -153,10 +158,10 @@ def small_rows(cupy, torch, rounds):
                              "graph": graph_rows, "decode": decode_rows}
 
 
-def large_rows(cupy, torch, rounds):
+def large_rows(cupy, torch, rounds, cases=LARGE):
     sync = cupy.cuda.Device().synchronize
     text, figures = [], {}
-    for name, *spec in LARGE:
+    for name, *spec in cases:
         p = Problem(cupy, torch, *spec)
         rows = interleaved({"fwd+bwd plan": p.ours_step, "fwd+bwd PyTorch": p.torch_step},
                            rounds, 3, sync)
@@ -201,6 +206,8 @@ def main():
     report, figures = [], {}
     for label, part in (("small", lambda: small_rows(cupy, torch, args.rounds)),
                         ("large", lambda: large_rows(cupy, torch, max(3, args.rounds // 2))),
+                        ("bfloat16", lambda: large_rows(cupy, torch, max(3, args.rounds // 2),
+                                                        BFLOAT16)),
                         ("memory", lambda: memory_rows(cupy, torch))):
         try:
             text, figures[label] = part()

@@ -4,14 +4,15 @@ The functional API mirrors TensorFlow's ``CudnnRNNV3`` / ``CudnnRNNBackpropV3`` 
 ``forward`` and ``backprop`` over an opaque ``params_size``-long buffer,
 which ``canonical_to_params`` and ``params_to_canonical`` convert. NumPy arrays
 run on the CPU backend; CuPy arrays, and any DLPack array on a CUDA device, on cuDNN.
-``RNNPlan`` builds everything a call needs once, for calls at cuDNN's own speed.
+``RNNPlan`` builds once what calls share, so that each call only checks its arrays and runs.
 """
 
 from .api import backprop, canonical_to_params, forward, params_size, params_to_canonical
 from .plan import RNNPlan
 from .errors import (CudnnBadParamError, CudnnError, CudnnExecutionFailedError,
                      CudnnInternalError, CudnnNotInitializedError, CudnnNotSupportedError,
-                     CudnnUnavailableError)
+                     CudnnUnavailableError, InsufficientMemoryError)
+from .results import BackpropResult, ForwardResult
 
 
 def set_allow_tf32(enabled: bool) -> None:
@@ -23,6 +24,7 @@ def set_allow_tf32(enabled: bool) -> None:
 __version__ = "0.1.0"
 
 __all__ = ["params_size", "canonical_to_params", "params_to_canonical", "forward", "backprop",
-           "RNNPlan", "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
+           "ForwardResult", "BackpropResult", "RNNPlan",
+           "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
            "CudnnNotInitializedError", "CudnnInternalError", "CudnnExecutionFailedError",
-           "CudnnUnavailableError", "__version__"]
+           "CudnnUnavailableError", "InsufficientMemoryError", "__version__"]

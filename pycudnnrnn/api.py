@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks, gpu, layout, plan
+from . import checks, dtypes, gpu, layout, plan
 from .arrays import device_kind as _device_kind
 from .arrays import from_dlpack_like as _from_dlpack_like
-from .arrays import host_lengths
+from .arrays import host_lengths, readable
+from .results import BackpropResult, ForwardResult
 
 
 class _Route:
@@ -29,6 +30,7 @@ class _Route:
     """
 
     def __init__(self, arrays: dict):
+        arrays = {name: readable(a) for name, a in arrays.items()}
         kinds = {name: _device_kind(name, a) for name, a in arrays.items() if a is not None}
         if len(set(kinds.values())) > 1:
             detail = ", ".join(f"{n} on {k}" for n, k in kinds.items())
@@ -38,12 +40,12 @@ class _Route:
         self.template = next((a for a in arrays.values() if a is not None), None)
         if not self.cuda:
             self.xp = np
-            self.arrays = {n: a if a is None or isinstance(a, np.ndarray) else np.from_dlpack(a)
-                           for n, a in arrays.items()}
+            self.arrays = {n: a if a is None or isinstance(a, np.ndarray)
+                           else dtypes.numpy_from_dlpack(n, a) for n, a in arrays.items()}
             return
         self.xp = cupy = gpu.cupy()
-        self.arrays = {n: a if a is None or isinstance(a, cupy.ndarray) else cupy.from_dlpack(a)
-                       for n, a in arrays.items()}
+        self.arrays = {n: a if a is None or isinstance(a, cupy.ndarray)
+                       else dtypes.cupy_from_dlpack(cupy, n, a) for n, a in arrays.items()}
         devices = {n: a.device.id for n, a in self.arrays.items() if a is not None}
         if len(set(devices.values())) > 1:
             detail = ", ".join(f"{n} on cuda:{d}" for n, d in devices.items())
@@ -51,11 +53,11 @@ class _Route:
         self.device = next(iter(devices.values()))
 
     def outputs(self, results):
-        """Backend results in the caller's array type."""
+        """Backend results in the caller's array type (None stays None)."""
         if isinstance(self.template, self.xp.ndarray):
             return results
         wrap = _from_dlpack_like(self.template)
-        return tuple(wrap(r) for r in results)
+        return tuple(None if r is None else wrap(r) for r in results)
 
 
 def _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj):
@@ -118,7 +120,7 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
         1-D params of length ``params_size``, of the pieces' array type and dtype.
     """
     config = _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj)
-    weights, biases = list(weights), list(biases)
+    weights, biases = checks.array_list("weights", weights), checks.array_list("biases", biases)
     names = [f"weights[{i}]" for i in range(len(weights))] + \
         [f"biases[{i}]" for i in range(len(biases))]
     route = _Route(dict(zip(names, weights + biases)))
@@ -158,7 +160,8 @@ def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input
 
 def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
             input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0,
-            seed2=0, num_proj=0, time_major=True, is_training=True):
+            seed2=0, num_proj=0, time_major=True, is_training=True, num_layers=None,
+            num_units=None, input_size=None) -> ForwardResult:
     """Run the RNN forward (TensorFlow's ``CudnnRNNV3``).
 
     Parameters
@@ -192,30 +195,34 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
         Layout of data and states (states are really batch-major when False).
     is_training : bool, default True
         Apply dropout and return a reserve_space for ``backprop``.
+    num_layers, num_units, input_size : int, optional
+        Read from the shapes; when given (as in the attribute dict ``pycudnnrnn.convert``
+        returns, so that ``forward(..., **attrs)`` works), they must agree with them.
 
     Returns
     -------
-    output : array
-        ``[T, B, D·P]``; zero past each sequence's length.
-    output_h, output_c : array
-        Final states, shaped like the initial ones; output_c is empty ``(0,)`` unless LSTM.
-    reserve_space : array
-        Opaque uint8 for ``backprop``; empty when not `is_training`.
+    ForwardResult
+        Named tuple ``(output, output_h, output_c, reserve_space)``: output
+        ``[T, B, D·P]``, zero past each sequence's length; the final states, shaped like
+        the initial ones (output_c empty ``(0,)`` unless LSTM); reserve_space, opaque uint8
+        for ``backprop``, empty when not `is_training`.
     """
-    lstm = rnn_mode == "lstm"
+    lstm = checks.rnn_mode(rnn_mode) == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
                         params=params))
     attributes = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
                       dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
-                      time_major=time_major, is_training=is_training)
+                      time_major=time_major, is_training=is_training, num_layers=num_layers,
+                      num_units=num_units, input_size=input_size)
     run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes, route.device)
-    return route.outputs(run.run_forward(route.arrays, reference="input"))
+    return ForwardResult(*route.outputs(run.run_forward(route.arrays, reference="input")))
 
 
 def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
              output_backprop, output_h_backprop, output_c_backprop, reserve_space, *,
              rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
-             dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True):
+             dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True, num_layers=None,
+             num_units=None, input_size=None, gradients="all") -> BackpropResult:
     """Backprop of data and weights (TensorFlow's ``CudnnRNNBackpropV3``).
 
     Parameters
@@ -223,7 +230,10 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     input, input_h, input_c, params, sequence_lengths
         As given to ``forward``.
     output, output_h, output_c, reserve_space
-        As ``forward`` returned them (with ``is_training=True``).
+        As ``forward`` returned them (with ``is_training=True``). reserve_space must come
+        from a forward call with the same attributes, dtype, shapes and lengths (checked:
+        a ValueError otherwise) and on the same data (not checked: another call's reserve
+        space gives that call's gradients). See "reserve_space" in ``docs/semantics.md``.
     output_backprop, output_h_backprop, output_c_backprop : array
         Gradients of the loss with respect to the outputs; output_c_backprop is ignored
         unless LSTM, and output_backprop past each sequence's length is ignored.
@@ -236,13 +246,23 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
     seed2 : int, default 0
     num_proj : int, default 0
     time_major : bool, default True
+    num_layers, num_units, input_size : int, optional
+        As in ``forward``: checked against the shapes when given.
+    gradients : {"all", "data", "weights"}, default "all"
+        Which gradients to compute. ``"data"``: input_backprop and the state gradients
+        only (cuDNN skips ``cudnnRNNBackwardWeights``; the NumPy backend skips the
+        weight-gradient products), for input saliency or frozen weights. ``"weights"``:
+        params_backprop only (cuDNN still runs its data pass, which the weight pass
+        needs; the NumPy backend skips the first layer's input gradient).
 
     Returns
     -------
-    input_backprop, input_h_backprop, input_c_backprop, params_backprop : array
-        Gradients shaped like input, input_h, input_c (empty ``(0,)`` unless LSTM) and params.
+    BackpropResult
+        Named tuple ``(input_backprop, input_h_backprop, input_c_backprop,
+        params_backprop)``: gradients shaped like input, input_h, input_c (empty ``(0,)``
+        unless LSTM) and params; those that `gradients` leaves out are None.
     """
-    lstm = rnn_mode == "lstm"
+    lstm = checks.rnn_mode(rnn_mode) == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
                         params=params, output=output, output_h=output_h,
                         output_c=output_c if lstm else None, output_backprop=output_backprop,
@@ -251,6 +271,8 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
                         reserve_space=reserve_space))
     attributes = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
                       dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
-                      time_major=time_major, is_training=True)
+                      time_major=time_major, is_training=True, num_layers=num_layers,
+                      num_units=num_units, input_size=input_size)
     run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes, route.device)
-    return route.outputs(run.run_backprop(route.arrays, reference="input"))
+    return BackpropResult(*route.outputs(run.run_backprop(route.arrays, reference="input",
+                                                          gradients=gradients)))

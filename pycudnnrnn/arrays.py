@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import dtypes
+
 # DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
 _DLPACK_CPU = 1
 _DLPACK_CUDA = (2, 13)
@@ -35,7 +37,30 @@ def device_kind(name, array, strict=True):
         return "other"
     raise TypeError(f"{name}: expected a NumPy array, a CUDA array (CuPy, or any array with "
                     f"__dlpack__ on a CUDA device) or a DLPack array on the CPU, got "
-                    f"{type(array).__module__}.{type(array).__qualname__}")
+                    f"{type(array).__module__}.{type(array).__qualname__}{_on_device(array)}")
+
+
+def _on_device(array) -> str:
+    device = getattr(array, "device", None)
+    return "" if device is None or callable(device) else f" on device {device}"
+
+
+def readable(array):
+    """A PyTorch tensor as DLPack can export it; anything else as it is.
+
+    We only read the caller's arrays, so a tensor that requires grad is detached, and
+    lazy conjugate or negative views are resolved (DLPack refuses the first and exports
+    the second's memory without its sign: silently wrong).
+    """
+    if type(array).__module__.split(".")[0] != "torch":
+        return array
+    if array.requires_grad:
+        array = array.detach()
+    if array.is_conj():
+        array = array.resolve_conj()
+    if array.is_neg():
+        array = array.resolve_neg()
+    return array
 
 
 
@@ -47,11 +72,9 @@ def from_dlpack_like(template):
     """
     library = type(template).__module__.split(".")[0]
     if library == "torch":
-        import torch
-        return torch.from_dlpack
+        return dtypes.torch_from_dlpack  # bfloat16 too
     if library in ("jax", "jaxlib"):
-        import jax.numpy as jnp
-        return jnp.from_dlpack
+        return dtypes.jax_from_dlpack  # bfloat16 too
     return lambda array: array
 
 
@@ -59,8 +82,15 @@ def host_lengths(sequence_lengths):
     """sequence_lengths as a host array (they steer the computation, so they live on the CPU)."""
     if sequence_lengths is None or isinstance(sequence_lengths, (list, tuple, np.ndarray)):
         return None if sequence_lengths is None else np.asarray(sequence_lengths)
-    if hasattr(sequence_lengths, "__dlpack_device__") and \
-            device_kind("sequence_lengths", sequence_lengths, strict=False) == "cuda":
-        from .gpu import cupy
-        return cupy().asnumpy(cupy().from_dlpack(sequence_lengths))
+    if hasattr(sequence_lengths, "__dlpack_device__"):
+        kind = device_kind("sequence_lengths", sequence_lengths, strict=False)
+        if kind == "cuda":
+            from .gpu import cupy
+            return cupy().asnumpy(cupy().from_dlpack(sequence_lengths))
+        if kind == "other":  # e.g. PyTorch's meta device: no data to read
+            raise TypeError(f"sequence_lengths: expected integers on the CPU or a CUDA device "
+                            f"(a list, a NumPy array or a DLPack array), got "
+                            f"{type(sequence_lengths).__module__}."
+                            f"{type(sequence_lengths).__qualname__}"
+                            f"{_on_device(sequence_lengths)}")
     return np.asarray(sequence_lengths)

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from . import api
+from . import api, dtypes
 
 METRICS = ("fwd_ms", "fwd_bwd_ms")
 #: Every figure ``key`` (the median) has ``key_min`` and ``key_max`` beside it.
@@ -71,7 +71,7 @@ def ours(case: Case, device: str):
                         input_size=case.input_size, **case.attrs)
 
     def array(*shape):
-        return xp.asarray(rng.uniform(-0.1, 0.1, shape).astype(case.dtype))
+        return xp.asarray(rng.uniform(-0.1, 0.1, shape).astype(dtypes.by_name(case.dtype)))
 
     x = array(case.max_time, case.batch_size, case.input_size)
     h = array(case.num_layers * D, case.batch_size, case.hidden_size)

@@ -15,21 +15,46 @@ type), and each message names the argument, what was expected and what was given
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 
 import numpy as np
 
-from . import layout
+from . import dtypes, layout
 from .config import DIRECTIONS, INPUT_MODES, RNN_MODES, Problem, RNNConfig
 
-FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_DTYPE_NAMES = f"{', '.join(dtypes.NAMES[:-1])} or {dtypes.NAMES[-1]}"
+
+
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _choice(name, value, allowed):
-    if not isinstance(value, str) or value not in allowed:
-        options = ", ".join(repr(a) for a in allowed)
+    options = ", ".join(repr(a) for a in allowed)
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, one of {options}, got {_type_name(value)}")
+    if value not in allowed:
         raise ValueError(f"{name}: expected one of {options}, got {value!r}")
     return value
+
+
+def rnn_mode(value) -> str:
+    """A valid rnn_mode, checked first: the public functions branch on it."""
+    return _choice("rnn_mode", value, RNN_MODES)
+
+
+def array_list(name, value) -> list:
+    """`value` (weights or biases of the canonical form) as a list; a TypeError unless it
+    is a sequence of arrays rather than None, a string or one array."""
+    one_array = isinstance(value, np.ndarray) or hasattr(value, "__dlpack__")
+    if value is None or isinstance(value, (str, bytes)) or one_array or \
+            not hasattr(value, "__iter__"):
+        what = "one array" if one_array else _type_name(value)
+        raise TypeError(f"{name}: expected a list of arrays (as params_to_canonical returns "
+                        f"them), got {what}")
+    return list(value)
 
 
 def _integer(name, value, minimum=None):
@@ -89,8 +114,8 @@ def _dtype(name, array, expected=None, reference="input"):
         raise TypeError(f"{name}: expected an array, got None")
     dtype = np.dtype(array.dtype)
     if expected is None:
-        if dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name}: expected dtype float16, float32 or float64, got {dtype}")
+        if not dtypes.is_supported(dtype):
+            raise TypeError(f"{name}: expected dtype {_DTYPE_NAMES}, got {dtype}")
     elif dtype != expected:
         raise TypeError(f"{name}: expected dtype {expected} (the dtype of {reference}), got {dtype}")
     return dtype
@@ -134,6 +159,40 @@ def check_params(params, config: RNNConfig, dtype=None):
                          f"configuration), got {params.shape[0]}")
 
 
+def _input_size_for(config: RNNConfig, n: int, input_mode: str) -> int | None:
+    """The input_size that would make params_size `n`, all else equal; None if none.
+
+    params_size is a + b·input_size with layer 0's input matrices (a alone without them,
+    with input_size = num_units: skip_input, or auto_select's pick), so at most one fits.
+    """
+    H = config.num_units
+    if input_mode != "linear_input" and \
+            layout.params_size(dataclasses.replace(config, skip_input=True, input_size=H)) == n:
+        return H
+    if input_mode == "skip_input":
+        return None
+    linear = dataclasses.replace(config, skip_input=False, input_size=0)
+    base = layout.params_size(linear)
+    per_input = layout.params_size(dataclasses.replace(linear, input_size=1)) - base
+    size, remainder = divmod(n - base, per_input)
+    if remainder or size < 1 or (input_mode == "auto_select" and size == H):
+        return None
+    return size
+
+
+def _explain_params_length(params, config: RNNConfig, input_mode, input_shape):
+    """A params length that fits another input_size: say the input's last dimension is
+    what differs (the params themselves look right)."""
+    if params is None or getattr(params, "ndim", None) != 1:
+        return  # check_params reports it
+    n, expected = params.shape[0], layout.params_size(config)
+    implied = None if n == expected else _input_size_for(config, n, input_mode)
+    if implied is not None:
+        raise ValueError(f"input: expected last dimension {implied} (params has {n} elements, "
+                         f"params_size for input_size={implied}), got shape {input_shape} "
+                         f"(input_size={config.input_size} needs {expected} elements)")
+
+
 def _describe(piece: layout.Piece) -> str:
     if piece.role == "projection":
         return f"pseudo-layer {piece.pseudo_layer} projection matrix"
@@ -161,13 +220,25 @@ def check_canonical(weights, biases, config: RNNConfig) -> list:
     return [array for _, array, _ in named]
 
 
+def _given_size(name, given, found, where):
+    """A size the caller also gave as an attribute (None: not given) must be the shapes'."""
+    if given is not None and _integer(name, given, 1) != found:
+        raise ValueError(f"{name}: given {given}, but {where} gives {found}")
+
+
 def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode,
-                  direction, dropout, seed, seed2, num_proj, time_major, is_training) -> Problem:
-    """Validate the arguments of ``pycudnnrnn.forward``; return the ``Problem``."""
+                  direction, dropout, seed, seed2, num_proj, time_major, is_training,
+                  num_layers=None, num_units=None, input_size=None) -> Problem:
+    """Validate the arguments of ``pycudnnrnn.forward``; return the ``Problem``.
+
+    The sizes come from the shapes; `num_layers`, `num_units` and `input_size`, when given
+    (as in the attribute dict of ``pycudnnrnn.convert``), must agree with them.
+    """
     _choice("rnn_mode", rnn_mode, RNN_MODES)
     _choice("direction", direction, DIRECTIONS)
     time_major = _boolean("time_major", time_major)
     is_training = _boolean("is_training", is_training)
+    given_num_layers, given_num_units, given_input_size = num_layers, num_units, input_size
     lstm = rnn_mode == "lstm"
     D = 2 if direction == "bidirectional" else 1
     layout_name = "[T, B, input_size]" if time_major else "[B, T, input_size]"
@@ -209,13 +280,29 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
         raise ValueError(f"input_h: expected last dimension num_units={H} (input_c's; no "
                          f"projection since num_proj=0), got shape {tuple(input_h.shape)}")
 
+    _given_size("input_size", given_input_size, input_size,
+                f"input's shape {tuple(input.shape)} {layout_name}")
+    _given_size("num_layers", given_num_layers, num_layers,
+                f"input_h's shape {tuple(input_h.shape)} {state_name.format('P')} with D={D}")
+    _given_size("num_units", given_num_units, H,
+                f"input_c's shape {tuple(input_c.shape)} {state_name.format('H')}" if lstm else
+                f"input_h's shape {tuple(input_h.shape)} {state_name.format('H')}")
     config = make_config(rnn_mode=rnn_mode, num_layers=num_layers, num_units=H,
                          input_size=input_size, input_mode=input_mode, direction=direction,
                          num_proj=num_proj, dropout=dropout, seed=seed, seed2=seed2)
 
+    _explain_params_length(params, config, input_mode, tuple(input.shape))
     check_params(params, config, dtype)
     lengths = check_lengths(sequence_lengths, B, T)
     return Problem(config, T, B, time_major, dtype, lengths, is_training)
+
+
+GRADIENTS = ("all", "data", "weights")
+
+
+def check_gradients(gradients) -> str:
+    """Which gradients ``backprop`` computes: "all", "data" or "weights"."""
+    return _choice("gradients", gradients, GRADIENTS)
 
 
 def forward_shapes(problem: Problem) -> list:
@@ -276,12 +363,14 @@ def make_problem(*, max_time, batch_size, sequence_lengths, dtype, time_major, i
     config = make_config(**attributes)
     max_time = _integer("max_time", max_time, 1)
     batch_size = _integer("batch_size", batch_size, 1)
+    if dtypes.is_bfloat16(dtype):  # "bfloat16" works before ml_dtypes is imported
+        dtype = dtypes.bfloat16("dtype")
     try:
         dtype = np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"dtype: expected float16, float32 or float64, got {dtype!r}") from exc
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"dtype: expected float16, float32 or float64, got {dtype}")
+        raise TypeError(f"dtype: expected {_DTYPE_NAMES}, got {dtype!r}") from exc
+    if not dtypes.is_supported(dtype):
+        raise TypeError(f"dtype: expected {_DTYPE_NAMES}, got {dtype}")
     return Problem(config, max_time, batch_size, _boolean("time_major", time_major), dtype,
                    check_lengths(sequence_lengths, batch_size, max_time),
                    _boolean("is_training", is_training))

@@ -17,7 +17,7 @@ import traceback
 
 from .config import DIRECTIONS, GATES, INPUT_MODES, RNN_MODES
 
-DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: ``check`` verifies by finite differences, whose work grows with the problem: it refuses
 #: problems whose working set is larger than this (``bench`` times large problems).
 CHECK_LIMIT_BYTES = 1 << 30

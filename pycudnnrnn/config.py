@@ -98,7 +98,7 @@ class Problem:
         T and B.
     time_major : bool
     dtype : numpy.dtype
-        The data's dtype (float16, float32 or float64).
+        The data's dtype (float16, bfloat16, float32 or float64).
     lengths : numpy.ndarray or None
         int64 [B] sequence lengths; None when every sequence has length T.
     is_training : bool

@@ -23,18 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import api
+from . import api, checks, dtypes
 
 _TORCH_CLASSES = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
 _NUM_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
-
-
-def _layout_attrs(attrs: dict) -> dict:
-    keys = ("rnn_mode", "num_layers", "num_units", "input_size", "direction", "num_proj")
-    missing = [k for k in keys if k not in attrs]
-    if missing:
-        raise TypeError(f"missing attributes: {', '.join(missing)}")
-    return {k: attrs[k] for k in keys}
 
 
 # --------------------------------------------------------------------------- PyTorch
@@ -66,7 +58,8 @@ def from_torch(module):
         1-D, on the module's device and in its dtype, detached.
     attrs : dict
         ``rnn_mode, num_layers, num_units, input_size, direction, num_proj``, ready for
-        ``pycudnnrnn.params_size`` and friends.
+        ``pycudnnrnn.params_size`` and friends, ``to_torch``, and ``forward`` /
+        ``backprop`` (which check the three sizes against the arrays' shapes).
     """
     import torch
 
@@ -95,7 +88,8 @@ def from_torch(module):
     return flat, attrs
 
 
-def to_torch(params, **attrs):
+def to_torch(params, *, rnn_mode="lstm", num_layers, num_units, input_size,
+             direction="unidirectional", num_proj=0, input_mode="linear_input"):
     """Build the PyTorch module whose weights are `params` (the inverse of from_torch).
 
     Parameters
@@ -103,8 +97,12 @@ def to_torch(params, **attrs):
     params : array or torch.Tensor
         1-D opaque params (NumPy, CuPy, or a tensor); the module gets its dtype and
         device (NumPy → CPU).
-    **attrs
-        ``rnn_mode, num_layers, num_units, input_size, direction, num_proj``.
+    rnn_mode, num_layers, num_units, input_size, direction, num_proj
+        As for ``pycudnnrnn.params_size``, with its defaults (the dict ``from_torch``
+        returns fits).
+    input_mode : str, default "linear_input"
+        PyTorch's RNNs always multiply their input by a matrix, so params laid out for
+        ``skip_input`` (or ``auto_select`` with input_size == num_units) are refused.
 
     Returns
     -------
@@ -114,10 +112,17 @@ def to_torch(params, **attrs):
     """
     import torch
 
-    attrs = _layout_attrs(attrs)
+    if checks.make_config(rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units,
+                          input_size=input_size, input_mode=input_mode, direction=direction,
+                          num_proj=num_proj).skip_input:
+        raise ValueError(f"input_mode: PyTorch's RNNs have input matrices, so params laid out "
+                         f"for skip input cannot convert, got input_mode={input_mode!r} with "
+                         f"input_size={input_size} and num_units={num_units}")
+    attrs = dict(rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units,
+                 input_size=input_size, direction=direction, num_proj=num_proj)
     if not isinstance(params, torch.Tensor):
-        params = torch.from_numpy(np.asarray(params)) if isinstance(params, np.ndarray) \
-            else torch.from_dlpack(params)
+        plain_numpy = isinstance(params, np.ndarray) and not dtypes.is_bfloat16(params.dtype)
+        params = torch.from_numpy(params) if plain_numpy else dtypes.torch_from_dlpack(params)
     weights, biases = api.params_to_canonical(params, **attrs)
     mode, G = attrs["rnn_mode"], _NUM_GATES[attrs["rnn_mode"]]
     kwargs = dict(num_layers=attrs["num_layers"], bidirectional=attrs["direction"] == "bidirectional",
@@ -143,6 +148,15 @@ def to_torch(params, **attrs):
 
 
 # --------------------------------------------------------------------------- Keras
+
+def _host(params):
+    """`params` as a NumPy array; a PyTorch CPU bfloat16 tensor without a copy."""
+    if isinstance(params, np.ndarray):
+        return params
+    if dtypes.is_bfloat16(getattr(params, "dtype", None)):
+        return dtypes.numpy_from_dlpack("params", params)
+    return np.asarray(params)
+
 
 _KERAS_GRU_ORDER = (1, 0, 2)  # Keras z, r, h  <->  cuDNN r, z, h (a swap: its own inverse)
 
@@ -240,7 +254,7 @@ def to_keras(params, *, rnn_mode, num_layers, num_units, input_size,
         raise ValueError(f"num_proj: Keras LSTM has no projection, got num_proj={num_proj}")
     attrs = dict(rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units,
                  input_size=input_size, direction=direction, num_proj=0)
-    weights, biases = api.params_to_canonical(np.asarray(params), **attrs)
+    weights, biases = api.params_to_canonical(_host(params), **attrs)
     G, D = _NUM_GATES[rnn_mode], 2 if direction == "bidirectional" else 1
     result = []
     for layer in range(num_layers):

@@ -12,7 +12,7 @@ host↔device copy, no sync, no size query. Per run:
   on the other rows, and the run fills in zeros and passed-through states;
 * batch-major states are made contiguous ``[L·D, B, P]`` for cuDNN and put back;
 * padding of x, y and dy is zeroed when lengths are ragged, so that (as on the CPU)
-  padding may hold anything, even NaN (cuDNN's weight-gradient products read it);
+  padding may hold anything, even NaN (cuDNN need not ignore it);
 * arrays already contiguous are used in place; results go into caller buffers (``out``)
   when given; reserve_space starts with the 256-byte header of
   ``pycudnnrnn.reserve_header`` (remembered on the host, so backprop reads it back only
@@ -58,22 +58,29 @@ class Executor:
             self.head_device = cp.asarray(np.frombuffer(self.head, dtype=np.uint8))
             self.empty = cp.zeros((0,), dtype=dtype)  # output_c of other cells: never written
             self.no_reserve = cp.zeros((0,), dtype=cp.uint8)  # inference's reserve_space
-            if B == 0:
-                return
-            tm = problem.time_major
-            self.x_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B, c.input_size,
-                                                          run_lengths)
-            self.y_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B,
-                                                          c.num_dirs * c.state_size, run_lengths)
-            LD = c.num_pseudo_layers
-            self.h_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.state_size))
-            self.c_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.num_units))
-            self.dev_lengths = cp.asarray(run_lengths)
-            if self.ragged:
-                steps = np.arange(T)[:, None] < run_lengths[None, :]
-                self.valid = cp.asarray((steps if tm else steps.T)[..., None])
-            self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
-                handle, self.rnn, problem.is_training, self.x_desc)
+            if B:
+                self._describe(handle, run_lengths)
+            # Runs may come on other streams (threads, graphs): the uploads must be done.
+            cp.cuda.get_current_stream().synchronize()
+
+    def _describe(self, handle, run_lengths):
+        """Descriptors, temp-space sizes and device lengths and mask of the running rows."""
+        cp, problem, device = self.cupy, self.problem, self.device
+        c, dtype, T, B = problem.config, problem.dtype, problem.max_time, self.batch
+        tm = problem.time_major
+        self.x_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B, c.input_size,
+                                                      run_lengths)
+        self.y_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B,
+                                                      c.num_dirs * c.state_size, run_lengths)
+        LD = c.num_pseudo_layers
+        self.h_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.state_size))
+        self.c_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.num_units))
+        self.dev_lengths = cp.asarray(run_lengths)
+        if self.ragged:
+            steps = np.arange(T)[:, None] < run_lengths[None, :]
+            self.valid = cp.asarray((steps if tm else steps.T)[..., None])
+        self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
+            handle, self.rnn, problem.is_training, self.x_desc)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -202,15 +209,30 @@ class Executor:
 
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                 out=(None,) * 4, workspace=None):
-        """Backprop of data, then weights; see ``pycudnnrnn.backprop``."""
+                 out=(None,) * 4, workspace=None, gradients="all"):
+        """Backprop of data, then weights; see ``pycudnnrnn.backprop``.
+
+        `gradients="data"` skips cudnnRNNBackwardWeights; "weights" still runs the data
+        pass (the weight pass reads what it leaves in the reserve space). Gradients left
+        out come back as None.
+        """
+        grads = self._backprop(input, input_h, input_c, params, output, output_h, output_c,
+                               output_backprop, output_h_backprop, output_c_backprop,
+                               reserve_space, out, workspace, gradients != "data")
+        return grads if gradients != "weights" else (None, None, None, grads[3])
+
+    def _backprop(self, input, input_h, input_c, params, output, output_h, output_c,
+                  output_backprop, output_h_backprop, output_c_backprop, reserve_space, out,
+                  workspace, want_weights):
         cp, problem = self.cupy, self.problem
         c, dtype = problem.config, problem.dtype
         lstm = c.is_lstm
         reserve = self._open_reserve(reserve_space)
         out_dx, out_dh, out_dc, out_dw = out
-        dparams = out_dw if out_dw is not None else cp.empty(layout.params_size(c), dtype)
-        dparams[...] = 0  # cuDNN adds the weight gradients
+        dparams = None
+        if want_weights:
+            dparams = out_dw if out_dw is not None else cp.empty(layout.params_size(c), dtype)
+            dparams[...] = 0  # cuDNN adds the weight gradients
         if self.batch == 0:
             dx = out_dx if out_dx is not None else cp.empty(input.shape, dtype)
             dx[...] = 0
@@ -237,9 +259,10 @@ class Executor:
                           hx=hx.data.ptr, dhy=dhy.data.ptr, dhx=dhx.data.ptr,
                           c_desc=self.c_desc, cx=_ptr(cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
                           weights=weights.data.ptr, **common)
-        rnn.backward_weights(handle, self.rnn, x_desc=self.x_desc, x=x.data.ptr,
-                             h_desc=self.h_desc, hx=hx.data.ptr, y_desc=self.y_desc,
-                             y=y.data.ptr, dweights=dparams.data.ptr, **common)
+        if want_weights:
+            rnn.backward_weights(handle, self.rnn, x_desc=self.x_desc, x=x.data.ptr,
+                                 h_desc=self.h_desc, hx=hx.data.ptr, y_desc=self.y_desc,
+                                 y=y.data.ptr, dweights=dparams.data.ptr, **common)
         return (self._data_out(dx, out_dx, c.input_size),
                 self._state_out(dhx, out_dh, output_h_backprop),
                 self._state_out(dcx, out_dc, output_c_backprop) if lstm else self.empty,

@@ -39,9 +39,16 @@ LIVE_DROPOUT_STATES: "weakref.WeakSet" = weakref.WeakSet()
 class DropoutStates:
     """One device buffer of cuDNN dropout RNG states, initialised for one seed."""
 
-    def __init__(self, buffer, seed: int):
-        self.buffer, self.seed = buffer, seed
+    def __init__(self, buffer, seed: int, device: int | None = None):
+        self.buffer, self.seed, self.device = buffer, seed, device
         LIVE_DROPOUT_STATES.add(self)
+
+
+def _live_states(device: int, seed: int):
+    """States of (device, seed) still alive though the cache dropped them (a plan holds
+    them): reused, since initialising them again would restart their random sequence."""
+    return next((s for s in list(LIVE_DROPOUT_STATES) if (s.device, s.seed) == (device, seed)),
+                None)
 
 
 def handle(cupy) -> Handle:
@@ -69,8 +76,11 @@ def dropout_descriptor(cupy, handle, device: int, dropout: float, seed: int):
             fresh = []
 
             def new_states():
+                alive = _live_states(device, seed)
+                if alive is not None:
+                    return alive
                 size = rnn.dropout_states_size(handle)
-                states = DropoutStates(cupy.empty(size, dtype=cupy.uint8), seed)
+                states = DropoutStates(cupy.empty(size, dtype=cupy.uint8), seed, device)
                 desc.set(handle, dropout, states.buffer.data.ptr, size, seed)  # slow, once
                 fresh.append(states)
                 return states

@@ -1,12 +1,40 @@
-"""Exceptions raised by the cuDNN path.
+"""The library's own exceptions.
 
-A failing cuDNN call raises a ``CudnnError`` subclass chosen by the status's family
+``InsufficientMemoryError`` refuses a call whose estimated memory exceeds what is
+available, before it allocates. A failing cuDNN call raises a ``CudnnError`` subclass chosen by the status's family
 (cuDNN 9 numbers statuses by family: 1xxx not initialised, 2xxx bad parameter, 3xxx not
 supported, 4xxx internal, 5xxx execution failed), so callers can catch
 ``CudnnNotSupportedError`` without parsing messages.
 """
 
 from __future__ import annotations
+
+
+class InsufficientMemoryError(MemoryError):
+    """A call would allocate more memory than is available; raised before it allocates.
+
+    Attributes
+    ----------
+    what : str
+        The call, e.g. ``"forward"``.
+    required_bytes : int
+        Its estimate of the bytes it would allocate.
+    available_bytes : int
+        The bytes available, and `source` where that figure comes from.
+    """
+
+    def __init__(self, what: str, required_bytes: int, available_bytes: int, source: str):
+        self.what, self.required_bytes = what, required_bytes
+        self.available_bytes, self.source = available_bytes, source
+        super().__init__(
+            f"{what}: needs about {required_bytes} bytes ({_gib(required_bytes)}) for its "
+            f"outputs, reserve space and scratch, but {available_bytes} bytes "
+            f"({_gib(available_bytes)}) are available ({source}); use a smaller batch, "
+            f"shorter sequences or a smaller network")
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2 ** 30:.3g} GiB"
 
 
 class CudnnUnavailableError(RuntimeError):

@@ -28,11 +28,54 @@ buffer, converting between them is a concatenation or a split.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
+import threading
 
 from .config import GATES, RNNConfig
+
+#: Most table entries (pieces, or pseudo-layers of blocks) each cache below holds in
+#: all. A bound on entries rather than on configurations: one 100 000-layer table alone
+#: is 1.6 million pieces (about 1 GiB). A table larger than this is built but not kept.
+CACHE_ENTRIES = 1 << 15
+
+
+def _cached_by_size(function):
+    """An LRU cache of `function(config)`, bounded by the total length of what it holds.
+
+    The key drops dropout and seed, which do not change the layout, so calls that differ
+    only in them share an entry. Thread-safe; ``cache_clear()`` empties it and
+    ``cache_entries()`` says how many entries it holds.
+    """
+    cache, lock, held = collections.OrderedDict(), threading.Lock(), [0]
+
+    @functools.wraps(function)
+    def cached(config: RNNConfig):
+        key = config if not (config.dropout or config.seed) else config.with_dropout(0.0, 0)
+        with lock:
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+        value = function(key)
+        if len(value) <= CACHE_ENTRIES:
+            with lock:
+                if key not in cache:
+                    cache[key] = value
+                    held[0] += len(value)
+                    while held[0] > CACHE_ENTRIES:
+                        held[0] -= len(cache.popitem(last=False)[1])
+        return value
+
+    def cache_clear():
+        with lock:
+            cache.clear()
+            held[0] = 0
+
+    cached.cache_clear = cache_clear
+    cached.cache_entries = lambda: held[0]
+    return cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +157,7 @@ def _pseudo_layer_shapes(config: RNNConfig, k: int):
     return matrices, biases
 
 
-@functools.lru_cache(maxsize=256)
+@_cached_by_size
 def pieces(config: RNNConfig) -> tuple[Piece, ...]:
     """The whole offset table: all matrices, then all biases, in buffer order."""
     per_layer = [_pseudo_layer_shapes(config, k) for k in range(config.num_pseudo_layers)]
@@ -129,8 +172,16 @@ def pieces(config: RNNConfig) -> tuple[Piece, ...]:
 
 
 def params_size(config: RNNConfig) -> int:
-    """Number of elements of the params buffer."""
-    return pieces(config)[-1].stop
+    """Number of elements of the params buffer, from sizes alone (no table is built).
+
+    The sum over ``pieces(config)``; ``tests/test_layout.py`` holds the two together.
+    """
+    G, H, P, D, L = (config.num_gates, config.num_units, config.state_size, config.num_dirs,
+                     config.num_layers)
+    per_pseudo_layer = G * H * P + (P * H if config.num_proj else 0) + 2 * G * H
+    input_matrices = (0 if config.skip_input else G * H * config.input_size) + \
+        (L - 1) * G * H * D * P
+    return D * (L * per_pseudo_layer + input_matrices)
 
 
 def canonical_shapes(config: RNNConfig) -> tuple[list[tuple], list[tuple]]:
@@ -140,28 +191,27 @@ def canonical_shapes(config: RNNConfig) -> tuple[list[tuple], list[tuple]]:
             [p.shape for p in table if p.kind == "bias"])
 
 
-@functools.lru_cache(maxsize=256)
+@_cached_by_size
 def pseudo_layer_blocks(config: RNNConfig) -> tuple[PseudoLayerBlocks, ...]:
     """For each pseudo-layer, its matrices and biases as stacked blocks."""
-    result = []
-    for k in range(config.num_pseudo_layers):
-        mine = [p for p in pieces(config) if p.pseudo_layer == k]
+    runs = collections.defaultdict(list)  # one pass over the table: linear in layers
+    for p in pieces(config):
+        runs[p.pseudo_layer, p.kind, p.role].append(p)
 
-        def block(kind, role):
-            run = [p for p in mine if p.kind == kind and p.role == role]
-            if not run:
-                return None
-            rows = sum(p.shape[0] for p in run)
-            return Block(run[0].offset, (rows,) + run[0].shape[1:])
+    def block(k, kind, role):
+        run = runs.get((k, kind, role))
+        if not run:
+            return None
+        rows = sum(p.shape[0] for p in run)
+        return Block(run[0].offset, (rows,) + run[0].shape[1:])
 
-        result.append(PseudoLayerBlocks(
-            w_input=block("weight", "input"),
-            w_recurrent=block("weight", "recurrent"),
-            w_projection=block("weight", "projection"),
-            b_input=block("bias", "input"),
-            b_recurrent=block("bias", "recurrent"),
-        ))
-    return tuple(result)
+    return tuple(PseudoLayerBlocks(
+        w_input=block(k, "weight", "input"),
+        w_recurrent=block(k, "weight", "recurrent"),
+        w_projection=block(k, "weight", "projection"),
+        b_input=block(k, "bias", "input"),
+        b_recurrent=block(k, "bias", "recurrent"),
+    ) for k in range(config.num_pseudo_layers))
 
 
 def split(params, config: RNNConfig):

@@ -14,7 +14,8 @@ speed as well as for reading against cuDNN's equations (see ``docs/semantics.md`
 * Gates are kept with the sigmoid gates first (LSTM i, f, o, c; GRU r, z, h), whose
   pre-activations are pre-scaled by ½ so that one ``tanh`` over all gates and one
   multiply-add give ``σ(x) = ½·tanh(x/2) + ½``.
-* float16 computes in float32, as cuDNN does.
+* float16 and bfloat16 compute in float32, as cuDNN does, and round once, to the
+  caller's dtype, when results leave (see ``docs/semantics.md``, "dtypes").
 
 ``reserve_space`` is a uint8 array: a header that identifies the forward call that
 made it, then the activations backprop needs (layer outputs, gate activations, LSTM
@@ -24,17 +25,18 @@ same code with a scratch buffer that keeps only what the next step or layer read
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from . import layout, reserve_header
+from . import dtypes, layout, reserve_header
 from .config import Problem
 
 _MAGIC = b"pycudnnrnn-cpu\x00\x01"
 _HEADER_BYTES = reserve_header.HEADER_BYTES
 
 
-def _compute_dtype(dtype):
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+_compute_dtype = dtypes.compute_dtype  # float32 for float16 and bfloat16
 
 
 # --------------------------------------------------------------------------- batch order
@@ -47,17 +49,26 @@ class _Batch:
         self.order = np.argsort(-lengths, kind="stable")
         self.inverse = np.argsort(self.order, kind="stable")
         self.lengths = lengths[self.order]
-        steps = np.arange(problem.max_time)
-        self.active = np.count_nonzero(self.lengths[None, :] > steps[:, None], axis=1).tolist()
-        self.ragged = problem.lengths is not None and bool((self.lengths < problem.max_time).any())
+        T, B = problem.max_time, problem.batch_size
+        self.ragged = problem.lengths is not None and bool((self.lengths < T).any())
+        if self.ragged:  # sequences longer than t, from the sorted lengths: no [T, B] mask
+            ended = np.searchsorted(self.lengths[::-1], np.arange(T), side="right")
+            self.active = (B - ended).tolist()
+        else:
+            self.active = [B] * T
+
+    def padding(self):
+        """(t, k) for every step at which rows ``[k:]`` do not run."""
+        B = len(self.order)
+        return ((t, k) for t, k in enumerate(self.active) if k < B)
 
     def data_in(self, x, time_major, dtype):
         """Caller's data → sorted, time-major, contiguous, compute dtype, zero padding."""
         x = x if time_major else x.swapaxes(0, 1)
         x = np.ascontiguousarray(x[:, self.order], dtype=dtype)
-        if self.ragged:
+        for t, k in self.padding():
             # Padding may hold anything (even NaN); zero it so no product can see it.
-            x[np.arange(x.shape[0])[:, None] >= self.lengths[None, :]] = 0
+            x[t, k:] = 0
         return x
 
     def state_in(self, s, time_major, dtype):
@@ -81,6 +92,11 @@ class _Batch:
             prev[-1] = initial
             started = np.flatnonzero(self.lengths)
             prev[self.lengths[started] - 1, started] = initial[started]
+        for t, k in self.padding():
+            # A row that does not run at a step meets a zero gradient there, and 0·NaN is
+            # NaN: zero its state so that a zero-length sequence's initial state (which may
+            # hold anything) cannot reach the weight gradients.
+            prev[t, k:] = 0
         return prev
 
 
@@ -118,7 +134,72 @@ def _output_slots(problem: Problem) -> int:
 def reserve_nbytes(problem: Problem) -> int:
     """Bytes of the reserve_space forward makes for this problem."""
     itemsize = _compute_dtype(problem.dtype).itemsize
-    return _HEADER_BYTES + itemsize * sum(int(np.prod(s)) for _, s in _reserve_entries(problem))
+    # math.prod, not np.prod: sizes may be symbolic while PyTorch traces (pycudnnrnn.torch)
+    return _HEADER_BYTES + itemsize * sum(math.prod(s) for _, s in _reserve_entries(problem))
+
+
+def _sizes(problem: Problem):
+    """Element counts the estimates below are made of."""
+    c = problem.config
+    TB = problem.max_time * problem.batch_size
+    LDB = c.num_pseudo_layers * problem.batch_size
+    return c, TB, LDB, c.num_dirs * c.state_size, c.num_gates * c.num_units
+
+
+def _weight_copies(problem: Problem) -> int:
+    """Bytes of one pseudo-layer's weights as ``_Weights`` copies them (gathered, cast,
+    scaled and transposed: three copies of the largest pseudo-layer are plenty)."""
+    c = problem.config
+    gh, P, H = c.num_gates * c.num_units, c.state_size, c.num_units
+    widest = max(c.input_size, c.num_dirs * P)
+    largest = gh * (widest + P + 2) + (P * H if c.num_proj else 0)
+    return 3 * largest * max(problem.dtype.itemsize, _compute_dtype(problem.dtype).itemsize)
+
+
+def forward_nbytes(problem: Problem) -> int:
+    """An upper estimate of the bytes ``forward`` allocates at its peak.
+
+    What lives throughout (the input in compute dtype, the states, the reserve space or
+    inference scratch) plus the largest of the transient phases: the input's reordering
+    copy, drawing the dropout masks, a layer, and the output's reordering copies. A
+    layer's buffers (masked input, input transform, weight copies) count twice: the
+    previous layer's stay alive until they are replaced.
+    """
+    c, TB, LDB, width, gh = _sizes(problem)
+    cs, s = _compute_dtype(problem.dtype).itemsize, problem.dtype.itemsize
+    dropout = bool(_dropout_layers(problem))
+    lasting = TB * c.input_size * cs + 2 * LDB * (c.state_size + c.num_units) * cs + \
+        reserve_nbytes(problem)
+    layer = TB * ((width if dropout else 0) + gh) * cs + _weight_copies(problem)
+    phases = (TB * c.input_size * s,
+              TB * width * (4 + 1 + 1 + 8 + cs) if dropout else 0,
+              2 * layer,
+              (TB * width + LDB * (c.state_size + c.num_units)) * (cs + s))
+    return lasting + max(phases)
+
+
+def backprop_nbytes(problem: Problem) -> int:
+    """An upper estimate of the bytes ``backprop`` allocates at its peak (the caller's
+    reserve_space is not counted: it exists already).
+
+    What lives throughout (input and output gradient in compute dtype, the states and
+    their gradients, params_backprop) plus the largest phase: the inputs' reordering
+    copies, a layer (its masked input, its input gradient twice, one pseudo-layer's
+    previous states, gate gradients, projection terms and weight copies; twice, as in
+    ``forward_nbytes``), or the results' copies.
+    """
+    c, TB, LDB, width, gh = _sizes(problem)
+    cs, s = _compute_dtype(problem.dtype).itemsize, problem.dtype.itemsize
+    P, H, n = c.state_size, c.num_units, layout.params_size(c)
+    in_width = max(c.input_size, width)
+    lasting = TB * (c.input_size + width) * cs + 4 * LDB * (P + H) * cs + n * cs
+    gate_grads = {"gru": 2 * gh, "lstm": gh}.get(c.rnn_mode, 2 * P)
+    pseudo_layer = P + (H if c.is_lstm else 0) + gate_grads + (P + 3 * H if c.num_proj else 0)
+    layer = TB * (3 * in_width + pseudo_layer) * cs + _weight_copies(problem)
+    phases = (TB * in_width * s,
+              2 * layer,
+              (TB * c.input_size + 2 * LDB * (P + H)) * (cs + s) + n * s)
+    return lasting + max(phases)
 
 
 def _carve(buffer, problem):
@@ -126,7 +207,7 @@ def _carve(buffer, problem):
     data = buffer[_HEADER_BYTES:].view(_compute_dtype(problem.dtype))
     views, offset = {}, 0
     for name, shape in _reserve_entries(problem):
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         views[name] = data[offset:offset + size].reshape(shape)
         offset += size
     return views
@@ -344,9 +425,9 @@ def _lstm_backward(dy, dh, dc, w, store, prev_h, prev_c, batch, reverse):
         dc_k *= f[t, :k]
         np.matmul(dg, rec, out=dh_k)
     grads = {}
-    if dhs is not None:
-        m = o * np.tanh(cells)
-        grads["w_proj"] = np.matmul(dhs.reshape(-1, dhs.shape[2]).T, m.reshape(-1, H))
+    if dhs is not None:  # formed only if weight gradients are wanted
+        grads["w_proj"] = lambda: np.matmul(dhs.reshape(-1, dhs.shape[2]).T,
+                                            (o * np.tanh(cells)).reshape(-1, H))
     return dgates, dgates, grads
 
 
@@ -480,12 +561,16 @@ def forward(problem: Problem, input, input_h, input_c, params, batch=None):
 
 
 def backprop(problem: Problem, input, input_h, input_c, params, output, output_h, output_c,
-             output_backprop, output_h_backprop, output_c_backprop, reserve_space, batch=None):
+             output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+             gradients="all", batch=None):
     """Backprop of data and weights on NumPy arrays; see ``pycudnnrnn.backprop``.
 
     `output`, `output_h` and `output_c` are not read: the reserve space holds what
-    forward computed, so a caller cannot make the two disagree.
+    forward computed, so a caller cannot make the two disagree. `gradients` ("all",
+    "data" or "weights") leaves out the weight-gradient products, or the first layer's
+    input gradient; what is left out comes back as None.
     """
+    want_data, want_weights = gradients in ("all", "data"), gradients in ("all", "weights")
     c = problem.config
     cdt = _compute_dtype(problem.dtype)
     views = _open_reserve(reserve_space, problem)
@@ -514,17 +599,20 @@ def backprop(problem: Problem, input, input_h, input_c, params, output, output_h
             dxg, dhg, extra = backward(dy[..., direction * P:(direction + 1) * P], dh[k],
                                        None if dc is None else dc[k], w, store, prev_h,
                                        prev_c, batch, reverse)
-            dx += _input_gradient(dxg, w, x.shape[2])
-            _store_weight_grads(dparams, blocks[k], w, x, prev_h, dxg, dhg, extra)
+            if want_data or layer > 0:  # layer l's input gradient feeds layer l-1
+                dx += _input_gradient(dxg, w, x.shape[2])
+            if want_weights:
+                _store_weight_grads(dparams, blocks[k], w, x, prev_h, dxg, dhg, extra)
         if f"mask{layer}" in views:
             dx *= views[f"mask{layer}"]
         dy = dx
 
     dtype = problem.dtype
-    return (batch.data_out(dy, tm, dtype),
+    data = (batch.data_out(dy, tm, dtype),
             batch.state_out(dh, tm, dtype),
-            batch.state_out(dc, tm, dtype) if c.is_lstm else np.zeros((0,), dtype),
-            dparams.astype(dtype, copy=False))
+            batch.state_out(dc, tm, dtype) if c.is_lstm else np.zeros((0,), dtype)) \
+        if want_data else (None, None, None)
+    return data + (dparams.astype(dtype, copy=False) if want_weights else None,)
 
 
 def _store_weight_grads(dparams, blocks, w, x, prev_h, dxg, dhg, extra):
@@ -538,4 +626,4 @@ def _store_weight_grads(dparams, blocks, w, x, prev_h, dxg, dhg, extra):
     blocks.b_input.view(dparams)[rows] = dxg2.sum(axis=0)
     blocks.b_recurrent.view(dparams)[rows] = dhg2.sum(axis=0)
     if blocks.w_projection is not None:
-        blocks.w_projection.view(dparams)[:] = extra["w_proj"]
+        blocks.w_projection.view(dparams)[:] = extra["w_proj"]()

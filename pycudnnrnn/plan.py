@@ -13,10 +13,11 @@ import numbers
 
 import numpy as np
 
-from . import checks, gpu, layout, numpy_backend
-from .arrays import device_kind, from_dlpack_like
+from . import checks, dtypes, gpu, layout, memory, numpy_backend, reserve_header
+from .arrays import device_kind, from_dlpack_like, host_lengths, readable
 from .config import Problem
 from .lru import LRU
+from .results import BackpropResult, ForwardResult
 
 _FORWARD_NAMES = ("input", "input_h", "input_c", "params")
 _BACKPROP_NAMES = _FORWARD_NAMES + ("output", "output_h", "output_c", "output_backprop",
@@ -34,7 +35,7 @@ class RNNPlan:
     sequence_lengths : array of int, optional
         ``[B]`` lengths in ``[0, T]``; None means all T. Fixed: another set of lengths
         needs another plan.
-    dtype : {"float16", "float32", "float64"}, default "float32"
+    dtype : {"float16", "bfloat16", "float32", "float64"}, default "float32"
     device : "cpu", "cuda", "cuda:N" or int, default "cpu"
         "cpu" runs the NumPy backend, anything else cuDNN on that CUDA device.
     is_training : bool, default True
@@ -61,16 +62,16 @@ class RNNPlan:
     that does not exist, output_c of other cells or an inference reserve_space, is
     ignored; given ones must be C-contiguous, of the result's shape and dtype,
     reserve_space uint8 of ``reserve_nbytes``), and ``workspace=`` a uint8 buffer of at
-    least ``workspace_nbytes``. The results are then those buffers. On the GPU a run works on
-    CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a framework's
-    stream) and makes no host↔device copy, no sync and no size query.
+    least ``workspace_nbytes``. The results are then those buffers. On the GPU a run
+    works on CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a
+    framework's stream) and makes no host↔device copy, no sync and no size query; from
+    its second call on it can be captured in a CUDA graph (``pycudnnrnn.graphs``).
     """
 
     def __init__(self, *, num_layers, num_units, input_size, max_time, batch_size,
                  sequence_lengths=None, dtype="float32", device="cpu", is_training=True,
                  rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
                  dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True):
-        from .arrays import host_lengths
         problem = checks.make_problem(
             max_time=max_time, batch_size=batch_size,
             sequence_lengths=host_lengths(sequence_lengths), dtype=dtype,
@@ -133,23 +134,29 @@ class RNNPlan:
 
     # ------------------------------------------------------------------ runs
     def forward(self, input, input_h, input_c, params, out=None, workspace=None):
-        """Run forward; returns ``(output, output_h, output_c, reserve_space)``."""
+        """Run forward; returns ``ForwardResult(output, output_h, output_c, reserve_space)``."""
         arrays = self._adopt(dict(input=input, input_h=input_h, input_c=input_c, params=params))
         results = self.run_forward(arrays, out=out, workspace=workspace)
-        return self._results(input, results)
+        given = out[3] if out is not None and len(out) == 4 else None
+        if given is not None and given is not results[3] and self.device_index is not None:
+            # A framework's buffer, seen here through a DLPack view that dies with this
+            # call: remember its header by the buffer itself, so backprop need not read it.
+            reserve_header.remember(given, results[3].data.ptr, self._executor.head)
+        return ForwardResult(*self._results(input, results))
 
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                 out=None, workspace=None):
-        """Run backprop; returns ``(input_backprop, input_h_backprop, input_c_backprop,
-        params_backprop)``."""
+                 out=None, workspace=None, gradients="all"):
+        """Run backprop; returns ``BackpropResult(input_backprop, input_h_backprop,
+        input_c_backprop, params_backprop)``, None for those `gradients` ("all", "data" or
+        "weights", as for ``pycudnnrnn.backprop``) leaves out."""
         arrays = self._adopt(dict(
             input=input, input_h=input_h, input_c=input_c, params=params, output=output,
             output_h=output_h, output_c=output_c, output_backprop=output_backprop,
             output_h_backprop=output_h_backprop, output_c_backprop=output_c_backprop,
             reserve_space=reserve_space))
-        results = self.run_backprop(arrays, out=out, workspace=workspace)
-        return self._results(input, results)
+        results = self.run_backprop(arrays, out=out, workspace=workspace, gradients=gradients)
+        return BackpropResult(*self._results(input, results))
 
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan"):
         """forward on backend arrays (NumPy or CuPy on the plan's device), by name."""
@@ -162,12 +169,14 @@ class RNNPlan:
                                           input_c=arrays["input_c"] if lstm else None,
                                           params=arrays["params"], out=out, workspace=workspace)
 
-    def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan"):
+    def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan",
+                     gradients="all"):
         """backprop on backend arrays (NumPy or CuPy on the plan's device), by name."""
         if not self.problem.is_training:
             raise ValueError("backprop: this plan was built with is_training=False; build "
                              "one with is_training=True")
         lstm = self.problem.config.is_lstm
+        gradients = checks.check_gradients(gradients)
         checks.check_arrays(arrays, self._backprop_shapes, self.dtype, reference)
         checks.check_reserve_space(arrays["reserve_space"])
         out = self._outputs(out, self._results_of["backprop"])
@@ -176,7 +185,8 @@ class RNNPlan:
         if not lstm:
             a.update(input_c=None, output_c=None, output_c_backprop=None)
         with self._on_device():
-            return self._executor.backprop(**a, out=out, workspace=workspace)
+            return self._executor.backprop(**a, out=out, workspace=workspace,
+                                           gradients=gradients)
 
     # ------------------------------------------------------------------ arrays
     def _adopt(self, arrays: dict) -> dict:
@@ -188,12 +198,13 @@ class RNNPlan:
                 adopted[name] = None
                 continue
             if type(a) is not xp.ndarray:
+                a = readable(a)
                 kind = device_kind(name, a)
                 if kind != ("cpu" if self.device_index is None else "cuda"):
                     raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
                                     f"device), got one on {kind}")
                 a = np.asarray(a) if isinstance(a, np.ndarray) and xp is np else \
-                    xp.from_dlpack(a)
+                    dtypes.from_dlpack(xp, name, a)
             if self.device_index is not None and a.device.id != self.device_index:
                 raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
                                 f"device), got one on cuda:{a.device.id}")
@@ -204,7 +215,7 @@ class RNNPlan:
         if isinstance(template, self._xp.ndarray):
             return results
         wrap = from_dlpack_like(template)
-        return tuple(wrap(r) for r in results)
+        return tuple(None if r is None else wrap(r) for r in results)
 
     def _outputs(self, out, results):
         """Caller buffers for the `results` (name, shape, dtype), checked; None where not
@@ -258,14 +269,21 @@ class _NumpyExecutor:
         self.batch = numpy_backend._Batch(problem)
         self.reserve_nbytes = numpy_backend.reserve_nbytes(problem) if problem.is_training else 0
         self.workspace_nbytes = 0
+        # Estimated once; each run compares them with the memory available then.
+        self.forward_nbytes = numpy_backend.forward_nbytes(problem)
+        self.backprop_nbytes = numpy_backend.backprop_nbytes(problem) \
+            if problem.is_training else 0
 
     def forward(self, input, input_h, input_c, params, out, workspace=None):
+        memory.ensure_available(self.forward_nbytes, "forward")
         results = numpy_backend.forward(self.problem, input=input, input_h=input_h,
                                         input_c=input_c, params=params, batch=self.batch)
         return _copy_into(results, out)
 
-    def backprop(self, out, workspace=None, **arrays):
-        results = numpy_backend.backprop(self.problem, **arrays, batch=self.batch)
+    def backprop(self, out, workspace=None, gradients="all", **arrays):
+        memory.ensure_available(self.backprop_nbytes, "backprop")
+        results = numpy_backend.backprop(self.problem, **arrays, gradients=gradients,
+                                         batch=self.batch)
         return _copy_into(results, out)
 
 
@@ -273,7 +291,7 @@ def _copy_into(results, out):
     """Results written into the caller's buffers where given."""
     merged = []
     for result, buffer in zip(results, out):
-        if buffer is None:
+        if buffer is None or result is None:
             merged.append(result)
         else:
             buffer[...] = result
@@ -290,9 +308,9 @@ _dropout_plans = LRU(4)  # each may hold a seed's GPU dropout states (~6 MiB)
 def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
     """The cached plan for a functional call (its arrays checked in full on a miss)."""
     try:
-        key = (device, str(arrays["input"].dtype), _shapes(arrays), _lengths_key(lengths),
-               gpu.get_allow_tf32(),
-               tuple((k, type(v), v) for k, v in sorted(attributes.items())))
+        key = (device, arrays["input"].dtype, _shapes(arrays), _lengths_key(lengths),
+               gpu.get_allow_tf32(), tuple(attributes), tuple(map(type, attributes.values())),
+               tuple(attributes.values()))
         hash(key)
     except (TypeError, AttributeError):  # not an array, or an unhashable attribute:
         key = None                        # the checks say what is wrong
@@ -310,7 +328,7 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
 
 
 def _shapes(arrays):
-    return tuple(None if arrays.get(n) is None else tuple(arrays[n].shape) for n in _FORWARD_NAMES)
+    return tuple(None if arrays[n] is None else arrays[n].shape for n in _FORWARD_NAMES)
 
 
 def _lengths_key(lengths):

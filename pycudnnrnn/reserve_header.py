@@ -2,10 +2,14 @@
 
 ``HEADER_BYTES`` (256) bytes, so that the backend's own part stays 256-byte aligned (as
 cuDNN wants): a 16-byte magic naming the backend, a 16-byte fingerprint of the forward
-call (configuration with dropout seed, T, B, dtype, lengths, and anything else the
-backend adds), then zeros. backprop checks them, in this order, before any computation:
-the array is the backend's own (not foreign), it comes from the same call, it has the
-right size.
+call, then zeros. The fingerprint covers every field of its ``Problem`` (the whole
+``RNNConfig``: mode, input mode, direction, layers, units, input size, projection,
+dropout and seed; T, B, time_major, dtype) and its sequence lengths (``None`` counts as
+all T), plus anything the backend adds. backprop checks them, in this order, before any
+computation: the array is the backend's own (not foreign), it comes from a call with the
+same identity, it has the right size. The data (input, states, params) is not part of
+the identity: a reserve space from another forward call on other data of the same
+identity is accepted.
 
 Reading a header back from a GPU costs a device→host copy and a sync, so ``remember``
 notes on the host the header of each reserve space this process made, weakly keyed by
@@ -14,9 +18,12 @@ the buffer's memory: ``identity`` reads a header only for a buffer it does not k
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import weakref
+
+import numpy as np
 
 from .config import Problem
 
@@ -24,11 +31,24 @@ HEADER_BYTES = 256
 IDENTITY_BYTES = 32
 
 
+def _fingerprint(problem: Problem, extra) -> bytes:
+    """16 bytes that differ between calls differing in any field of `problem` or `extra`.
+
+    Fields are taken from the dataclass itself, so one added to ``Problem`` or
+    ``RNNConfig`` later joins the identity without a change here.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for field in dataclasses.fields(problem):
+        if field.name != "lengths":
+            digest.update(repr((field.name, getattr(problem, field.name))).encode())
+    digest.update(repr(extra).encode())
+    digest.update(np.ascontiguousarray(problem.full_lengths, dtype=np.int64).tobytes())
+    return digest.digest()
+
+
 def header(problem: Problem, magic: bytes, *extra) -> bytes:
     """The 32 identity bytes for a reserve space of `problem`."""
-    key = repr((problem.config, problem.max_time, problem.batch_size, str(problem.dtype),
-                problem.full_lengths.tolist()) + extra).encode()
-    return magic + hashlib.blake2b(key, digest_size=16).digest()
+    return magic + _fingerprint(problem, extra)
 
 
 def check(head: bytes | None, dtype, size: int, expected_size: int, problem: Problem,
@@ -38,8 +58,10 @@ def check(head: bytes | None, dtype, size: int, expected_size: int, problem: Pro
         raise ValueError(f"reserve_space: expected the uint8 array made by the {backend} "
                          f"backend's forward, got a foreign {dtype} array of {size} elements")
     if head != header(problem, magic, *extra):
-        raise ValueError("reserve_space: made by a forward call with a different configuration, "
-                         "dropout, dtype or sequence_lengths than this backprop")
+        raise ValueError("reserve_space: made by a forward call with a different identity "
+                         "than this backprop: an attribute (rnn_mode, input_mode, direction, "
+                         "num_proj, dropout, seed, seed2, time_major), the dtype, a shape or "
+                         "sequence_lengths differ")
     if size != expected_size:
         raise ValueError(f"reserve_space: expected {expected_size} bytes for this configuration "
                          f"and these shapes, got {size}")

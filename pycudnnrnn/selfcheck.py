@@ -13,12 +13,12 @@ import os
 
 import numpy as np
 
-from . import api
+from . import api, dtypes
 
 #: Test hook (not a user option): scale params_backprop by this factor to prove that
 #: ``check`` notices a wrong gradient.
 CORRUPT_ENV = "PYCUDNNRNN_CHECK_CORRUPT_GRADIENT"
-TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "float16": 1e-2}
+TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "float16": 1e-2, "bfloat16": 4e-2}
 FD_TOLERANCE = 1e-6
 
 
@@ -70,6 +70,7 @@ def make_inputs(cfg: CheckConfig, dtype="float64"):
     if cfg.rnn_mode != "lstm":
         c = None
     p = rng.uniform(-0.4, 0.4, n)
+    dtype = dtypes.by_name(dtype) if isinstance(dtype, str) else dtype
     cast = lambda a: None if a is None else a.astype(dtype)
     return cast(x), cast(h), cast(c), cast(p)
 
@@ -135,7 +136,7 @@ def check_cpu(cfg: CheckConfig):
                         error < FD_TOLERANCE))
     rows += _semantics(cfg, args, fwd)
     if cfg.dtype != "float64":
-        low = [None if a is None else a.astype(cfg.dtype) for a in args]
+        low = [None if a is None else a.astype(dtypes.by_name(cfg.dtype)) for a in args]
         ref = [None if a is None else a.astype(np.float64) for a in low]
         fwd_low, _, grads_low = _run(cfg, low)
         fwd_ref, _, grads_ref = _run(cfg, ref)

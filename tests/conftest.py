@@ -84,6 +84,49 @@ def case_factory():
     return make_case
 
 
+def benchmark_script(name):
+    """A script of benchmarks/ as a module."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+STEADY = ("host_to_device", "device_to_host", "sync")
+
+
+class Device:
+    """Moves arrays to and from one GPU, real or the stand-in of fake_cuda.py."""
+
+    def __init__(self, kind, monkeypatch):
+        import fake_cuda
+        from pycudnnrnn import plan
+        self.kind = kind
+        if kind == "stand-in":
+            fake_cuda.install(monkeypatch)
+            self.put, self.get = fake_cuda._device, lambda a: np.asarray(a).view(np.ndarray)
+        else:
+            import cupy
+            self.put, self.get = cupy.asarray, cupy.asnumpy
+            plan.clear_caches()
+
+    def counts(self):
+        """Host↔device copies and syncs since the last reset (stand-in only)."""
+        import fake_cuda
+        return {k: fake_cuda.COUNTS[k] for k in STEADY} if self.kind == "stand-in" else None
+
+
+@pytest.fixture(params=["stand-in", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request, monkeypatch):
+    """A GPU: the stand-in (always) and a real one (``gpu``: skipped without one)."""
+    from pycudnnrnn import plan
+    yield Device(request.param, monkeypatch)
+    plan.clear_caches()
+
+
 def _gpu_reason():
     """Why GPU tests cannot run here, or None when they can."""
     from pycudnnrnn.environment import gpu_status

@@ -16,8 +16,10 @@ What it adds to catch GPU bugs a CPU test would miss:
 * padding behaves as in cuDNN's products over every (t, b) slot: a NaN in the padding of
   x or dy handed to cuDNN spreads into the gradients (0 · NaN = NaN), so the backend must
   zero it; fresh device memory is NaN, as garbage would be;
-* counters of host↔device copies and syncs (``FakeCupy.counts``): host data turned into
-  device arrays, device data read back, scalars read from device arrays, synchronize.
+* counters (``COUNTS``) of host↔device copies and syncs (host data turned into device
+  arrays, device data read back, scalars read from device arrays, synchronize) and of
+  device allocations and copies; while a stream captures a graph (``FakeStream``),
+  transfers and syncs raise, as CUDA refuses them.
 
 ``install(monkeypatch)`` is the one way in: it replaces ``pycudnnrnn.gpu.cupy`` and
 ``pycudnnrnn.cudnn.capi.api``, the only two places the library finds CuPy and cuDNN.
@@ -28,16 +30,16 @@ import collections
 import ctypes
 import types
 
+import ml_dtypes
 import numpy as np
 
-from pycudnnrnn import gpu, numpy_backend, plan
+from pycudnnrnn import dtypes, gpu, numpy_backend, plan
 from pycudnnrnn.config import GATES, Problem, RNNConfig
 from pycudnnrnn.cudnn import capi
 from pycudnnrnn.cudnn.capi import api as real_api
 
 #: Host↔device traffic of the stand-in GPU since the last ``reset_counts()``.
 COUNTS: collections.Counter = collections.Counter()
-
 
 #: Whether a stream is capturing a graph: transfers and syncs then fail, as in CUDA.
 CAPTURING = []
@@ -203,7 +205,7 @@ class FakeCupy(types.ModuleType):
     def empty(self, shape, dtype=np.float32):
         # Garbage, as on a GPU: NaN for floats, so a read of unwritten memory shows.
         COUNTS["device_alloc"] += 1
-        return _device(np.full(shape, np.nan if np.dtype(dtype).kind == "f" else 0xAB, dtype))
+        return _device(np.full(shape, np.nan if dtypes.is_supported(dtype) else 0xAB, dtype))
 
     def zeros(self, shape, dtype=np.float32):
         COUNTS["device_alloc"] += 1
@@ -238,7 +240,22 @@ class FakeCupy(types.ModuleType):
         return _device(np.concatenate([np.asarray(a) for a in arrays]))
 
     def from_dlpack(self, a):
-        raise AssertionError("the fake GPU only takes FakeDeviceArray")
+        if isinstance(a, FakeFrameworkArray):  # a fresh view, as CuPy's import makes
+            return a.array.view(FakeDeviceArray)
+        raise AssertionError("the fake GPU only takes FakeDeviceArray or FakeFrameworkArray")
+
+
+class FakeFrameworkArray:
+    """Another library's array on the stand-in GPU, taken in through DLPack."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("the stand-in imports it through FakeCupy.from_dlpack")
 
 
 def _array(ptr, dtype, shape):
@@ -249,7 +266,7 @@ def _array(ptr, dtype, shape):
 
 
 _DTYPES = {capi.CUDNN_DATA_HALF: np.float16, capi.CUDNN_DATA_FLOAT: np.float32,
-           capi.CUDNN_DATA_DOUBLE: np.float64}
+           capi.CUDNN_DATA_DOUBLE: np.float64, capi.CUDNN_DATA_BFLOAT16: ml_dtypes.bfloat16}
 _MODES = {capi.CUDNN_LSTM: "lstm", capi.CUDNN_GRU: "gru", capi.CUDNN_RNN_TANH: "rnn_tanh",
           capi.CUDNN_RNN_RELU: "rnn_relu"}
 _RESERVE_BYTES = 64

@@ -336,12 +336,13 @@ def test_an_unexpected_error_is_not_mistaken_for_a_failed_check(monkeypatch, cap
 
 # --- installing: NumPy alone; the GPU packages are extras, named when they are missing ----
 
-def test_the_core_needs_numpy_only_and_the_gpu_packages_are_extras():
+def test_the_core_needs_no_gpu_package_and_the_gpu_packages_are_extras():
     import tomllib
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
-    assert [d.split(">")[0] for d in project["dependencies"]] == ["numpy"]
+    # NumPy, and ml_dtypes for its bfloat16 dtype: no GPU package.
+    assert sorted(d.split(">")[0] for d in project["dependencies"]) == ["ml_dtypes", "numpy"]
     extras = project["optional-dependencies"]
     names = lambda extra: sorted(d.split(">")[0] for d in extras[extra])
     assert names("cuda12") == ["cupy-cuda12x", "nvidia-cudnn-cu12"]

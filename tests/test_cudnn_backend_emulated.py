@@ -1,4 +1,5 @@
-"""The cuDNN backend's own code, run in CI on a stand-in GPU (see fake_cuda.py).
+"""The cuDNN backend's own code, run in CI on a stand-in GPU (see fake_cuda.py); tests
+taking the ``device`` fixture also run on a real GPU when there is one.
 
 Checks the plumbing a GPU test would otherwise be first to see: routing, descriptors and
 sizes handed to cuDNN, ctypes marshalling of every GPU call, zero-length rows kept out of
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import pycudnnrnn
-from conftest import make_case
+from conftest import benchmark_script, make_case
 import fake_cuda
 from fake_cuda import FakeDeviceArray, _device
 from pycudnnrnn import cudnn_resources, plan
@@ -75,27 +76,29 @@ def test_same_results_as_the_numpy_backend(fake_gpu, mode_proj, direction, lengt
     assert gpu[3].dtype == np.uint8 and bytes(np.asarray(gpu[3][:14])) == b"pycudnnrnn-gpu"
 
 
-def test_inference_has_no_reserve_space(fake_gpu):
+def test_inference_has_no_reserve_space(device):
     case = make_case("gru", "bidirectional", num_layers=2, lengths="zero")
-    out = pycudnnrnn.forward(*_to_device(case), case.sequence_lengths, **case.attrs,
-                             is_training=False)
+    args = [None if a is None else device.put(a)
+            for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs, is_training=False)
     assert out[3].size == 0
-    np.testing.assert_array_equal(np.asarray(out[0]), case.forward(is_training=False)[0])
+    np.testing.assert_allclose(device.get(out[0]), case.forward(is_training=False)[0],
+                               rtol=1e-10, atol=1e-12)
 
 
-def test_reserve_space_is_checked(fake_gpu):
+def test_reserve_space_is_checked(device):
     case = make_case("lstm", num_layers=2)
-    args = _to_device(case)
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
     y, hy, cy, reserve = pycudnnrnn.forward(*args)
-    grads = [_device(np.ones_like(a)) for a in (y, hy, cy)]
+    grads = [device.put(np.ones(a.shape)) for a in (y, hy, cy)]
     with pytest.raises(ValueError, match=r"reserve_space: expected \d+ bytes .* got \d+"):
         pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, reserve[:-8])
     with pytest.raises(ValueError, match="reserve_space: expected the uint8 array made by the cuDNN backend's forward, got a foreign uint8"):
-        pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, _device(np.zeros_like(reserve)))
+        pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, device.put(np.zeros(reserve.shape, np.uint8)))
     with pytest.raises(ValueError, match="reserve_space: made by a forward call with a different"):
         pycudnnrnn.backprop(*args, [4, 1, 2], y, hy, cy, *grads, reserve)
     with pytest.raises(ValueError, match="got an empty one"):
-        pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, _device(np.zeros(0, np.uint8)))
+        pycudnnrnn.backprop(*args, None, y, hy, cy, *grads, device.put(np.zeros(0, np.uint8)))
 
 
 def test_descriptors_are_cached_and_layout_checked_once(fake_gpu):
@@ -122,14 +125,14 @@ def test_a_layout_disagreement_is_reported(fake_gpu, monkeypatch):
         pycudnnrnn.forward(*_to_device(case), **case.attrs)
 
 
-def test_canonical_conversion_stays_on_the_device(fake_gpu):
+def test_canonical_conversion_stays_on_the_device(device):
     attrs = dict(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3, num_proj=2)
-    params = _device(np.arange(pycudnnrnn.params_size(**attrs), dtype=np.float32))
+    params = device.put(np.arange(pycudnnrnn.params_size(**attrs), dtype=np.float32))
     weights, biases = pycudnnrnn.params_to_canonical(params, **attrs)
-    assert all(isinstance(a, FakeDeviceArray) for a in weights + biases)
+    assert all(type(a) is type(params) for a in weights + biases)
     back = pycudnnrnn.canonical_to_params(weights, biases, **attrs)
-    assert isinstance(back, FakeDeviceArray)
-    np.testing.assert_array_equal(np.asarray(back), np.asarray(params))
+    assert type(back) is type(params)
+    np.testing.assert_array_equal(device.get(back), device.get(params))
 
 
 def test_dropout_states_are_initialised_once_per_seed(fake_gpu):
@@ -156,20 +159,9 @@ def test_check_command_gpu_path(fake_gpu, dtype):
     assert "cudnnRNNBackwardWeights_v8" in fake_gpu.calls
 
 
-def _benchmark_script(name):
-    """A script of benchmarks/ as a module."""
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gpu_layout_dump_reports_agreement_and_each_disagreement(fake_gpu, monkeypatch):
     """`make gpu-check`'s layout dump: both whole tables per configuration, and a verdict."""
-    gpu_layout = _benchmark_script("gpu_layout")
+    gpu_layout = benchmark_script("gpu_layout")
     results = gpu_layout.collect()
     assert len(results) == 20 and all(r["agree"] for r in results)
     assert gpu_layout.summary(results) == "layout: 20 of 20 configurations agree with cuDNN"

@@ -1,6 +1,8 @@
 """Bad arguments fail before any computation, with a message naming argument,
 expectation and what was given."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -36,7 +38,7 @@ FORWARD_ERRORS = [
     ("is_training type", _fwd(C, is_training="yes"), TypeError, r"is_training: expected a bool"),
     # dtypes
     ("input int", _fwd(C, input=C.input.astype(np.int32)), TypeError,
-     r"input: expected dtype float16, float32 or float64, got int32"),
+     r"input: expected dtype float16, bfloat16, float32 or float64, got int32"),
     ("input_h dtype", _fwd(C, input=F32), TypeError,
      r"input_h: expected dtype float32 \(the dtype of input\), got float64"),
     ("params dtype", _fwd(C, params=C.params.astype(np.float32)), TypeError,
@@ -146,10 +148,70 @@ def test_reserve_space_errors():
         case.backprop((y, hy, cy, reserve[:-8]), *grads)
     other = _lstm()
     other.sequence_lengths = [4, 1, 2]
-    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call with a different"):
+    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call with a different identity"):
         other.backprop(fwd, *grads)
     with pytest.raises(ValueError, match=r"reserve_space: expected a 1-D array"):
         case.backprop((y, hy, cy, reserve[None]), *grads)
+
+
+def test_reserve_space_from_a_time_major_forward_is_refused_by_a_batch_major_backprop():
+    """T = B = L·D makes every array fit both layouts; only the identity tells them apart."""
+    case = make_case("lstm", "bidirectional", num_layers=2, T=4, B=4)
+    fwd, grads = _backprop_parts(case)
+    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call with a different "
+                                         r"identity than this backprop: an attribute .*time_major"):
+        case.backprop(fwd, *grads, time_major=False)
+
+
+RESERVE_MISMATCHES = {
+    "time_major": dict(time_major=False),
+    "dropout": dict(dropout=0.25),
+    "seed": dict(seed=1),
+    "seed2": dict(seed2=1),
+    "lengths": dict(sequence_lengths=[4, 4, 3, 4]),
+}
+
+
+@pytest.mark.parametrize("change", RESERVE_MISMATCHES, ids=list(RESERVE_MISMATCHES))
+def test_reserve_space_from_a_call_with_other_attributes_is_refused(change):
+    case = make_case("lstm", "bidirectional", num_layers=2, T=4, B=4, dropout=0.5)
+    fwd, grads = _backprop_parts(case)
+    overrides = dict(RESERVE_MISMATCHES[change])
+    case.sequence_lengths = overrides.pop("sequence_lengths", case.sequence_lengths)
+    with pytest.raises(ValueError, match=r"reserve_space: made by a forward call with a different identity"):
+        case.backprop(fwd, *grads, **overrides)
+
+
+def _problem_fields():
+    """(field, changed value) for every field of Problem and of its RNNConfig."""
+    from pycudnnrnn.checks import Problem
+    from pycudnnrnn.config import RNNConfig
+    changed = dict(rnn_mode="gru", skip_input=True, bidirectional=False, num_layers=3,
+                   num_units=5, input_size=7, num_proj=2, dropout=0.5, seed=9, max_time=5,
+                   batch_size=2, time_major=False, dtype=np.dtype(np.float32),
+                   lengths=np.array([4, 0, 1]), is_training=False)
+    names = [f.name for f in dataclasses.fields(RNNConfig)] + \
+        [f.name for f in dataclasses.fields(Problem) if f.name != "config"]
+    assert set(names) == set(changed), "a new field needs a value here"
+    return [(name, changed[name]) for name in names]
+
+
+@pytest.mark.parametrize("field,value", _problem_fields(), ids=[f for f, _ in _problem_fields()])
+def test_reserve_identity_covers_every_field(field, value):
+    from pycudnnrnn import reserve_header
+    from pycudnnrnn.checks import Problem, make_config
+    config = make_config(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3,
+                         input_mode="linear_input", direction="bidirectional", num_proj=0)
+    problem = Problem(config, 4, 3, True, np.dtype(np.float64), None)
+    if field in {f.name for f in dataclasses.fields(config)}:
+        other = dataclasses.replace(problem, config=dataclasses.replace(config, **{field: value}))
+    else:
+        other = dataclasses.replace(problem, **{field: value})
+    magic = b"m" * 16
+    assert reserve_header.header(problem, magic) != reserve_header.header(other, magic)
+    # and lengths of all T are the same call as no lengths
+    same = dataclasses.replace(problem, lengths=np.full(3, 4))
+    assert reserve_header.header(problem, magic) == reserve_header.header(same, magic)
 
 
 @pytest.mark.parametrize("kwargs,error,message", [
@@ -180,3 +242,138 @@ def test_canonical_errors():
         pycudnnrnn.canonical_to_params(weights, [biases[0].astype(np.float32)] + biases[1:], **attrs)
     with pytest.raises(ValueError, match=r"params: expected 42 elements \(params_size for this configuration\), got 41"):
         pycudnnrnn.params_to_canonical(params[:-1], **attrs)
+
+
+# --------------------------------------------------------------------------- clear, not obscure
+
+ATTRIBUTES = ["rnn_mode", "input_mode", "direction"]
+NOT_STRINGS = [np.array(["lstm"]), None, 1]
+
+
+@pytest.mark.parametrize("attribute", ATTRIBUTES)
+@pytest.mark.parametrize("value", NOT_STRINGS, ids=["array", "None", "int"])
+def test_attribute_that_is_not_a_string_is_a_type_error(attribute, value):
+    """An array rnn_mode gave NumPy's 'truth value ... is ambiguous'."""
+    message = rf"{attribute}: expected a str, one of '.*, got "
+    with pytest.raises(TypeError, match=message):
+        C.forward(**{attribute: value})
+    fwd, grads = _backprop_parts(C)
+    with pytest.raises(TypeError, match=message):
+        C.backprop(fwd, *grads, **{attribute: value})
+    with pytest.raises(TypeError, match=message):
+        pycudnnrnn.params_size(num_layers=1, num_units=4, input_size=3, **{attribute: value})
+
+
+@pytest.mark.parametrize("argument", ["weights", "biases"])
+@pytest.mark.parametrize("value,given", [(None, "NoneType"), (np.zeros((2, 3)), "one array"),
+                                         (3, "int"), ("w", "str")],
+                         ids=["None", "one array", "int", "str"])
+def test_canonical_lists_that_are_not_lists_are_type_errors(argument, value, given):
+    attrs = dict(rnn_mode="gru", num_layers=1, num_units=2, input_size=3)
+    weights, biases = pycudnnrnn.params_to_canonical(
+        np.zeros(pycudnnrnn.params_size(**attrs)), **attrs)
+    lists = {**dict(weights=weights, biases=biases), argument: value}
+    with pytest.raises(TypeError, match=rf"{argument}: expected a list of arrays \(as "
+                                        rf"params_to_canonical returns them\), got {given}"):
+        pycudnnrnn.canonical_to_params(lists["weights"], lists["biases"], **attrs)
+
+
+@pytest.mark.parametrize("input_mode,params_input_size,given_input_size", [
+    ("linear_input", 5, 3),       # params for input_size 5, input of 3 features
+    ("linear_input", 3, 5),
+    ("auto_select", 4, 3),        # params made skip (input_size = num_units = 4)
+    ("auto_select", 3, 4),        # the reverse: auto_select picks skip for the input
+])
+def test_wrong_input_size_names_the_input_not_params(input_mode, params_input_size,
+                                                     given_input_size):
+    """A wrong feature size was reported as a params length error."""
+    made = make_case("lstm", "bidirectional", input_mode=input_mode, num_layers=2,
+                     input_size=params_input_size)
+    wrong = make_case("lstm", "bidirectional", input_mode=input_mode, num_layers=2,
+                      input_size=given_input_size)
+    expected = pycudnnrnn.params_size(**wrong.layout_attrs)
+    with pytest.raises(ValueError, match=rf"input: expected last dimension {params_input_size} "
+                                         rf"\(params has {made.params.size} elements, params_size "
+                                         rf"for input_size={params_input_size}\), got shape "
+                                         rf"\(4, 3, {given_input_size}\) \(input_size="
+                                         rf"{given_input_size} needs {expected} elements\)"):
+        wrong.forward(params=made.params)
+
+
+def test_params_that_fit_no_input_size_are_a_params_error():
+    with pytest.raises(ValueError, match=r"^params: expected \d+ elements"):
+        C.forward(params=np.zeros(C.params.size + 1))  # one more than any input_size gives
+
+
+# PyTorch tensors arrive as they are used in training: requiring grad, or as lazy views.
+TORCH_VIEWS = {
+    "requires_grad": lambda torch, t: t.clone().requires_grad_(True),
+    "non-leaf": lambda torch, t: t.clone().requires_grad_(True) * 1,
+    "negative view": lambda torch, t: torch._neg_view(-t),
+}
+
+
+@pytest.mark.parametrize("view", TORCH_VIEWS, ids=list(TORCH_VIEWS))
+def test_torch_tensors_are_read_as_their_values(view):
+    """DLPack refuses tensors that require grad (a BufferError) and drops a negative view's
+    sign; we only read them, so they are detached and resolved first."""
+    torch = pytest.importorskip("torch")
+    case = _lstm()
+    expected = case.forward()
+    tensors = {name: TORCH_VIEWS[view](torch, torch.from_numpy(getattr(case, name)))
+               for name in ("input", "input_h", "input_c", "params")}
+    got = case.forward(**tensors)
+    for a, b in zip(expected[:3], got[:3]):
+        np.testing.assert_array_equal(a, b.numpy())
+
+
+def test_conjugate_torch_tensor_is_a_dtype_error():
+    """A conjugate view (complex only) gave PyTorch's BufferError; now the dtype is named."""
+    torch = pytest.importorskip("torch")
+    conj = torch.from_numpy(C.input.astype(np.complex128)).conj()
+    assert conj.is_conj()
+    with pytest.raises(TypeError, match=r"input: expected dtype float16, bfloat16, float32 or float64, "
+                                        r"got complex128"):
+        C.forward(input=conj)
+
+
+def test_arrays_on_torch_meta_device_are_type_errors():
+    torch = pytest.importorskip("torch")
+    case = _lstm()
+    case.sequence_lengths = torch.tensor([1, 2, 3], device="meta")
+    with pytest.raises(TypeError, match=r"sequence_lengths: expected integers on the CPU or a "
+                                        r"CUDA device .*got torch.Tensor on device meta"):
+        case.forward()
+    with pytest.raises(TypeError, match=r"input: expected a NumPy array.*got torch.Tensor on "
+                                        r"device meta"):
+        C.forward(input=torch.empty(4, 3, 3, dtype=torch.float64, device="meta"))
+
+
+@pytest.mark.parametrize("size,value,where", [
+    ("num_layers", 3, r"input_h's shape \(4, 3, 4\) \[L·D, B, P\] with D=2 gives 2"),
+    ("num_units", 5, r"input_c's shape \(4, 3, 4\) \[L·D, B, H\] gives 4"),
+    ("input_size", 4, r"input's shape \(4, 3, 3\) \[T, B, input_size\] gives 3"),
+], ids=["num_layers", "num_units", "input_size"])
+def test_sizes_given_to_forward_must_match_the_shapes(size, value, where):
+    """forward and backprop take the sizes of convert's attribute dicts, and check them."""
+    with pytest.raises(ValueError, match=rf"{size}: given {value}, but {where}"):
+        C.forward(**{size: value})
+    fwd, grads = _backprop_parts(C)
+    with pytest.raises(ValueError, match=rf"{size}: given {value}, but {where}"):
+        C.backprop(fwd, *grads, **{size: value})
+    with pytest.raises(TypeError, match=rf"{size}: expected an int, got float"):
+        C.forward(**{size: 2.0})
+
+
+def test_a_plan_reads_torch_tensors_that_require_grad():
+    torch = pytest.importorskip("torch")
+    case = _lstm()
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=4, input_size=3, max_time=4,
+                              batch_size=3, dtype="float64", direction="bidirectional")
+    expected = plan.forward(case.input, case.input_h, case.input_c, case.params)
+    grad = {n: torch.from_numpy(getattr(case, n)).requires_grad_(True)
+            for n in ("input", "input_h", "input_c", "params")}
+    got = plan.forward(grad["input"], grad["input_h"], grad["input_c"], grad["params"])
+    assert isinstance(got, pycudnnrnn.ForwardResult)
+    for a, b in zip(expected[:3], got[:3]):
+        np.testing.assert_array_equal(a, b.numpy())

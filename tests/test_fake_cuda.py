@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import fake_cuda
+from conftest import benchmark_script
 from pycudnnrnn.checks import make_config
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "gpu-layout.json")
@@ -46,3 +47,21 @@ def test_counters_see_transfers_and_syncs():
     assert fake_cuda.COUNTS["host_to_device"] == 2
     assert fake_cuda.COUNTS["device_to_host"] == 2
     assert fake_cuda.COUNTS["sync"] == 3
+
+
+def test_benchmark_helpers_report_median_and_quartiles():
+    bench = benchmark_script("gpu_bench")  # imports without a GPU; its GPU parts run in gpu-check
+    calls = []
+    rows = bench.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                             rounds=3, calls=2)
+    assert calls == ["a", "a", "b", "b"] * 3  # interleaved rounds
+    assert set(rows) == {"a", "b"} and all(q1 <= m <= q3 for m, q1, q3 in rows.values())
+    assert bench.format_rows("t", {"a": (2.0, 1.0, 3.0)}).splitlines()[1].split()[:3] == \
+        ["a", "2.0", "us"]
+
+
+def test_host_cost_benchmark_runs_on_the_stand_in(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["gpu_host_bench.py", "--rounds", "2"])
+    benchmark_script("gpu_host_bench").main()
+    out = capsys.readouterr().out
+    assert "forward plan" in out and "fwd+bwd functional" in out

@@ -104,8 +104,49 @@ def test_to_torch_takes_numpy_params():
     params = np.random.default_rng(0).standard_normal(pycudnnrnn.params_size(**attrs))
     module = convert.to_torch(params, **attrs)
     np.testing.assert_array_equal(convert.from_torch(module)[0].numpy(), params)
-    with pytest.raises(TypeError, match="missing attributes: num_proj"):
-        convert.to_torch(params, **{k: v for k, v in attrs.items() if k != "num_proj"})
+
+
+def test_to_torch_has_the_defaults_of_params_size():
+    """direction, num_proj (and rnn_mode) were required; they default as everywhere else."""
+    sizes = dict(num_layers=2, num_units=3, input_size=2)
+    params = np.random.default_rng(0).standard_normal(pycudnnrnn.params_size(**sizes))
+    module = convert.to_torch(params, **sizes)
+    assert type(module) is torch.nn.LSTM and not module.bidirectional
+    assert module.proj_size == 0 and module.num_layers == 2
+    params2, attrs = convert.from_torch(module)
+    np.testing.assert_array_equal(params2.numpy(), params)
+    assert attrs == dict(rnn_mode="lstm", direction="unidirectional", num_proj=0, **sizes)
+
+
+@pytest.mark.parametrize("input_mode", ["skip_input", "auto_select"])
+def test_to_torch_refuses_skip_input_params(input_mode):
+    attrs = dict(rnn_mode="gru", num_layers=1, num_units=3, input_size=3, input_mode=input_mode)
+    params = np.zeros(pycudnnrnn.params_size(**attrs))
+    with pytest.raises(ValueError, match=r"input_mode: PyTorch's RNNs have input matrices"):
+        convert.to_torch(params, **attrs)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_from_torch_attrs_go_to_forward_and_backprop(kind):
+    """The attribute dict was refused by forward (unexpected num_layers)."""
+    module = _module(kind, {}, True, 2)
+    params, attrs = convert.from_torch(module)
+    x = torch.randn(5, 3, 3, dtype=torch.float64)
+    h0 = torch.randn(4, 3, 4, dtype=torch.float64)
+    c0 = torch.randn(4, 3, 4, dtype=torch.float64)
+    lstm = kind == "LSTM"
+    y_ref, state = module(x, (h0, c0) if lstm else h0)
+    result = pycudnnrnn.forward(x, h0, c0, params, **attrs)
+    np.testing.assert_allclose(result.output.numpy(), y_ref.detach().numpy(), rtol=1e-12,
+                               atol=1e-12)
+    ones = [torch.ones_like(t) for t in result[:3]]
+    grads = pycudnnrnn.backprop(x, h0, c0, params, None, *result[:3], *ones,
+                                result.reserve_space, **attrs)
+    assert grads.params_backprop.shape == params.shape
+    from pycudnnrnn.torch import rnn
+    y_torch = rnn(x, h0, c0 if lstm else None, params, **attrs)[0]
+    np.testing.assert_allclose(y_torch.detach().numpy(), y_ref.detach().numpy(), rtol=1e-12,
+                               atol=1e-12)
 
 
 def test_bias_free_module_gets_zero_biases():
@@ -315,3 +356,39 @@ def test_the_documented_round_trip_runs():
     assert "to_torch gives the same network: True" in proc.stdout
     diff = float(proc.stdout.split("max |pycudnnrnn - PyTorch|:")[1].split()[0])
     assert diff < 1e-5
+
+
+def test_the_earlier_autograd_function_interface_still_works():
+    from pycudnnrnn.torch import CudnnRNNFunction, rnn
+    torch.manual_seed(0)
+    x = torch.randn(4, 2, 3, dtype=torch.float64, requires_grad=True)
+    h = torch.zeros(2, 2, 5, dtype=torch.float64)
+    attrs = dict(rnn_mode="gru", direction="bidirectional", seed=1, seed2=2)
+    p = torch.rand(pycudnnrnn.params_size(rnn_mode="gru", num_layers=1, num_units=5,
+                                          input_size=3, direction="bidirectional"),
+                   dtype=torch.float64)
+    y, hy, _ = CudnnRNNFunction.apply(x, h, None, p, [4, 1], attrs, True)
+    y_ref, hy_ref, _ = rnn(x, h, None, p, [4, 1], **attrs)
+    assert torch.equal(y, y_ref) and torch.equal(hy, hy_ref)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_importing_pycudnnrnn_does_not_import_torch():
+    import subprocess
+    import sys
+    code = "import sys, pycudnnrnn; print('torch' in sys.modules)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=root, timeout=120)
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_torch_rnn_checks_given_sizes_against_the_shapes():
+    from pycudnnrnn.torch import rnn
+    module = _module("GRU", {}, True, 2)
+    params, attrs = convert.from_torch(module)
+    x = torch.randn(5, 3, 3, dtype=torch.float64)
+    h0 = torch.randn(4, 3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"num_layers: given 3, but input_h's shape"):
+        rnn(x, h0, None, params, **{**attrs, "num_layers": 3})

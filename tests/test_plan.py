@@ -1,6 +1,6 @@
 """RNNPlan and the functional API's plan cache, on the CPU and on a GPU.
 
-The ``device`` fixture runs each GPU test twice where practical: on the stand-in GPU of
+The ``device`` fixture (conftest.py) runs each GPU test on the stand-in GPU of
 fake_cuda.py (always, in CI) and on a real one (marked ``gpu``, skipped without it). On
 the stand-in, host↔device copies and syncs are counted: a plan's steady-state run and a
 functional call that hits the plan cache make none.
@@ -14,33 +14,8 @@ import pytest
 import fake_cuda
 import pycudnnrnn
 from conftest import make_case
+from conftest import STEADY
 from pycudnnrnn import cudnn_resources, plan
-
-STEADY = ("host_to_device", "device_to_host", "sync")
-
-
-class Device:
-    """Moves arrays to and from one GPU, real or stand-in."""
-
-    def __init__(self, kind, monkeypatch):
-        self.kind = kind
-        if kind == "stand-in":
-            fake_cuda.install(monkeypatch)
-            self.put, self.get = fake_cuda._device, lambda a: np.asarray(a).view(np.ndarray)
-        else:
-            import cupy
-            self.put, self.get = cupy.asarray, cupy.asnumpy
-            plan.clear_caches()
-
-    def counts(self):
-        """Host↔device copies and syncs since the last reset (stand-in only)."""
-        return {k: fake_cuda.COUNTS[k] for k in STEADY} if self.kind == "stand-in" else None
-
-
-@pytest.fixture(params=["stand-in", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request, monkeypatch):
-    yield Device(request.param, monkeypatch)
-    plan.clear_caches()
 
 
 def _plan_for(case, **overrides):
@@ -184,7 +159,7 @@ def test_wrong_arrays_get_clear_errors():
     with pytest.raises(ValueError, match=r"device: expected 'cpu', 'cuda', 'cuda:N' or an int, "
                                          r"got 'gpu'"):
         _plan_for(case, device="gpu")
-    with pytest.raises(TypeError, match="dtype: expected float16, float32 or float64, got int32"):
+    with pytest.raises(TypeError, match="dtype: expected float16, bfloat16, float32 or float64, got int32"):
         _plan_for(case, dtype="int32")
     with pytest.raises(ValueError, match=r"sequence_lengths: expected values in \[0, 4\]"):
         _plan_for(case, sequence_lengths=[9, 1, 1])
@@ -321,3 +296,41 @@ def test_nothing_is_kept_after_a_call(device):
     del args, out, grads, back
     gc.collect()
     assert [r for r in refs if r() is not None] == []
+
+
+def test_cpu_plan_takes_dlpack_arrays_and_caller_buffers():
+    """PyTorch CPU tensors in, PyTorch tensors out; out= buffers filled and returned."""
+    torch = pytest.importorskip("torch")
+    case = make_case("gru", "bidirectional", num_layers=2, lengths="ragged", time_major=False)
+    p = _plan_for(case, device="cpu")
+    want = case.forward()
+    got = p.forward(*[None if a is None else torch.from_numpy(a)
+                      for a in (case.input, case.input_h, case.input_c, case.params)])
+    assert all(isinstance(g, torch.Tensor) for g in got)
+    np.testing.assert_array_equal(got[0].numpy(), want[0])
+    grads = _grads(want)
+    buffers = (np.empty(p.input_shape), np.empty(p.output_h_shape), None,
+               np.empty(p.params_size))
+    back = p.backprop(case.input, case.input_h, None, case.params, *want[:3], *grads, want[3],
+                      out=buffers)
+    assert back[0] is buffers[0] and back[3] is buffers[3]
+    for g, w in zip(back, case.backprop(want, *grads)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_framework_reserve_buffer_needs_no_read_back(device):
+    """A reserve space a framework allocated (out=) comes in through a DLPack view that
+    dies with the call; its header is remembered by the framework's buffer itself."""
+    if device.kind != "stand-in":
+        pytest.skip("copies are counted on the stand-in GPU")
+    case = make_case("lstm", lengths="ragged")
+    p = _plan_for(case, device="cuda")
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    buffer = fake_cuda.FakeFrameworkArray(device.put(np.empty(p.reserve_nbytes, np.uint8)))
+    out = p.forward(*args, out=(None, None, None, buffer))[:3]  # the framework keeps its own
+    gc.collect()
+    grads = [device.put(g) for g in _grads(out)]
+    fake_cuda.reset_counts()
+    p.backprop(*args, *out, *grads, buffer)
+    assert fake_cuda.COUNTS["device_to_host"] == 0
+

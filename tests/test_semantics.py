@@ -139,6 +139,57 @@ def test_zero_length_sequence_passes_state_gradients_through():
     np.testing.assert_array_equal(case.backprop(fwd, dy2, dh2, dc2)[3], dparams)
 
 
+@pytest.mark.parametrize("time_major", [True, False])
+@pytest.mark.parametrize("mode", MODES)
+def test_zero_length_sequence_adds_exactly_nothing(mode, time_major):
+    """NaN in everything a zero-length row (and a ragged row's padding) owns stays there.
+
+    Its initial state, its input padding, its output and state gradients may hold NaN or
+    Inf: every other output is bit-identical to a call where they are finite, and the row's
+    own results are the pass-through SPEC gives (output 0, output_h = input_h, state
+    gradients = output state gradients, input gradient 0).
+    """
+    lengths = [4, 0, 2]
+    case = make_case(mode, "bidirectional", num_layers=2, lengths=lengths, T=4, B=3,
+                     time_major=time_major, seed=7)
+    lstm = mode == "lstm"
+    rng = np.random.default_rng(1)
+    fwd = case.forward()
+    grads = [rng.standard_normal(a.shape) for a in fwd[:3]]
+    clean = case.forward(), case.backprop(case.forward(), *grads)
+
+    # Time-major views of the arrays to poison; row 1 has length 0, row 2 length 2.
+    tm = case.time_major_state
+    for array in (case.input, grads[0]):
+        tm(array)[:, 1] = np.nan
+        tm(array)[2:, 2] = np.inf
+    tm(case.input_h)[:, 1] = np.nan
+    tm(grads[1])[:, 1] = -np.inf
+    if lstm:
+        tm(case.input_c)[:, 1] = np.inf
+        tm(grads[2])[:, 1] = np.nan
+    fwd = case.forward()
+    dx, dh0, dc0, dparams = case.backprop(fwd, *grads)
+
+    (y, hy, cy, _), (cdx, cdh0, cdc0, cdparams) = clean
+    others = [0, 2]
+    np.testing.assert_array_equal(dparams, cdparams)
+    assert np.all(np.isfinite(dparams))
+    np.testing.assert_array_equal(tm(fwd[0])[:, others], tm(y)[:, others])
+    np.testing.assert_array_equal(tm(fwd[1])[:, others], tm(hy)[:, others])
+    np.testing.assert_array_equal(tm(dx)[:, others], tm(cdx)[:, others])
+    np.testing.assert_array_equal(tm(dh0)[:, others], tm(cdh0)[:, others])
+    assert np.all(tm(fwd[0])[:, 1] == 0) and np.all(tm(fwd[0])[2:, 2] == 0)
+    assert np.all(tm(dx)[:, 1] == 0) and np.all(tm(dx)[2:, 2] == 0)
+    np.testing.assert_array_equal(tm(fwd[1])[:, 1], tm(case.input_h)[:, 1])
+    np.testing.assert_array_equal(tm(dh0)[:, 1], tm(grads[1])[:, 1])
+    if lstm:
+        np.testing.assert_array_equal(tm(fwd[2])[:, others], tm(cy)[:, others])
+        np.testing.assert_array_equal(tm(dc0)[:, others], tm(cdc0)[:, others])
+        np.testing.assert_array_equal(tm(fwd[2])[:, 1], tm(case.input_c)[:, 1])
+        np.testing.assert_array_equal(tm(dc0)[:, 1], tm(grads[2])[:, 1])
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("time_major", [True, False])
 def test_inference_matches_training_without_dropout(mode, time_major):
@@ -169,6 +220,25 @@ def test_inference_scratch_does_not_grow_with_depth_or_keep_activations(mode):
     slots, B, width, itemsize = 2, 4, 2 * 8, 4  # two [T, B, D·H] float32 outputs
     outputs = slots * B * width * itemsize
     assert scratch_bytes(2, 51) - scratch_bytes(2, 50) == outputs
+
+
+def test_results_are_named_tuples():
+    import pycudnnrnn
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="zero")
+    fwd = case.forward()
+    assert isinstance(fwd, pycudnnrnn.ForwardResult) and isinstance(fwd, tuple)
+    assert fwd._fields == ("output", "output_h", "output_c", "reserve_space")
+    y, hy, cy, reserve = fwd
+    assert fwd.output is y and fwd.output_h is hy and fwd.output_c is cy
+    assert fwd.reserve_space is reserve
+    grads = case.backprop(fwd, np.ones_like(y), np.ones_like(hy), np.ones_like(cy))
+    assert isinstance(grads, pycudnnrnn.BackpropResult)
+    assert grads._fields == ("input_backprop", "input_h_backprop", "input_c_backprop",
+                             "params_backprop")
+    assert grads.input_backprop.shape == case.input.shape
+    assert grads.input_h_backprop.shape == case.input_h.shape
+    assert grads.input_c_backprop.shape == case.input_c.shape
+    assert grads.params_backprop.shape == case.params.shape
 
 
 def test_non_lstm_modes_return_empty_cell_outputs():

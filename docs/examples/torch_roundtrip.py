@@ -39,9 +39,7 @@ print(attrs)   # rnn_mode, num_layers, num_units, input_size, direction, num_pro
 lengths = [20, 20, 15, 20, 7, 20, 0, 20]
 h0 = np.zeros((4, 8, 4), np.float32)            # [L·D, B, num_proj]
 c0 = np.zeros((4, 8, 16), np.float32)           # [L·D, B, num_units]
-y, hy, cy, reserve = pycudnnrnn.forward(
-    x.numpy(), h0, c0, params.numpy(), lengths,
-    rnn_mode="lstm", direction="bidirectional", num_proj=4)
+y, hy, cy, reserve = pycudnnrnn.forward(x.numpy(), h0, c0, params.numpy(), lengths, **attrs)
 
 packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lengths).clamp(min=1),
                                                  enforce_sorted=False)

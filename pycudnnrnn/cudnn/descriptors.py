@@ -16,8 +16,10 @@ import threading
 
 import numpy as np
 
+from .. import dtypes
 from ..config import RNNConfig
-from . import capi
+from ..errors import CudnnUnavailableError
+from . import capi, loader
 
 #: Live objects per class name (created minus freed).
 LIVE: collections.Counter = collections.Counter()
@@ -30,19 +32,36 @@ _DATA_TYPES = {np.dtype(np.float16): capi.CUDNN_DATA_HALF,
                np.dtype(np.float64): capi.CUDNN_DATA_DOUBLE}
 
 
+#: The first cuDNN whose RNNs take bfloat16 data.
+BFLOAT16_SINCE = (9, 13, 0)
+
+
+def require_bfloat16_rnns():
+    """Raise CudnnUnavailableError, naming both versions, if cuDNN predates bfloat16 RNNs."""
+    found = loader.version()
+    if tuple(found) < BFLOAT16_SINCE:
+        need, have = ".".join(map(str, BFLOAT16_SINCE)), ".".join(map(str, found))
+        raise CudnnUnavailableError(
+            f"bfloat16 RNNs need cuDNN >= {need}, found cuDNN {have}: upgrade it (`pip install "
+            f"-U nvidia-cudnn-cu12` or `-cu13`), or use float16 or float32")
+
+
 def data_type(dtype) -> int:
-    """cudnnDataType_t of a NumPy dtype."""
+    """cudnnDataType_t of a NumPy dtype (bfloat16 only where cuDNN's RNNs take it)."""
+    if dtypes.is_bfloat16(dtype):
+        require_bfloat16_rnns()
+        return capi.CUDNN_DATA_BFLOAT16
     return _DATA_TYPES[np.dtype(dtype)]
 
 
 def math_settings(dtype, allow_tf32: bool = False) -> tuple[int, int]:
     """(mathPrec, mathType) for data of `dtype`.
 
-    float16 computes in float32 on tensor cores; float32 is strict FMA math unless TF32
-    is allowed; float64 computes in double.
+    float16 and bfloat16 compute in float32 on tensor cores; float32 is strict FMA math
+    unless TF32 is allowed; float64 computes in double.
     """
     dtype = np.dtype(dtype)
-    if dtype == np.float16:
+    if dtype.itemsize == 2:  # float16, bfloat16
         return capi.CUDNN_DATA_FLOAT, capi.CUDNN_TENSOR_OP_MATH
     if dtype == np.float32:
         return capi.CUDNN_DATA_FLOAT, capi.CUDNN_DEFAULT_MATH if allow_tf32 else capi.CUDNN_FMA_MATH

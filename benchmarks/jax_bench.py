@@ -1,0 +1,128 @@
+"""JAX benchmark: a jitted LSTM training step through pycudnnrnn.jax, side by side with
+``jax.experimental.rnn.lstm`` (cuDNN; GPU only) and a ``lax.scan`` LSTM
+(``jax.experimental.rnn.lstm_ref``, JAX's own reference), on the same weights.
+
+    python benchmarks/jax_bench.py [--repeat N] [--platform cpu|gpu]
+
+A step is loss, gradient with respect to the weights and an SGD update, all in one
+``jax.jit``; the forward alone (inference) is timed too. Rounds are interleaved (each
+round times every implementation once), and the table shows medians with the
+interquartile range. Prints; asserts nothing.
+"""
+
+import argparse
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import rnn as jax_rnn
+
+import pycudnnrnn
+from pycudnnrnn import jax as rnn_jax
+
+CASES = {  # (layers, bidirectional, T, B, input_size, hidden); the CPU's are smaller
+    "cpu": [(1, False, 32, 16, 32, 64), (2, True, 32, 16, 64, 64), (1, False, 64, 8, 32, 128)],
+    "gpu": [(1, False, 128, 64, 256, 256), (2, True, 128, 64, 512, 512),
+            (1, False, 512, 16, 128, 1024)],
+}
+
+
+def implementations(I, H, L, bidirectional):
+    """name → fn(x [B, T, I], h0, c0 [L·D, B, H], weights, lengths) → (y, h, c)."""
+    direction = "bidirectional" if bidirectional else "unidirectional"
+
+    def ours(x, h0, c0, w, lengths, is_training=True):
+        y, h, c = rnn_jax.rnn(x, jnp.swapaxes(h0, 0, 1), jnp.swapaxes(c0, 0, 1), w, lengths,
+                              direction=direction, time_major=False, is_training=is_training)
+        return y, jnp.swapaxes(h, 0, 1), jnp.swapaxes(c, 0, 1)
+
+    def cudnn(x, h0, c0, w, lengths, is_training=True):
+        return jax_rnn.lstm(x, h0, c0, w, lengths, I, H, L, 0.0, bidirectional)
+
+    def scan(x, h0, c0, w, lengths, is_training=True):
+        W_ih, W_hh, b_ih, b_hh = jax_rnn.unpack_lstm_weights(w, I, H, L, bidirectional)
+        return jax_rnn.lstm_ref(x, h0, c0, W_ih, W_hh, b_ih, b_hh, lengths, I, H, L, 0.0,
+                                bidirectional)
+
+    return {"pycudnnrnn.jax": ours, "jax.experimental.rnn.lstm": cudnn, "lax.scan LSTM": scan}
+
+
+def programs(fn, target):
+    """The jitted inference forward and training step of one implementation."""
+    def loss(w, x, h0, c0, lengths):
+        y, h, c = fn(x, h0, c0, w, lengths)
+        return jnp.mean((y - target) ** 2) + jnp.mean(h ** 2) + jnp.mean(c ** 2)
+
+    @jax.jit
+    def step(w, x, h0, c0, lengths):
+        value, grad = jax.value_and_grad(loss)(w, x, h0, c0, lengths)
+        return w - 0.1 * grad, value
+
+    forward = jax.jit(lambda w, x, h0, c0, lengths: fn(x, h0, c0, w, lengths,
+                                                       is_training=False)[0])
+    return {"forward": forward, "train step": step}
+
+
+def timed(program, args):
+    start = time.perf_counter()
+    jax.block_until_ready(program(*args))
+    return time.perf_counter() - start
+
+
+def bench_case(L, bidirectional, T, B, I, H, device, repeat):
+    D = 2 if bidirectional else 1
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    put = lambda a: jax.device_put(a, device)  # noqa: E731
+    x = put(jax.random.normal(keys[0], (B, T, I)))
+    h0, c0 = (put(jax.random.normal(k, (L * D, B, H))) for k in keys[1:3])
+    w = put(jax_rnn.init_lstm_weight(keys[3], I, H, L, bidirectional))
+    lengths = put(jnp.full((B,), T, jnp.int32))
+    target = put(jax.random.normal(keys[4], (B, T, D * H)))
+    args = (w, x, h0, c0, lengths)
+    runs, skipped = {}, {}
+    for name, fn in implementations(I, H, L, bidirectional).items():
+        for kind, program in programs(fn, target).items():
+            try:
+                timed(program, args)  # compile and warm up
+            except Exception as exc:  # e.g. no CPU lowering of jax.experimental.rnn.lstm
+                skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"
+                break
+            runs[(name, kind)] = (program, [])
+    for _ in range(repeat):
+        for program, times in runs.values():
+            times.append(timed(program, args))
+    return runs, skipped
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--platform", default=jax.default_backend())
+    args = parser.parse_args()
+    device = jax.devices(args.platform)[0]
+    print(f"pycudnnrnn {pycudnnrnn.__version__}, jax {jax.__version__}, python "
+          f"{platform.python_version()}, device {device.device_kind} ({device.platform}); "
+          f"float32, median (IQR) of {args.repeat} interleaved rounds")
+    print(f"{'case':<26}{'implementation':<28}{'forward ms':>20}{'train step ms':>22}"
+          f"{'step / ours':>13}")
+    for L, bi, T, B, I, H in CASES.get(device.platform, CASES["gpu"]):
+        label = f"L{L} {'bi' if bi else 'uni'} T{T} B{B} I{I} H{H}"
+        runs, skipped = bench_case(L, bi, T, B, I, H, device, args.repeat)
+        ours = np.median(runs[("pycudnnrnn.jax", "train step")][1])
+        for name in implementations(I, H, L, bi):
+            if name in skipped:
+                print(f"{label:<26}{name:<28}  n/a: {skipped[name]}")
+                continue
+            cells = []
+            for kind in ("forward", "train step"):
+                t = np.asarray(runs[(name, kind)][1]) * 1e3
+                q1, q3 = np.percentile(t, [25, 75])
+                cells.append(f"{np.median(t):8.2f} ({q1:.2f}-{q3:.2f})")
+            ratio = np.median(runs[(name, "train step")][1]) / ours
+            print(f"{label:<26}{name:<28}{cells[0]:>20}{cells[1]:>22}{ratio:>12.2f}x")
+
+
+if __name__ == "__main__":
+    main()

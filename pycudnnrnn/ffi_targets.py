@@ -1,0 +1,250 @@
+"""The handlers XLA calls for pycudnnrnn's FFI targets, on the CPU and on CUDA.
+
+``pycudnnrnn.jax`` lowers ``rnn`` to two custom calls whose contract is fixed here
+(brackets: only for LSTM, or only when ``has_lengths``):
+
+``pycudnnrnn_forward``
+    operands ``input, input_h, [input_c], params, [sequence_lengths]``;
+    results ``output, output_h, [output_c], reserve_space, workspace``.
+``pycudnnrnn_backprop``
+    operands ``input, input_h, [input_c], params, [sequence_lengths], output, output_h,
+    [output_c], output_backprop, output_h_backprop, [output_c_backprop], reserve_space``;
+    results ``input_backprop, input_h_backprop, [input_c_backprop], params_backprop,
+    workspace``.
+
+Attributes of both: the op's ``rnn_mode, input_mode, direction`` (strings), ``dropout``
+(f64), ``seed, seed2, num_proj`` (i64), ``time_major, is_training, has_lengths`` (pred).
+
+A handler reads the call frame (``pycudnnrnn.xla_ffi``), views XLA's buffers as arrays
+without a copy (NumPy on the host; CuPy on XLA's device, with XLA's stream current, on
+CUDA) and runs the cached ``RNNPlan`` for them (``pycudnnrnn.plan.for_call``, the
+functional API's cache) with XLA's result buffers as ``out=`` and XLA's workspace: the
+results are written in place, and on the GPU nothing per call is allocated behind XLA's
+back. ``reserve_space`` and ``workspace`` are sized at trace time by ``buffer_sizes``
+(the most any platform can need); a plan uses their first bytes. Errors (for example
+lengths out of range, known only when a traced ``sequence_lengths`` arrives) become XLA
+errors with our message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+from . import xla_ffi
+from .xla_ffi import DataType
+
+FORWARD = "pycudnnrnn_forward"
+BACKPROP = "pycudnnrnn_backprop"
+
+#: The op attributes every call carries, with the types they are lowered as.
+OP_ATTRIBUTES = ("rnn_mode", "input_mode", "direction", "dropout", "seed", "seed2",
+                 "num_proj", "time_major")
+
+
+def operand_names(target: str, lstm: bool, has_lengths: bool) -> list:
+    """Names of a target's operands, in call order."""
+    names = ["input", "input_h"] + (["input_c"] if lstm else []) + ["params"]
+    names += ["sequence_lengths"] if has_lengths else []
+    if target == BACKPROP:
+        names += ["output", "output_h"] + (["output_c"] if lstm else [])
+        names += ["output_backprop", "output_h_backprop"]
+        names += (["output_c_backprop"] if lstm else []) + ["reserve_space"]
+    return names
+
+
+def result_names(target: str, lstm: bool) -> list:
+    """Names of a target's results, in call order."""
+    if target == FORWARD:
+        return ["output", "output_h"] + (["output_c"] if lstm else []) + \
+            ["reserve_space", "workspace"]
+    return ["input_backprop", "input_h_backprop"] + (["input_c_backprop"] if lstm else []) + \
+        ["params_backprop", "workspace"]
+
+
+def _ml_dtypes_bfloat16():
+    import ml_dtypes  # a dependency of jax, so present wherever XLA calls us
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+#: XLA's data types as NumPy dtypes (a function for the ones NumPy lacks).
+_DTYPES = {DataType.F16: np.dtype(np.float16), DataType.F32: np.dtype(np.float32),
+           DataType.F64: np.dtype(np.float64), DataType.BF16: _ml_dtypes_bfloat16,
+           DataType.S32: np.dtype(np.int32), DataType.S64: np.dtype(np.int64),
+           DataType.U8: np.dtype(np.uint8)}
+
+
+def numpy_dtype(data_type: DataType) -> np.dtype:
+    """The NumPy dtype of an XLA data type this library handles (TypeError otherwise)."""
+    dtype = _DTYPES.get(data_type)
+    if dtype is None:
+        raise TypeError(f"XLA data type {data_type.name} is not one pycudnnrnn handles")
+    return dtype() if callable(dtype) else dtype
+
+
+class _Call:
+    """One call frame, read: op attributes, operands and results by name."""
+
+    def __init__(self, call_frame, target: str):
+        attrs = xla_ffi.attributes(call_frame)
+        self.op = {name: attrs[name] for name in OP_ATTRIBUTES}
+        self.lstm = self.op["rnn_mode"] == "lstm"
+        self.is_training = attrs["is_training"]
+        operands, results = xla_ffi.buffers(call_frame)
+        names = operand_names(target, self.lstm, attrs["has_lengths"])
+        outs = result_names(target, self.lstm)
+        if len(operands) != len(names) or len(results) != len(outs):
+            raise ValueError(f"{target}: expected {len(names)} operands and {len(outs)} "
+                             f"results, got {len(operands)} and {len(results)}")
+        self.operands = dict(zip(names, operands))
+        self.results = dict(zip(outs, results))
+
+
+def _prefix(buffer, nbytes, name):
+    """The first `nbytes` of an XLA byte buffer sized for every platform."""
+    if nbytes > buffer.shape[0]:
+        raise ValueError(f"{name}: this call needs {nbytes} bytes, XLA allocated "
+                         f"{buffer.shape[0]}")
+    return buffer[:nbytes]
+
+
+def buffer_sizes(problem, cuda: bool) -> tuple[int, int]:
+    """``(reserve_space, workspace)`` bytes to allocate at trace time for `problem`.
+
+    Lengths are unknown then (``problem`` has none: every row runs, the most a plan can
+    need), and so is the platform: the sizes are the largest of the CPU's and, when
+    `cuda`, device 0's cuDNN plan. A handler uses the first bytes its plan needs.
+    """
+    from .plan import RNNPlan
+    plans = [RNNPlan.from_problem(problem, None)]
+    if cuda:
+        plans.append(RNNPlan.from_problem(problem, 0))
+    return (max(p.reserve_nbytes for p in plans), max(p.workspace_nbytes for p in plans))
+
+
+def _run(call_frame, target: str, place):
+    """Run one call frame through the cached plan for its arrays, on `place`'s device,
+    writing straight into XLA's result buffers."""
+    from . import plan as plans
+    call = _Call(call_frame, target)
+    with place:
+        a = {n: place.array(b) for n, b in call.operands.items()}
+        lengths = place.host_lengths(a.pop("sequence_lengths", None))
+        out = {n: place.array(b) for n, b in call.results.items()}
+        for name in ("input_c", "output_c", "output_c_backprop"):
+            a.setdefault(name, None)  # not LSTM
+        plan = plans.for_call(a, lengths, {**call.op, "is_training": call.is_training},
+                              place.device)
+        workspace = out.pop("workspace")
+        workspace = workspace[:plan.workspace_nbytes] \
+            if workspace.shape[0] >= plan.workspace_nbytes else None  # None: the plan's own
+        if target == FORWARD:
+            reserve = _prefix(out["reserve_space"], plan.reserve_nbytes, "reserve_space") \
+                if call.is_training else None
+            plan.run_forward(a, out=(out["output"], out["output_h"], out.get("output_c"),
+                                     reserve), workspace=workspace)
+        else:
+            a["reserve_space"] = _prefix(a["reserve_space"], plan.reserve_nbytes,
+                                         "reserve_space")
+            plan.run_backprop(a, out=(out["input_backprop"], out["input_h_backprop"],
+                                      out.get("input_c_backprop"), out["params_backprop"]),
+                              workspace=workspace)
+
+
+# --------------------------------------------------------------------------- the CPU
+
+def host_array(buffer: xla_ffi.Buffer) -> np.ndarray:
+    """A NumPy view of a host buffer (no copy)."""
+    dtype = numpy_dtype(buffer.dtype)
+    count = int(np.prod(buffer.shape, dtype=np.int64))
+    if count == 0 or not buffer.data:
+        return np.empty(buffer.shape, dtype)
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(buffer.data)
+    return np.frombuffer(raw, dtype=dtype).reshape(buffer.shape)
+
+
+class _Host:
+    """The CPU: XLA's host buffers as NumPy arrays; the NumPy backend's plans."""
+
+    device = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    array = staticmethod(host_array)
+
+    @staticmethod
+    def host_lengths(lengths):
+        return lengths
+
+
+def cpu_forward(call_frame):
+    """``pycudnnrnn_forward`` on host buffers, with the NumPy backend."""
+    _run(call_frame, FORWARD, _Host())
+
+
+def cpu_backprop(call_frame):
+    """``pycudnnrnn_backprop`` on host buffers, with the NumPy backend."""
+    _run(call_frame, BACKPROP, _Host())
+
+
+# --------------------------------------------------------------------------- CUDA
+
+class _Device:
+    """XLA's device and stream for this call, made current for CuPy (and so for cuDNN,
+    whose handle follows CuPy's current stream); XLA's buffers as CuPy views."""
+
+    def __init__(self, call_frame):
+        from . import gpu
+        self.cupy = cp = gpu.cupy()
+        self.device = xla_ffi.device_ordinal(call_frame)
+        self._device = cp.cuda.Device(self.device)
+        self._stream = cp.cuda.ExternalStream(xla_ffi.stream(call_frame), self.device)
+
+    def __enter__(self):
+        self._device.__enter__()
+        self._stream.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._stream.__exit__(*exc)
+        self._device.__exit__(*exc)
+
+    def array(self, buffer: xla_ffi.Buffer):
+        """A CuPy view of a device buffer (no copy; XLA owns the memory)."""
+        cp = self.cupy
+        dtype = numpy_dtype(buffer.dtype)
+        count = int(np.prod(buffer.shape, dtype=np.int64))
+        if count == 0 or not buffer.data:
+            return cp.empty(buffer.shape, dtype)
+        memory = cp.cuda.UnownedMemory(buffer.data, count * dtype.itemsize, None, self.device)
+        return cp.ndarray(buffer.shape, dtype, cp.cuda.MemoryPointer(memory, 0))
+
+    def host_lengths(self, lengths):
+        """Lengths steer cuDNN's descriptors, so they come to the host (a stream sync)."""
+        return None if lengths is None else self.cupy.asnumpy(lengths)
+
+
+def cuda_forward(call_frame):
+    """``pycudnnrnn_forward`` on XLA's CUDA buffers, with cuDNN on XLA's stream."""
+    _run(call_frame, FORWARD, _Device(call_frame))
+
+
+def cuda_backprop(call_frame):
+    """``pycudnnrnn_backprop`` on XLA's CUDA buffers, with cuDNN on XLA's stream."""
+    _run(call_frame, BACKPROP, _Device(call_frame))
+
+
+@functools.lru_cache(maxsize=None)
+def handlers() -> dict:
+    """``{(platform, target): handler}``; cached, so the ctypes callbacks live as long as
+    the process (XLA keeps their addresses)."""
+    return {("cpu", FORWARD): xla_ffi.make_handler(cpu_forward),
+            ("cpu", BACKPROP): xla_ffi.make_handler(cpu_backprop),
+            ("CUDA", FORWARD): xla_ffi.make_handler(cuda_forward),
+            ("CUDA", BACKPROP): xla_ffi.make_handler(cuda_backprop)}

@@ -1,0 +1,320 @@
+"""pycudnnrnn as a native JAX operation: ``jit``, ``grad``, ``vmap`` and ``lax.scan``.
+
+``rnn`` lowers to two XLA custom calls (``pycudnnrnn.ffi_targets``) whose handlers are
+ctypes callbacks, registered with ``jax.ffi.register_ffi_target`` for the CPU (NumPy
+backend on host buffers) and for CUDA (cuDNN on XLA's stream). Nothing is compiled.
+
+* Shapes, dtypes and attributes are checked at trace time by ``pycudnnrnn.checks``
+  (``ValueError``/``TypeError`` naming the argument); ``sequence_lengths`` is an
+  operand, so it may be traced: its values are checked by the handler, and a bad one
+  raises the handler's message from the computation.
+* ``reserve_space`` is a result of the forward call, and the plan's workspace one of
+  each call, sized at trace time (the largest of the sizes the CPU and, when JAX has a
+  GPU, cuDNN need), so XLA allocates them.
+* Gradients: ``jax.custom_vjp`` onto ``pycudnnrnn.backprop``'s target, with respect to
+  input, input_h, input_c and params (lengths are integers, not differentiable).
+* ``vmap``: inference (``is_training=False``) folds the mapped axis into the batch, one
+  call for all; training maps the call sequentially, because under ``vmap(grad(...))``
+  every mapped element needs its own params gradient, which a folded call (one sum over
+  the whole batch) cannot give. A mapped ``params`` is always mapped sequentially.
+
+``import pycudnnrnn`` does not import this module (nor JAX).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_batching import custom_vmap
+
+from . import checks, ffi_targets
+from .errors import CudnnUnavailableError
+from .ffi_targets import BACKPROP, FORWARD
+
+__all__ = ["rnn"]
+
+
+@functools.lru_cache(maxsize=None)
+def register() -> None:
+    """Register the FFI targets with XLA, once per process (``rnn`` calls this)."""
+    for (platform, target), handler in ffi_targets.handlers().items():
+        address = ctypes.cast(handler, ctypes.c_void_p).value
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(address), platform=platform,
+                                    api_version=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _has_cuda() -> bool:
+    try:
+        return bool(jax.devices("cuda"))
+    except RuntimeError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Op:
+    """The op's attributes, hashable: the static part of a call."""
+
+    rnn_mode: str
+    input_mode: str
+    direction: str
+    dropout: float
+    seed: int
+    seed2: int
+    num_proj: int
+    time_major: bool
+    is_training: bool
+
+    @property
+    def lstm(self) -> bool:
+        return self.rnn_mode == "lstm"
+
+    def attributes(self, has_lengths: bool) -> dict:
+        """The custom call's attributes, typed as the handlers read them.
+
+        Only the low 32 bits of each seed reach the dropout seed
+        (``(seed << 32) | (seed2 & 0xffffffff)`` in 64 bits), so only they are passed:
+        any Python int fits an i64 attribute that way.
+        """
+        return dict(rnn_mode=self.rnn_mode, input_mode=self.input_mode,
+                    direction=self.direction, dropout=np.float64(self.dropout),
+                    seed=np.int64(self.seed & 0xFFFFFFFF),
+                    seed2=np.int64(self.seed2 & 0xFFFFFFFF),
+                    num_proj=np.int64(self.num_proj), time_major=np.bool_(self.time_major),
+                    is_training=np.bool_(self.is_training), has_lengths=np.bool_(has_lengths))
+
+    def problem(self, input, input_h, input_c, params):
+        """Check shapes, dtypes and attributes (lengths apart); the ``Problem``."""
+        return checks.check_forward(input, input_h, input_c, params, None,
+                                    **{f.name: getattr(self, f.name)
+                                       for f in dataclasses.fields(self)})
+
+
+def _buffer_sizes(problem) -> tuple[int, int]:
+    """reserve_space and workspace bytes: enough for every platform this JAX can run on."""
+    if _has_cuda():
+        try:
+            return ffi_targets.buffer_sizes(problem, cuda=True)
+        except CudnnUnavailableError:
+            pass  # JAX has a GPU but we cannot use it: the CUDA handler will say why
+    return ffi_targets.buffer_sizes(problem, cuda=False)
+
+
+def _check_lengths(sequence_lengths, batch_size, max_time):
+    """Dtype and shape at trace time; values too when they are known (not traced)."""
+    if sequence_lengths is None:
+        return None
+    if not isinstance(sequence_lengths, jax.core.Tracer):
+        checks.check_lengths(np.asarray(sequence_lengths), batch_size, max_time)
+    lengths = jnp.asarray(sequence_lengths)
+    if not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise TypeError(f"sequence_lengths: expected integers, got dtype {lengths.dtype}")
+    if lengths.shape != (batch_size,):
+        raise ValueError(f"sequence_lengths: expected shape ({batch_size},) (the batch size), "
+                         f"got {lengths.shape}")
+    return lengths.astype(jnp.int32)
+
+
+# --------------------------------------------------------------------------- the two calls
+
+def _forward_call(op: _Op, *operands):
+    """The forward custom call on operands in ``ffi_targets.operand_names`` order.
+
+    Under ``vmap`` XLA makes one call per element (see ``_inference`` for the fold).
+    """
+    input, input_h = operands[:2]
+    input_c = operands[2] if op.lstm else None
+    params = operands[3 if op.lstm else 2]
+    has_lengths = len(operands) == (5 if op.lstm else 4)
+    problem = op.problem(input, input_h, input_c, params)
+    c = problem.config
+    dtype = problem.dtype
+    results = [jax.ShapeDtypeStruct(problem.data_shape(c.num_dirs * c.state_size), dtype),
+               jax.ShapeDtypeStruct(problem.state_shape(c.state_size), dtype)]
+    if op.lstm:
+        results.append(jax.ShapeDtypeStruct(problem.state_shape(c.num_units), dtype))
+    reserve_nbytes, workspace_nbytes = _buffer_sizes(problem)
+    results += [jax.ShapeDtypeStruct((reserve_nbytes,), jnp.uint8),
+                jax.ShapeDtypeStruct((workspace_nbytes,), jnp.uint8)]
+    register()
+    return jax.ffi.ffi_call(FORWARD, results, vmap_method="sequential")(
+        *operands, **op.attributes(has_lengths))[:-1]  # the workspace is scratch
+
+
+def _backprop_call(op: _Op, has_lengths: bool, *operands):
+    """The backprop custom call on operands in ``ffi_targets.operand_names`` order."""
+    names = ffi_targets.operand_names(BACKPROP, op.lstm, has_lengths)
+    a = dict(zip(names, operands))
+    results = [jax.ShapeDtypeStruct(a[n].shape, a[n].dtype)
+               for n in ("input", "input_h") + (("input_c",) if op.lstm else ()) + ("params",)]
+    problem = op.problem(a["input"], a["input_h"], a.get("input_c"), a["params"])
+    results.append(jax.ShapeDtypeStruct((_buffer_sizes(problem)[1],), jnp.uint8))
+    register()
+    return jax.ffi.ffi_call(BACKPROP, results, vmap_method="sequential")(
+        *operands, **dataclasses.replace(op, is_training=True).attributes(has_lengths))[:-1]
+
+
+# --------------------------------------------------------------------------- vmap: folding
+
+def _batch_axis(name: str, time_major: bool) -> int:
+    """The batch axis of an unmapped operand or result."""
+    if name == "sequence_lengths":
+        return 0
+    return 1 if time_major else 0
+
+
+def _fold(x, axis):
+    """[N, ...] with the batch at `axis` of the rest → the N rows next to the batch, merged."""
+    x = jnp.moveaxis(x, 0, axis)
+    shape = x.shape
+    return x.reshape(shape[:axis] + (shape[axis] * shape[axis + 1],) + shape[axis + 2:])
+
+
+def _unfold(x, axis, n):
+    shape = x.shape
+    x = x.reshape(shape[:axis] + (n, shape[axis] // n) + shape[axis + 1:])
+    return jnp.moveaxis(x, axis, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _inference(op: _Op, has_lengths: bool):
+    """The inference forward of `op` as a ``custom_vmap`` function that folds."""
+    names = ffi_targets.operand_names(FORWARD, op.lstm, has_lengths)
+
+    @custom_vmap
+    def forward(*operands):
+        return tuple(_forward_call(op, *operands)[:-1])
+
+    @forward.def_vmap
+    def rule(axis_size, in_batched, *operands):
+        params_mapped = in_batched[names.index("params")]
+        if params_mapped:  # different weights per element: one call each
+            axes = [0 if b else None for b in in_batched]
+            outputs = jax.vmap(lambda *o: _forward_call(op, *o)[:-1], in_axes=axes)(*operands)
+            return tuple(outputs), (True,) * len(outputs)
+        folded = []
+        for name, x, mapped in zip(names, operands, in_batched):
+            if name == "params":
+                folded.append(x)
+                continue
+            if not mapped:
+                x = jnp.broadcast_to(x, (axis_size,) + x.shape)
+            folded.append(_fold(x, _batch_axis(name, op.time_major)))
+        outputs = forward(*folded)  # itself: a vmap of a vmap folds twice
+        outputs = tuple(_unfold(y, _batch_axis("output", op.time_major), axis_size)
+                        for y in outputs)
+        return outputs, (True,) * len(outputs)
+
+    # custom_vmap functions cannot be differentiated; say why in our words, not JAX's.
+    inference = jax.custom_vjp(lambda *operands: forward(*operands))
+
+    def cannot_differentiate(*operands):
+        raise ValueError("is_training: rnn(..., is_training=False) cannot be differentiated "
+                         "(inference keeps no reserve_space for backprop); use "
+                         "is_training=True, the default")
+
+    def unreachable(residuals, cotangents):  # the forward rule has raised already
+        raise AssertionError("unreachable")
+
+    inference.defvjp(cannot_differentiate, unreachable)
+    return inference
+
+
+# --------------------------------------------------------------------------- gradients
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _training(op: _Op, input, input_h, input_c, params, sequence_lengths):
+    return tuple(_forward_call(op, *_operands(input, input_h, input_c, params,
+                                              sequence_lengths))[:-1])
+
+
+def _operands(input, input_h, input_c, params, sequence_lengths):
+    return [a for a in (input, input_h, input_c, params, sequence_lengths) if a is not None]
+
+
+def _training_fwd(op, input, input_h, input_c, params, sequence_lengths):
+    results = _forward_call(op, *_operands(input, input_h, input_c, params, sequence_lengths))
+    output, output_h = results[:2]
+    output_c = results[2] if op.lstm else None
+    reserve = results[-1]
+    residuals = (input, input_h, input_c, params, sequence_lengths, output, output_h,
+                 output_c, reserve)
+    return tuple(r for r in (output, output_h, output_c) if r is not None), residuals
+
+
+def _training_bwd(op, residuals, cotangents):
+    input, input_h, input_c, params, lengths, output, output_h, output_c, reserve = residuals
+    if op.lstm:
+        d_output, d_output_h, d_output_c = cotangents
+    else:
+        (d_output, d_output_h), d_output_c = cotangents, None
+    operands = _operands(input, input_h, input_c, params, lengths)
+    operands += [a for a in (output, output_h, output_c, d_output, d_output_h, d_output_c,
+                             reserve) if a is not None]
+    grads = _backprop_call(op, lengths is not None, *operands)
+    d_input, d_input_h = grads[:2]
+    d_input_c = grads[2] if op.lstm else None
+    return d_input, d_input_h, d_input_c, grads[-1], None
+
+
+_training.defvjp(_training_fwd, _training_bwd)
+
+
+# --------------------------------------------------------------------------- the public op
+
+def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
+        input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0,
+        num_proj=0, time_major=True, is_training=True):
+    """The RNN forward as a JAX operation (TensorFlow's ``CudnnRNNV3``, minus reserve_space).
+
+    Usable under ``jax.jit``, ``jax.grad`` (with respect to input, input_h, input_c and
+    params), ``jax.vmap`` and ``jax.lax.scan``. Runs on the CPU (NumPy backend) and on
+    CUDA GPUs (cuDNN on XLA's stream), wherever XLA places the computation.
+
+    Parameters
+    ----------
+    input, input_h, input_c, params, sequence_lengths
+        As for ``pycudnnrnn.forward``, as JAX (or NumPy) arrays; `input_c` is ignored
+        (and may be None) unless ``rnn_mode="lstm"``. `sequence_lengths` may be traced.
+    rnn_mode : str, default "lstm"
+        The op's attributes, with ``pycudnnrnn.forward``'s meanings and defaults.
+    input_mode : str, default "linear_input"
+    direction : str, default "unidirectional"
+    dropout : float, default 0.0
+    seed : int, default 0
+    seed2 : int, default 0
+    num_proj : int, default 0
+    time_major : bool, default True
+    is_training : bool, default True
+        False: inference (no dropout; the result cannot be differentiated, and under
+        ``vmap`` the mapped axis is folded into the batch: one call for all).
+
+    Returns
+    -------
+    output, output_h, output_c : jax.Array
+        As ``pycudnnrnn.forward`` returns them; output_c is empty ``(0,)`` unless LSTM.
+    """
+    op = _Op(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction, dropout=dropout,
+             seed=seed, seed2=seed2, num_proj=num_proj, time_major=time_major,
+             is_training=is_training)
+    lstm = rnn_mode == "lstm"
+    input, input_h, params = (jnp.asarray(a) if a is not None else None
+                              for a in (input, input_h, params))
+    input_c = jnp.asarray(input_c) if lstm and input_c is not None else None
+    problem = op.problem(input, input_h, input_c, params)
+    op = dataclasses.replace(op, time_major=problem.time_major,
+                             is_training=problem.is_training, dropout=float(dropout),
+                             seed=int(seed), seed2=int(seed2), num_proj=int(num_proj))
+    lengths = _check_lengths(sequence_lengths, problem.batch_size, problem.max_time)
+    empty_c = jnp.zeros((0,), problem.dtype)
+    if op.is_training:
+        results = _training(op, input, input_h, input_c, params, lengths)
+    else:
+        results = _inference(op, lengths is not None)(
+            *_operands(input, input_h, input_c, params, lengths))
+    return tuple(results) if lstm else (results[0], results[1], empty_c)

@@ -1,0 +1,17 @@
+"""PyTorch over pycudnnrnn: operators, drop-in ``nn`` modules, and ``CudnnRNN``.
+
+* ``LSTM``, ``GRU``, ``RNN``: drop-in replacements for ``torch.nn``'s, with one flat
+  cuDNN-layout parameter (``pycudnnrnn.torch.modules``);
+* ``CudnnRNN``: the same network with TensorFlow's attributes (``cudnn_rnn``);
+* ``rnn`` and ``torch.ops.pycudnnrnn.forward`` / ``backprop``: the operators, which
+  ``torch.compile``, ``torch.export`` and CUDA graphs accept (``ops``).
+
+CPU tensors run on the NumPy backend and CUDA tensors on cuDNN, through DLPack without
+copies. Importing this package imports torch (``import pycudnnrnn`` does not).
+"""
+
+from .cudnn_rnn import CudnnRNN, CudnnRNNFunction
+from .modules import GRU, LSTM, RNN
+from .ops import rnn
+
+__all__ = ["LSTM", "GRU", "RNN", "CudnnRNN", "CudnnRNNFunction", "rnn"]

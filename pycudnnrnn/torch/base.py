@@ -1,0 +1,127 @@
+"""What every pycudnnrnn module shares: one flat parameter, dropout seeds, the op call.
+
+``FlatRNN`` holds the cuDNN-layout ``params`` and calls ``pycudnnrnn.torch.ops`` with the
+right mode. The drop-in ``LSTM``/``GRU``/``RNN`` and TensorFlow-flavoured ``CudnnRNN``
+differ only in how they read their arguments and shape their results.
+
+When it runs which forward:
+
+* training mode: the training forward with dropout (when ``dropout > 0`` and there are
+  at least two layers);
+* eval mode with a gradient needed (a tensor requires grad, grad mode on): the training
+  forward *without* dropout, so that backward works (input saliency, adversarial
+  examples) and eval results are unchanged;
+* eval mode otherwise: inference (no reserve space, less memory).
+
+Dropout seeds: on the CPU every training call draws its seed from PyTorch's default
+generator, so each step has a fresh mask and ``torch.manual_seed`` reproduces a run. On
+CUDA each module keeps one seed (drawn from PyTorch's generator when it is built, or
+given): cuDNN keeps one dropout state per (device, seed), initialises it once and
+advances it at every training call, as PyTorch's own RNNs do, instead of re-seeding
+(6 MiB of state and a slow initialisation) per step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import layout
+from ..checks import make_config
+from . import ops
+
+_SEED_BOUND = 2 ** 62
+
+
+class FlatRNN(torch.nn.Module):
+    """A multi-layer RNN over one flat cuDNN-layout ``params`` parameter.
+
+    Parameters
+    ----------
+    rnn_mode : {"lstm", "gru", "rnn_tanh", "rnn_relu"}
+    input_size, hidden_size, num_layers : int
+    bidirectional : bool
+    input_mode : {"linear_input", "skip_input", "auto_select"}
+    num_proj : int
+        LSTM projection size (0 = none).
+    dropout : float
+        Between layers, in training mode only.
+    bias : bool
+        False fixes every bias at zero: the biases stay in ``params`` (cuDNN always has
+        them) but the forward multiplies them by zero, so they get zero gradients.
+    seed : int or None
+        The cuDNN dropout state's seed on CUDA; None draws one from PyTorch's generator.
+    device, dtype
+        Of ``params``.
+    """
+
+    def __init__(self, rnn_mode, input_size, hidden_size, num_layers=1, *, bidirectional=False,
+                 input_mode="linear_input", num_proj=0, dropout=0.0, bias=True, seed=None,
+                 device=None, dtype=None):
+        super().__init__()
+        direction = "bidirectional" if bidirectional else "unidirectional"
+        self.config = make_config(rnn_mode=rnn_mode, num_layers=num_layers,
+                                  num_units=hidden_size, input_size=input_size,
+                                  input_mode=input_mode, direction=direction,
+                                  num_proj=num_proj, dropout=dropout)
+        self.layer_attrs = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                                num_proj=num_proj)
+        self.dropout = float(dropout)
+        self.bias = bool(bias)
+        drops = self.dropout > 0 and num_layers > 1
+        self.gpu_seed = int(seed) if seed is not None else \
+            int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64)) if drops else 0
+        n = layout.params_size(self.config)
+        self.params = torch.nn.Parameter(torch.empty(n, device=device, dtype=dtype))
+        if not self.bias:
+            self.register_buffer("bias_mask", _bias_mask(self.config, self.params),
+                                 persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Uniform in ±1/√hidden_size, as PyTorch's RNNs (biases zero when bias=False)."""
+        bound = 1.0 / math.sqrt(self.config.num_units)
+        with torch.no_grad():
+            self.params.uniform_(-bound, bound)
+            if not self.bias:
+                self.params.mul_(self.bias_mask)
+
+    @property
+    def attrs(self) -> dict:
+        """``rnn_mode, num_layers, num_units, input_size, direction, num_proj`` of params."""
+        c = self.config
+        return dict(rnn_mode=c.rnn_mode, num_layers=c.num_layers, num_units=c.num_units,
+                    input_size=c.input_size, direction=self.layer_attrs["direction"],
+                    num_proj=c.num_proj)
+
+    @property
+    def num_directions(self) -> int:
+        return self.config.num_dirs
+
+    def run(self, input, h0, c0, sequence_lengths, time_major):
+        """The op on validated arguments: ``(output, h_n, c_n)``, c_n empty unless LSTM."""
+        params = self.params if self.bias else self.params * self.bias_mask
+        grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (input, h0, c0, params))
+        dropout = self.dropout if self.training and self.config.num_layers > 1 else 0.0
+        return ops.rnn(input, h0, c0, params, sequence_lengths, seed=self._seed(input, dropout),
+                       dropout=dropout, time_major=time_major,
+                       is_training=self.training or grad, **self.layer_attrs)
+
+    def _seed(self, input, dropout):
+        if dropout == 0:
+            return torch.zeros((), dtype=torch.int64)
+        if input.device.type == "cpu":  # a fresh mask per step, from PyTorch's generator
+            return torch.randint(0, _SEED_BOUND, (), dtype=torch.int64)
+        return torch.tensor(self.gpu_seed, dtype=torch.int64)  # cuDNN advances its state
+
+
+def _bias_mask(config, params):
+    """1 over the matrices of `params`, 0 over the biases."""
+    mask = torch.ones(params.shape, dtype=params.dtype, device=params.device)
+    for piece in layout.pieces(config):
+        if piece.kind == "bias":
+            mask[piece.offset:piece.offset + piece.size] = 0
+    return mask
+

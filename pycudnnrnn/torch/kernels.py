@@ -1,0 +1,218 @@
+"""What runs inside the PyTorch ops: one backend call on the tensors' device.
+
+The ops in ``pycudnnrnn.torch.ops`` know nothing of backends; they call the functions
+here. ``run_forward`` and ``run_backprop`` take real tensors and return fresh ones;
+``reserve_nbytes`` answers, without running anything, how large the reserve space of a
+call will be on a device type (``None`` when only the device can tell).
+
+* CPU tensors go through the functional API (its results are already new arrays, which
+  PyTorch adopts through DLPack without a copy).
+* CUDA tensors run on an ``RNNPlan`` (from the functional API's plan cache) into buffers
+  PyTorch allocates: outputs, reserve space and workspace come from PyTorch's caching
+  allocator, and the plan runs on PyTorch's current stream, with anything CuPy allocates
+  on the way also taken from PyTorch's allocator. So ``torch.cuda.memory`` statistics and
+  CUDA graph pools see every buffer, and a run makes no host↔device copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from .. import api, checks, gpu, numpy_backend, plan, reserve_header
+from ..arrays import host_lengths
+
+_NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+                 torch.float64: np.dtype(np.float64)}
+
+
+def _numpy_dtype(dtype: torch.dtype):
+    if dtype == torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:  # the checks then name the dtype as unsupported
+            return dtype
+        return np.dtype(ml_dtypes.bfloat16)
+    return _NUMPY_DTYPES.get(dtype, dtype)
+
+
+class _Shape:
+    """What the argument checks read of an array (shape, ndim, dtype), for fake tensors.
+
+    The sizes at `static` axes fix the configuration (layers, widths, params length):
+    a traced graph specialises on them. Time and batch may stay symbolic.
+    """
+
+    def __init__(self, tensor, static=()):
+        self.shape = tuple(int(d) if axis in static else d for axis, d in enumerate(tensor.shape))
+        self.ndim, self.dtype = tensor.dim(), _numpy_dtype(tensor.dtype)
+
+
+def _shapes(input, input_h, input_c, params, attrs):
+    lstm = attrs["rnn_mode"] == "lstm"
+    state_axes = (0 if attrs["time_major"] else 1, 2)
+    return dict(input=_Shape(input, (2,)), input_h=_Shape(input_h, state_axes),
+                input_c=_Shape(input_c, state_axes) if lstm and input_c is not None else None,
+                params=_Shape(params, (0,)))
+
+
+def problem(input, input_h, input_c, params, attrs, is_training):
+    """The validated ``Problem`` of a forward call, from shapes and dtypes alone.
+
+    Works on fake tensors (it reads no data, and no sequence lengths: nothing the sizes
+    depend on), and raises the functional API's own errors.
+    """
+    shapes = _shapes(input, input_h, input_c, params, attrs)
+    return checks.check_forward(*shapes.values(), None, seed=0, seed2=0,
+                                is_training=is_training, **attrs)
+
+
+def reserve_nbytes(problem, device: torch.device):
+    """Bytes of the reserve space forward returns for `problem` on `device`'s type.
+
+    Returns None when the size cannot be known without the device and the sequence
+    lengths: cuDNN's size comes from descriptors built on the GPU for the sequences that
+    run (the caller then declares it data-dependent).
+    """
+    if not problem.is_training:
+        return 0
+    if device.type == "cpu":
+        return numpy_backend.reserve_nbytes(problem)
+    return None
+
+
+def split_seed(seed: torch.Tensor) -> dict:
+    """A 0-d int64 seed tensor as the API's ``seed`` (high 32 bits) and ``seed2`` (low)."""
+    value = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return dict(seed=value >> 32, seed2=value & 0xFFFFFFFF)
+
+
+# --------------------------------------------------------------------------- the runs
+
+def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, is_training):
+    """``pycudnnrnn.forward`` on tensors; returns (output, output_h, output_c, reserve)."""
+    input, input_h, input_c, params = _detached(input, input_h, input_c, params)
+    lengths = _lengths(sequence_lengths)
+    if input.device.type == "cpu":
+        return api.forward(input, input_h, input_c, params, lengths, **split_seed(seed),
+                           **attrs, is_training=is_training)
+    with _on_device(input):
+        return planned_forward(input, input_h, input_c, params, lengths, seed, attrs,
+                               is_training)
+
+
+def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
+                 output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+                 attrs, gradients):
+    """``pycudnnrnn.backprop`` on tensors; skipped gradients come back as None."""
+    arrays = _detached(input, input_h, input_c, params, output, output_h, output_c,
+                       output_backprop, output_h_backprop, output_c_backprop)
+    lengths = _lengths(sequence_lengths)
+    if input.device.type == "cpu":
+        return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
+                            **split_seed(seed), **attrs, gradients=gradients)
+    with _on_device(input):
+        return planned_backprop(*arrays, reserve_space, lengths, seed, attrs, gradients)
+
+
+#: (device, seed) → the latest training plan with dropout for that seed. A plan keeps its
+#: seed's cuDNN dropout state alive; the shared caches keep only a few seeds, so without
+#: this a process with many dropout modules would re-initialise a module's state (and
+#: repeat its masks) at every step. Each module has one seed: about 6 MiB per module with
+#: dropout and device, kept for the life of the process (PyTorch's RNNs share one state
+#: per device instead).
+_dropout_holders: dict = {}
+
+
+def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_training):
+    """Forward on a cached ``RNNPlan``, into buffers PyTorch allocates (any device)."""
+    run = _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training)
+    lstm = attrs["rnn_mode"] == "lstm"
+    out = (_empty(run.output_shape, input), _empty(run.output_h_shape, input),
+           _empty(run.output_c_shape, input) if lstm else None,
+           _empty((run.reserve_nbytes,), input, torch.uint8) if is_training else None)
+    results = run.forward(input, input_h, input_c, params, out=out,
+                          workspace=_workspace(run, input))
+    if is_training:
+        remember_reserve(out[3])
+        if attrs["dropout"] > 0 and input.device.type == "cuda":
+            _dropout_holders[(input.device, int(seed))] = run
+    del results
+    return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
+            out[3] if is_training else input.new_empty((0,), dtype=torch.uint8))
+
+
+def remember_reserve(reserve: torch.Tensor):
+    """Tie the identity the plan noted for `reserve`'s memory to the tensor's lifetime.
+
+    The plan remembers each reserve space it fills, so that backprop need not read its
+    header back from the GPU (a copy and a sync, which a CUDA graph capture forbids); it
+    keys that on the array it was handed, here a short-lived view of the tensor.
+    """
+    head = reserve_header.known(reserve.data_ptr())
+    if head is not None:
+        reserve_header.remember(reserve, reserve.data_ptr(), head)
+
+
+def planned_backprop(input, input_h, input_c, params, output, output_h, output_c,
+                     output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+                     lengths, seed, attrs, gradients):
+    """Backprop on a cached ``RNNPlan``, into buffers PyTorch allocates (any device)."""
+    run = _plan(input, input_h, input_c, params, lengths, seed, attrs, True)
+    lstm = attrs["rnn_mode"] == "lstm"
+    data, weights = gradients in ("all", "data"), gradients in ("all", "weights")
+    out = (_empty(run.input_shape, input) if data else None,
+           _empty(run.output_h_shape, input) if data else None,
+           _empty(run.output_c_shape, input) if data and lstm else None,
+           _empty((run.params_size,), input) if weights else None)
+    grads = run.backprop(input, input_h, input_c, params, output, output_h, output_c,
+                         output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+                         out=out, workspace=_workspace(run, input), gradients=gradients)
+    # Ours where computed; an empty tensor for the c gradient of other cells.
+    return tuple(None if g is None else o if o is not None else input.new_empty((0,))
+                 for g, o in zip(grads, out))
+
+
+def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
+    device = None if input.device.type == "cpu" else \
+        input.device.index if input.device.index is not None else torch.cuda.current_device()
+    attributes = dict(attrs, **split_seed(seed), is_training=is_training)
+    return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths, attributes,
+                         device)
+
+
+def _empty(shape, like, dtype=None):
+    return torch.empty(tuple(shape), dtype=dtype or like.dtype, device=like.device)
+
+
+def _workspace(run, like):
+    nbytes = run.workspace_nbytes
+    return _empty((nbytes,), like, torch.uint8) if nbytes else None
+
+
+@contextlib.contextmanager
+def _on_device(tensor):
+    """Run CuPy on PyTorch's current stream and allocator when `tensor` is on CUDA."""
+    if tensor.device.type != "cuda":
+        yield
+        return
+    cupy = gpu.cupy()
+    device = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(device)
+    allocator = cupy.cuda.memory.PythonFunctionAllocator(
+        lambda size, device_id: torch.cuda.caching_allocator_alloc(size, device_id, stream),
+        lambda pointer, device_id: torch.cuda.caching_allocator_delete(pointer))
+    with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device), \
+            cupy.cuda.using_allocator(allocator.malloc):
+        yield
+
+
+def _detached(*tensors):
+    # An op's kernel still sees requires_grad on its arguments, and DLPack refuses those.
+    return [None if t is None else t.detach() for t in tensors]
+
+
+def _lengths(sequence_lengths):
+    return None if sequence_lengths is None else host_lengths(sequence_lengths)

@@ -1,0 +1,134 @@
+"""A stand-in for XLA's side of the FFI: call frames built in Python, as XLA builds them.
+
+``FakeCallFrame`` lays out operands, results and attributes in the structs of
+``pycudnnrnn.xla_ffi`` over NumPy arrays, with an API table whose ``XLA_FFI_Stream_Get``,
+``XLA_FFI_DeviceOrdinal_Get`` and ``XLA_FFI_Error_Create`` are Python callbacks that
+record what the handler asked. It lets CI run a handler without XLA — the CUDA one on
+the stand-in GPU of ``fake_cuda.py`` — and see exactly what it did with the frame.
+"""
+
+import ctypes
+
+import numpy as np
+
+from pycudnnrnn import xla_ffi
+from pycudnnrnn.xla_ffi import AttrType, DataType
+
+_DATA_TYPES = {np.dtype(np.float16): DataType.F16, np.dtype(np.float32): DataType.F32,
+               np.dtype(np.float64): DataType.F64, np.dtype(np.int32): DataType.S32,
+               np.dtype(np.int64): DataType.S64, np.dtype(np.uint8): DataType.U8}
+
+
+def _data_type(dtype):
+    dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        return DataType.BF16
+    return _DATA_TYPES[dtype]
+
+
+class FakeCallFrame:
+    """An ``XLA_FFI_CallFrame`` over `operands` and `results` (arrays the caller keeps).
+
+    Attributes
+    ----------
+    frame : XLA_FFI_CallFrame
+        Pass ``ctypes.pointer(frame)`` to a handler.
+    errors : list of (message, code)
+        What the handler handed to ``XLA_FFI_Error_Create``.
+    asked : list of str
+        The API entries the handler called, in order.
+    """
+
+    ERROR = 0xE770  # the "XLA_FFI_Error*" our Error_Create returns
+
+    def __init__(self, operands, results, attributes, stream=0x5757, device_ordinal=0,
+                 metadata=False):
+        self.errors, self.asked, self._keep = [], [], []
+        self.stream, self.device_ordinal = stream, device_ordinal
+        args = self._list(xla_ffi.XLA_FFI_Args, [self._buffer(a) for a in operands])
+        rets = self._list(xla_ffi.XLA_FFI_Rets, [self._buffer(a) for a in results])
+        self.api = xla_ffi.XLA_FFI_Api(
+            struct_size=ctypes.sizeof(xla_ffi.XLA_FFI_Api),
+            XLA_FFI_Error_Create=xla_ffi.ERROR_CREATE(self._error_create),
+            XLA_FFI_Stream_Get=xla_ffi.STREAM_GET(self._stream_get),
+            XLA_FFI_DeviceOrdinal_Get=xla_ffi.DEVICE_ORDINAL_GET(self._device_ordinal_get))
+        self.metadata = xla_ffi.XLA_FFI_Metadata(ctypes.sizeof(xla_ffi.XLA_FFI_Metadata))
+        extension = None
+        if metadata:
+            self._extension = xla_ffi.XLA_FFI_Metadata_Extension(
+                xla_ffi.XLA_FFI_Extension_Base(ctypes.sizeof(xla_ffi.XLA_FFI_Metadata_Extension),
+                                               xla_ffi.ExtensionType.METADATA, None),
+                ctypes.pointer(self.metadata))
+            extension = ctypes.cast(ctypes.pointer(self._extension),
+                                    ctypes.POINTER(xla_ffi.XLA_FFI_Extension_Base))
+        self.frame = xla_ffi.XLA_FFI_CallFrame(
+            struct_size=ctypes.sizeof(xla_ffi.XLA_FFI_CallFrame), extension_start=extension,
+            api=ctypes.pointer(self.api), ctx=0xC7C7, stage=xla_ffi.ExecutionStage.EXECUTE,
+            args=args, rets=rets, attrs=self._attributes(attributes))
+
+    def _buffer(self, array):
+        dims = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+        buffer = xla_ffi.XLA_FFI_Buffer(ctypes.sizeof(xla_ffi.XLA_FFI_Buffer), None,
+                                        _data_type(array.dtype), array.ctypes.data, array.ndim,
+                                        dims)
+        self._keep += [array, dims, buffer]
+        return ctypes.addressof(buffer)
+
+    def _list(self, struct, addresses):
+        n = len(addresses)
+        types = (ctypes.c_int * n)(*[xla_ffi.BUFFER] * n)
+        pointers = (ctypes.c_void_p * n)(*addresses)
+        self._keep += [types, pointers]
+        return struct(ctypes.sizeof(struct), None, n, types, pointers)
+
+    def _span(self, text: str):
+        data = ctypes.create_string_buffer(text.encode())
+        span = xla_ffi.XLA_FFI_ByteSpan(ctypes.addressof(data), len(text))
+        self._keep += [data, span]
+        return span
+
+    def _attributes(self, attributes):
+        # XLA sorts attributes by name; the handler must not depend on the order anyway.
+        items = sorted(attributes.items())
+        n = len(items)
+        types, names = (ctypes.c_int * n)(), (ctypes.POINTER(xla_ffi.XLA_FFI_ByteSpan) * n)()
+        values = (ctypes.c_void_p * n)()
+        for i, (name, value) in enumerate(items):
+            names[i] = ctypes.pointer(self._span(name))
+            if isinstance(value, str):
+                types[i], values[i] = AttrType.STRING, ctypes.addressof(self._span(value))
+                continue
+            if isinstance(value, (bool, np.bool_)):
+                kind, ctype = DataType.PRED, ctypes.c_bool
+            elif isinstance(value, (int, np.integer)):
+                kind, ctype = DataType.S64, ctypes.c_int64
+            else:
+                kind, ctype = DataType.F64, ctypes.c_double
+            cell = ctype(value)
+            scalar = xla_ffi.XLA_FFI_Scalar(kind, ctypes.addressof(cell))
+            self._keep += [cell, scalar]
+            types[i], values[i] = AttrType.SCALAR, ctypes.addressof(scalar)
+        self._keep += [types, names, values]
+        return xla_ffi.XLA_FFI_Attrs(ctypes.sizeof(xla_ffi.XLA_FFI_Attrs), None, n,
+                                     types, names, values)
+
+    def _error_create(self, args):
+        self.asked.append("XLA_FFI_Error_Create")
+        self.errors.append((args.contents.message.decode(), args.contents.errc))
+        return self.ERROR
+
+    def _stream_get(self, args):
+        self.asked.append("XLA_FFI_Stream_Get")
+        assert args.contents.ctx == 0xC7C7
+        args.contents.stream = self.stream
+        return None
+
+    def _device_ordinal_get(self, args):
+        self.asked.append("XLA_FFI_DeviceOrdinal_Get")
+        assert args.contents.ctx == 0xC7C7
+        args.contents.device_ordinal = self.device_ordinal
+        return None
+
+    def call(self, handler):
+        """Run `handler` on this frame; what it returned (None, or ``ERROR``)."""
+        return handler(ctypes.pointer(self.frame))

@@ -1,0 +1,638 @@
+"""pycudnnrnn.jax: the RNN as a native JAX operation through XLA's FFI (CPU here).
+
+Every result is held against the eager NumPy backend (``pycudnnrnn.forward`` and
+``backprop``) on the same arrays: the FFI path runs that backend, so the two agree to the
+last bit unless a buffer, an attribute or a layout is mistranslated.
+"""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+# On a GPU machine JAX would take 75 % of the GPU's memory at its first use, away from the
+# cuDNN backend's CuPy pool (and from the other GPU tests of the same run).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import pycudnnrnn  # noqa: E402
+from pycudnnrnn import jax as rnn_jax  # noqa: E402
+from pycudnnrnn import xla_ffi  # noqa: E402
+
+from conftest import make_case  # noqa: E402
+
+CONFIGS = {
+    "lstm-bi-2layer-zero-lengths": dict(rnn_mode="lstm", direction="bidirectional",
+                                        num_layers=2, lengths="zero"),
+    "gru-bi-ragged": dict(rnn_mode="gru", direction="bidirectional", lengths="ragged"),
+    "rnn_tanh-2layer": dict(rnn_mode="rnn_tanh", num_layers=2, lengths="zero"),
+    "rnn_relu-batch-major": dict(rnn_mode="rnn_relu", time_major=False, lengths="ragged"),
+    "lstm-projection-bi": dict(rnn_mode="lstm", num_proj=3, direction="bidirectional",
+                               lengths="zero"),
+    "gru-skip-input-batch-major": dict(rnn_mode="gru", input_mode="skip_input",
+                                       time_major=False),
+    "lstm-dropout": dict(rnn_mode="lstm", num_layers=3, dropout=0.4, lengths="ragged"),
+}
+
+
+def _case(name, **extra):
+    return make_case(**{"dtype": np.float32, **CONFIGS[name], **extra})
+
+
+def _lengths(case):
+    return None if case.sequence_lengths is None else np.asarray(case.sequence_lengths, np.int32)
+
+
+def _jax_rnn(case, **overrides):
+    attrs = {**case.attrs, **overrides}
+    return lambda x, h, c, p, lengths: rnn_jax.rnn(x, h, c, p, lengths, **attrs)
+
+
+def _assert_same(ours, expected):
+    for a, b in zip(ours, expected):
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_jit_equals_numpy_backend(name):
+    case = _case(name)
+    f = jax.jit(_jax_rnn(case))
+    ours = f(case.input, case.input_h, case.input_c, case.params, _lengths(case))
+    _assert_same(ours, case.forward()[:3])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_other_dtypes_equal_numpy_backend(dtype):
+    case = _case("gru-bi-ragged", dtype=np.dtype(dtype))
+    with jax.enable_x64(dtype == "float64"):  # JAX keeps float64 only with x64 on
+        ours = jax.jit(_jax_rnn(case))(*_args(case))
+        assert ours[0].dtype == np.dtype(dtype)
+        _assert_same(ours, case.forward()[:3])
+
+
+def test_any_int_seeds_give_the_eager_masks():
+    case = _case("lstm-dropout")
+    seeds = dict(seed=-(2 ** 40) - 5, seed2=2 ** 64 + 7)  # beyond int64 and negative
+    ours = jax.jit(_jax_rnn(case, **seeds))(*_args(case))
+    _assert_same(ours, case.forward(**seeds)[:3])
+    assert not np.array_equal(np.asarray(ours[0]), case.forward()[0])  # the seeds matter
+
+
+def test_inference_equals_numpy_backend_and_eager_call_works():
+    case = _case("lstm-bi-2layer-zero-lengths")
+    expected = case.forward(is_training=False)[:3]
+    args = (case.input, case.input_h, case.input_c, case.params, _lengths(case))
+    _assert_same(jax.jit(_jax_rnn(case, is_training=False))(*args), expected)
+    _assert_same(_jax_rnn(case, is_training=False)(*args), expected)  # no jit: eager FFI call
+
+
+def _loss_weights(case, outputs):
+    rng = np.random.default_rng(7)
+    return [rng.standard_normal(np.shape(o)).astype(np.float32) for o in outputs]
+
+
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-zero-lengths", "gru-bi-ragged",
+                                  "rnn_relu-batch-major", "lstm-projection-bi", "lstm-dropout"])
+def test_grad_through_jit_equals_backprop(name):
+    case = _case(name)
+    fwd = case.forward()
+    dy, dh, dc = _loss_weights(case, fwd[:3])
+    f = _jax_rnn(case)
+    lstm = case.attrs["rnn_mode"] == "lstm"
+
+    def loss(x, h, c, p):
+        y, hy, cy = f(x, h, c, p, _lengths(case))
+        total = jnp.sum(y * dy) + jnp.sum(hy * dh)
+        return total + jnp.sum(cy * dc) if lstm else total
+
+    argnums = (0, 1, 2, 3) if lstm else (0, 1, 3)
+    grads = jax.jit(jax.grad(loss, argnums=argnums))(case.input, case.input_h, case.input_c,
+                                                     case.params)
+    expected = case.backprop(fwd, dy, dh, dc if lstm else np.zeros((0,), np.float32))
+    expected = expected if lstm else (expected[0], expected[1], expected[3])
+    for ours, theirs in zip(grads, expected):
+        np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_grad_under_checkpoint_recomputes_the_same_forward():
+    case = _case("lstm-dropout")  # dropout: the recomputed forward must draw the same masks
+    f = _jax_rnn(case)
+    loss = lambda p: jnp.sum(f(case.input, case.input_h, case.input_c, p,  # noqa: E731
+                               _lengths(case))[0] ** 2)
+    np.testing.assert_array_equal(jax.jit(jax.grad(jax.checkpoint(loss)))(case.params),
+                                  jax.jit(jax.grad(loss))(case.params))
+
+
+def test_scan_over_chunks_equals_one_call_values_and_grads():
+    case = make_case(rnn_mode="lstm", num_layers=2, T=6, B=3, dtype=np.float32)
+    f = _jax_rnn(case)
+    chunks = case.input.reshape(3, 2, *case.input.shape[1:])  # 3 chunks of 2 steps
+
+    def chunked(p):
+        def step(state, x):
+            y, h, c = f(x, state[0], state[1], p, None)
+            return (h, c), y
+        (h, c), ys = jax.lax.scan(step, (case.input_h, case.input_c), chunks)
+        return ys.reshape(case.input.shape[0], *ys.shape[2:]), h, c
+
+    def whole(p):
+        return f(case.input, case.input_h, case.input_c, p, None)
+
+    _assert_same(jax.jit(chunked)(case.params), case.forward()[:3])
+    loss = lambda g: lambda p: sum(jnp.sum(jnp.sin(o)) for o in g(p))  # noqa: E731
+    np.testing.assert_allclose(jax.jit(jax.grad(loss(chunked)))(case.params),
+                               jax.jit(jax.grad(loss(whole)))(case.params), rtol=1e-5, atol=1e-6)
+
+
+def _mapped_problem(N=3, time_major=True):
+    """N cases sharing weights and configuration, stacked on a new leading axis."""
+    cases = [make_case(rnn_mode="gru", direction="bidirectional", lengths="zero",
+                       time_major=time_major, dtype=np.float32, seed=s) for s in range(N)]
+    stack = lambda name: np.stack([getattr(c, name) for c in cases])  # noqa: E731
+    lengths = np.stack([np.roll(_lengths(cases[0]), s) for s in range(N)])
+    return cases[0], stack("input"), stack("input_h"), lengths
+
+
+def _one_call_no_loop(f, *args):
+    """Whether `f` lowers to one forward custom call and no loop (a sequential vmap of a
+    custom call lowers to a while loop around it)."""
+    text = jax.jit(f).lower(*args).as_text()
+    return text.count("pycudnnrnn_forward") == 1 and "while" not in text
+
+
+@pytest.mark.parametrize("time_major", [True, False])
+def test_vmap_inference_folds_into_one_call_and_equals_a_loop(time_major):
+    case, xs, hs, lengths = _mapped_problem(time_major=time_major)
+    f = lambda x, h, lens: _jax_rnn(case, is_training=False)(x, h, None, case.params, lens)  # noqa
+    mapped = jax.jit(jax.vmap(f))
+    ours = mapped(xs, hs, lengths)
+    for n in range(xs.shape[0]):
+        expected = pycudnnrnn.forward(xs[n], hs[n], None, case.params, lengths[n],
+                                      **case.attrs, is_training=False)
+        np.testing.assert_allclose(np.asarray(ours[0][n]), expected[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(ours[1][n]), expected[1], rtol=1e-6, atol=1e-6)
+    assert _one_call_no_loop(jax.vmap(f), xs, hs, lengths)
+    # An unmapped state is shared by every element.
+    shared = jax.vmap(f, in_axes=(0, None, 0))(xs, hs[0], lengths)
+    expected = pycudnnrnn.forward(xs[1], hs[0], None, case.params, lengths[1], **case.attrs,
+                                  is_training=False)
+    np.testing.assert_allclose(np.asarray(shared[0][1]), expected[0], rtol=1e-6, atol=1e-6)
+
+
+def test_vmap_training_values_and_per_element_grads_equal_a_loop():
+    case, xs, hs, lengths = _mapped_problem()
+    f = _jax_rnn(case)
+
+    def loss(p, x, h, lens):
+        y, hy, _ = f(x, h, None, p, lens)
+        return jnp.sum(y ** 2) + jnp.sum(jnp.cos(hy))
+
+    outputs = jax.jit(jax.vmap(lambda x, h, lens: f(x, h, None, case.params, lens)))(
+        xs, hs, lengths)
+    per_element = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0)))(
+        case.params, xs, hs, lengths)
+    summed = jax.jit(jax.grad(lambda p: jnp.sum(jax.vmap(loss, in_axes=(None, 0, 0, 0))(
+        p, xs, hs, lengths))))(case.params)
+    for n in range(xs.shape[0]):
+        np.testing.assert_array_equal(np.asarray(outputs[0][n]),
+                                      f(xs[n], hs[n], None, case.params, lengths[n])[0])
+        np.testing.assert_allclose(np.asarray(per_element[n]),
+                                   jax.grad(loss)(case.params, xs[n], hs[n], lengths[n]),
+                                   rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(summed), np.asarray(per_element).sum(0),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_vmap_over_params_maps_each_weight_set():
+    case, xs, hs, lengths = _mapped_problem()
+    params = np.stack([case.params, 0.5 * case.params, -case.params])
+    f = lambda p, x, h: _jax_rnn(case, is_training=False)(x, h, None, p, None)  # noqa: E731
+    ours = jax.jit(jax.vmap(f))(params, xs, hs)
+    for n in range(3):
+        expected = pycudnnrnn.forward(xs[n], hs[n], None, params[n], **case.attrs,
+                                      is_training=False)
+        np.testing.assert_allclose(np.asarray(ours[0][n]), expected[0], rtol=1e-6, atol=1e-6)
+
+
+def test_jitted_optax_training_step_lowers_the_loss():
+    optax = pytest.importorskip("optax")
+    T, B, I, H = 12, 8, 3, 16
+    n = pycudnnrnn.params_size(num_layers=1, num_units=H, input_size=I)
+    key = jax.random.PRNGKey(0)
+    params = jax.random.uniform(key, (n,), minval=-0.3, maxval=0.3)
+    x = jax.random.normal(jax.random.PRNGKey(1), (T, B, I))
+    target = jnp.cumsum(x[..., :1], axis=0) / 4  # a running sum: needs the recurrence
+    zeros = jnp.zeros((1, B, H))
+    optimizer = optax.adam(3e-2)
+
+    def loss(p):
+        y, _, _ = rnn_jax.rnn(x, zeros, zeros, p)
+        return jnp.mean((y[..., :1] - target) ** 2)
+
+    @jax.jit
+    def step(p, state):
+        value, grad = jax.value_and_grad(loss)(p)
+        updates, state = optimizer.update(grad, state)
+        return optax.apply_updates(p, updates), state, value
+
+    state = optimizer.init(params)
+    first = None
+    for _ in range(30):
+        params, state, value = step(params, state)
+        first = value if first is None else first
+    assert float(loss(params)) < 0.5 * float(first)
+
+
+# --------------------------------------------------------------------------- errors
+
+def _args(case):
+    return [case.input, case.input_h, case.input_c, case.params, _lengths(case)]
+
+
+@pytest.mark.parametrize("index, value, error, words", [
+    (0, lambda c: c.input.astype(np.int32), TypeError, "input: expected dtype"),
+    (1, lambda c: c.input_h[:, :2], ValueError, "input_h: expected shape"),
+    (2, lambda c: c.input_c[..., :3], ValueError, "input_h: expected last dimension"),
+    (3, lambda c: c.params[:-1], ValueError, "params: expected"),
+    (4, lambda c: np.array([1.0, 2.0, 3.0]), TypeError, "sequence_lengths: expected integers"),
+    (4, lambda c: np.array([1, 2]), ValueError, "sequence_lengths: expected shape (3,)"),
+])
+def test_shape_and_dtype_errors_at_trace_time(index, value, error, words):
+    case = _case("lstm-bi-2layer-zero-lengths")
+    args = _args(case)
+    args[index] = value(case)
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        jax.jit(_jax_rnn(case)).trace(*args)  # tracing alone raises: nothing runs
+
+
+@pytest.mark.parametrize("attribute, value, error", [
+    ("rnn_mode", "lstmx", ValueError), ("direction", "both", ValueError),
+    ("num_proj", 9, ValueError), ("dropout", 1.0, ValueError), ("time_major", 1, TypeError),
+    ("seed", 1.5, TypeError),
+])
+def test_attribute_errors_name_the_attribute(attribute, value, error):
+    case = _case("lstm-bi-2layer-zero-lengths")
+    with pytest.raises(error, match=attribute):
+        jax.jit(_jax_rnn(case, **{attribute: value})).trace(*_args(case))
+
+
+def test_known_lengths_out_of_range_raise_at_the_call():
+    case = _case("lstm-bi-2layer-zero-lengths")
+    args = _args(case)
+    args[4] = np.array([1, 9, 0], np.int32)
+    with pytest.raises(ValueError, match=r"sequence_lengths: expected values in \[0, 4\]"):
+        _jax_rnn(case)(*args)
+
+
+def test_handler_error_surfaces_as_python_exception_with_our_message():
+    case = _case("lstm-bi-2layer-zero-lengths")
+    f = jax.jit(_jax_rnn(case))
+    args = _args(case)
+    args[4] = np.array([1, 9, 0], np.int32)  # traced under jit: only the handler sees 9
+    with pytest.raises(Exception, match=r"sequence_lengths: expected values in \[0, 4\] "
+                                        r"\(max_time\), got 9 at index 1") as info:
+        jax.block_until_ready(f(*args))
+    assert "INVALID_ARGUMENT" in str(info.value)
+    _assert_same(f(*_args(case)), case.forward()[:3])  # and the next call is fine
+
+
+def test_import_pycudnnrnn_does_not_import_jax():
+    code = "import sys, pycudnnrnn; sys.exit('jax' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+# --------------------------------------------------------------------------- the C mirror
+
+_STRUCTS = ["XLA_FFI_Extension_Base", "XLA_FFI_Api_Version", "XLA_FFI_Error_Create_Args",
+            "XLA_FFI_Buffer", "XLA_FFI_ByteSpan", "XLA_FFI_Scalar", "XLA_FFI_Array",
+            "XLA_FFI_Args", "XLA_FFI_Rets", "XLA_FFI_Attrs", "XLA_FFI_Stream_Get_Args",
+            "XLA_FFI_DeviceOrdinal_Get_Args", "XLA_FFI_Metadata", "XLA_FFI_Metadata_Extension",
+            "XLA_FFI_Api", "XLA_FFI_CallFrame"]
+
+
+def test_ctypes_structs_match_the_c_header_jaxlib_ships(tmp_path):
+    """Size, and every field's offset and size, of each mirrored struct as C sees them."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to read xla/ffi/api/c_api.h with")
+    lines, expected = [], {}
+    for name in _STRUCTS:
+        struct = getattr(xla_ffi, name)
+        expected[f"{name} size"] = ctypes.sizeof(struct)
+        lines.append(f'printf("{name} size %zu\\n", sizeof({name}));')
+        for field, *_ in struct._fields_:
+            descriptor = getattr(struct, field)
+            expected[f"{name}.{field} at"] = descriptor.offset
+            expected[f"{name}.{field} size"] = descriptor.size
+            lines.append(f'printf("{name}.{field} at %zu\\n", offsetof({name}, {field}));')
+            lines.append(f'printf("{name}.{field} size %zu\\n", sizeof((({name}*)0)->{field}));')
+    source = tmp_path / "layout.c"
+    source.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"xla/ffi/api/c_api.h\"\n"
+                      "int main(void) {\n" + "\n".join(lines) + "\nreturn 0; }\n")
+    binary = tmp_path / "layout"
+    subprocess.run([compiler, "-I", jax.ffi.include_dir(), str(source), "-o", str(binary)],
+                   check=True)
+    printed = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
+    seen = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in printed.splitlines()}
+    assert seen == expected
+
+
+def test_jax_experimental_rnn_weights_are_our_params():
+    """jax.experimental.rnn.lstm's weights are cuDNN's weight space, so our params as they are."""
+    from jax.experimental import rnn as jax_rnn
+    I, H, L = 3, 5, 2
+    for bidirectional in (False, True):
+        direction = "bidirectional" if bidirectional else "unidirectional"
+        size = dict(num_layers=L, num_units=H, input_size=I, direction=direction)
+        params = np.arange(pycudnnrnn.params_size(**size), dtype=np.float32)
+        assert params.size == jax_rnn.get_num_params_in_lstm(I, H, L, bidirectional)
+        weights, biases = pycudnnrnn.params_to_canonical(params, **size)
+        W_ih, W_hh, b_ih, b_hh = jax_rnn.unpack_lstm_weights(params, I, H, L, bidirectional)
+        for k in range(L * (2 if bidirectional else 1)):
+            gates = slice(8 * k, 8 * k + 4), slice(8 * k + 4, 8 * k + 8)
+            for ours, theirs in ((weights, (W_ih, W_hh)), (biases, (b_ih, b_hh))):
+                for part, table in zip(gates, theirs):
+                    np.testing.assert_array_equal(np.concatenate(ours[part]), table[k])
+
+
+# --------------------------------------------------------------------------- bfloat16
+
+def _bfloat16_forward_or_skip(**options):
+    """A bfloat16 case and its NumPy-backend forward; skips where the backend has none."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    case = make_case(dtype=ml_dtypes.bfloat16, **options)
+    try:
+        return case, case.forward()
+    except TypeError as exc:  # a NumPy backend without bfloat16
+        pytest.skip(f"this pycudnnrnn has no bfloat16: {exc}")
+
+
+def test_bfloat16_jit_equals_numpy_backend():
+    case, expected = _bfloat16_forward_or_skip(rnn_mode="gru", direction="bidirectional",
+                                               lengths="zero")
+    ours = jax.jit(_jax_rnn(case))(*_args(case))
+    assert ours[0].dtype == jnp.bfloat16
+    _assert_same(ours, expected[:3])
+
+
+# --------------------------------------------------------------------------- GPU
+
+def _cuda_device():
+    try:
+        return jax.devices("cuda")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no CUDA device")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-zero-lengths", "gru-bi-ragged",
+                                  "lstm-projection-bi", "rnn_relu-batch-major"])
+def test_gpu_jit_and_grad_equal_numpy_backend(name):
+    device = _cuda_device()
+    case = make_case(dtype=np.float64, **CONFIGS[name])
+    as_f32 = lambda a: None if a is None else jax.device_put(a.astype(np.float32), device)  # noqa
+    args = [as_f32(a) for a in _args(case)[:4]] + [_lengths(case)]
+    fwd = case.forward()
+    ours = jax.jit(_jax_rnn(case))(*args)
+    for a, b in zip(ours, fwd[:3]):
+        assert list(a.devices())[0].platform == "gpu"
+        np.testing.assert_allclose(np.asarray(a), b, rtol=2e-4, atol=2e-4)
+    lstm = case.attrs["rnn_mode"] == "lstm"
+    dy, dh, dc = _loss_weights(case, fwd[:3])
+
+    def loss(x, h, c, p):
+        y, hy, cy = _jax_rnn(case)(x, h, c, p, args[4])
+        return jnp.sum(y * dy) + jnp.sum(hy * dh) + (jnp.sum(cy * dc) if lstm else 0.0)
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 3)))(args[0], args[1], args[2], args[3])
+    expected = case.backprop(fwd, dy.astype(np.float64), dh.astype(np.float64),
+                             dc.astype(np.float64) if lstm else np.zeros((0,)))
+    for ours_g, theirs in zip(grads, (expected[0], expected[1], expected[3])):
+        np.testing.assert_allclose(np.asarray(ours_g), theirs, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_equals_jax_experimental_rnn_lstm_on_shared_weights():
+    from jax.experimental import rnn as jax_rnn
+    device = _cuda_device()
+    B, T, I, H, L = 4, 7, 5, 8, 2
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    x = jax.device_put(jax.random.normal(keys[0], (B, T, I)), device)
+    h0 = jax.device_put(jax.random.normal(keys[1], (2 * L, B, H)), device)
+    c0 = jax.device_put(jax.random.normal(keys[2], (2 * L, B, H)), device)
+    weights = jax_rnn.init_lstm_weight(keys[3], I, H, L, True)
+    lengths = jnp.array([7, 3, 5, 1], jnp.int32)
+    with jax.default_matmul_precision("highest"):  # no TF32 in JAX's LSTM either
+        theirs = jax.jit(lambda *a: jax_rnn.lstm(*a, I, H, L, 0.0, True))(
+            x, h0, c0, weights, lengths)
+    ours = jax.jit(lambda x, h, c, w, n: rnn_jax.rnn(
+        x, jnp.swapaxes(h, 0, 1), jnp.swapaxes(c, 0, 1), w, n, direction="bidirectional",
+        time_major=False))(x, h0, c0, weights, lengths)
+    valid = (np.arange(T)[None, :] < np.asarray(lengths)[:, None])[..., None]  # [B, T, 1]
+    np.testing.assert_allclose(np.asarray(ours[0]) * valid, np.asarray(theirs[0]) * valid,
+                               rtol=2e-4, atol=2e-4)  # padding: ours 0, theirs cuDNN's
+    np.testing.assert_allclose(np.asarray(ours[1]).swapaxes(0, 1), np.asarray(theirs[1]),
+                               rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(np.asarray(ours[2]).swapaxes(0, 1), np.asarray(theirs[2]),
+                               rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_bfloat16_runs_and_is_close_to_float32():
+    device = _cuda_device()
+    _bfloat16_forward_or_skip()
+    case = make_case(rnn_mode="lstm", direction="bidirectional", lengths="zero",
+                     dtype=np.float32)
+    args32 = [None if a is None else jax.device_put(a, device) for a in _args(case)[:4]]
+    args16 = [None if a is None else a.astype(jnp.bfloat16) for a in args32]
+    f = jax.jit(_jax_rnn(case))
+    ours16 = f(*args16, _lengths(case))
+    ours32 = f(*[None if a is None else a.astype(jnp.float32) for a in args16], _lengths(case))
+    assert ours16[0].dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(ours16[0], np.float32), np.asarray(ours32[0]),
+                               rtol=2e-2, atol=2e-2)
+
+
+def test_docs_examples_run():
+    """The Python examples of docs/jax.md run, in order, as shown."""
+    pytest.importorskip("optax")
+    import re
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "docs", "jax.md")
+    blocks = re.findall(r"```python\n(.*?)```", open(path, encoding="utf-8").read(), flags=re.S)
+    assert len(blocks) >= 5
+    namespace = {}
+    for block in blocks:
+        exec(compile(block, path, "exec"), namespace)
+    assert namespace["ys"].shape == (3, 10, 4, 32)
+    assert namespace["y"].shape == (4, 10, 32)
+
+
+# --------------------------------------------------------------------------- handlers without XLA
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """fake_cuda's stand-in GPU, plus the CuPy pieces the CUDA handlers use (views of raw
+    pointers, XLA's stream made current); yields the streams cuDNN's handle was set to."""
+    import fake_cuda
+    from pycudnnrnn import gpu
+    from pycudnnrnn import plan as plans
+    fake_api = fake_cuda.install(monkeypatch)
+    fake_cupy, streams = gpu.cupy(), []
+    current = [fake_cupy.cuda.get_current_stream()]
+
+    class ExternalStream:
+        def __init__(self, ptr, device_id):
+            self.ptr, self.device_id = ptr, device_id
+
+        def __enter__(self):
+            current.append(self)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    def memory_pointer(memory, offset):
+        assert offset == 0
+        return memory
+
+    fake_cupy.cuda.ExternalStream = ExternalStream
+    fake_cupy.cuda.get_current_stream = lambda: current[-1]
+    fake_cupy.cuda.UnownedMemory = lambda ptr, size, owner, device: \
+        (ctypes.c_char * size).from_address(ptr)
+    fake_cupy.cuda.MemoryPointer = memory_pointer
+    fake_api._cudnnSetStream = lambda handle, stream: streams.append(stream)
+    yield streams
+    plans.clear_caches()  # no stand-in plan may outlive the stand-in (a real GPU may follow)
+
+
+def _op(case, **overrides):
+    return rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs,
+                          **overrides})
+
+
+def _forward_frame(case, op, sizes, lengths=None):
+    """A forward call frame over `case`'s arrays; reserve and workspace of `sizes` bytes."""
+    from fake_xla import FakeCallFrame
+    lengths = _lengths(case) if lengths is None else lengths
+    operands = [a for a in (case.input, case.input_h, case.input_c, case.params, lengths)
+                if a is not None]
+    expected = case.forward()
+    results = [np.full(e.shape, np.nan, e.dtype) for e in expected[:3] if e.size]
+    results += [np.zeros(n, np.uint8) for n in sizes]
+    return FakeCallFrame(operands, results, op.attributes(lengths is not None)), expected, results
+
+
+@pytest.mark.parametrize("name, lengths", [("lstm-bi-2layer-zero-lengths", "zero"),
+                                           ("gru-skip-input-batch-major", None),
+                                           ("gru-bi-ragged", "ragged"),
+                                           ("lstm-projection-bi", None)])
+def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
+    import fake_cuda
+    from fake_xla import FakeCallFrame
+    from pycudnnrnn import ffi_targets
+    case = _case(name, lengths=lengths)
+    op = _op(case)
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    sizes = ffi_targets.buffer_sizes(problem, cuda=True)
+    stand_in_gpu.clear()  # buffer_sizes ran on the default stream, as at trace time
+    frame, expected, results = _forward_frame(case, op, sizes)
+    assert frame.call(xla_ffi.make_handler(ffi_targets.cuda_forward)) is None, frame.errors
+    outputs, reserve = results[:-2], results[-2]
+    _assert_same(outputs, [e for e in expected[:3] if e.size])
+    assert frame.asked == ["XLA_FFI_DeviceOrdinal_Get", "XLA_FFI_Stream_Get"]
+    assert stand_in_gpu and set(stand_in_gpu) == {frame.stream}  # cuDNN ran on XLA's stream
+
+    lstm = op.lstm
+    dy, dh, dc = _loss_weights(case, expected[:3])
+    operands = [a for a in (case.input, case.input_h, case.input_c, case.params,
+                            _lengths(case)) if a is not None]
+    operands += outputs + [dy, dh] + ([dc] if lstm else []) + [reserve]
+    grads = [np.full(a.shape, np.nan, a.dtype) for a in (case.input, case.input_h,
+                                                           case.input_c, case.params)
+             if a is not None]
+    backward = FakeCallFrame(operands, grads + [np.zeros(sizes[1], np.uint8)],
+                             op.attributes(case.sequence_lengths is not None))
+    assert backward.call(xla_ffi.make_handler(ffi_targets.cuda_backprop)) is None, \
+        backward.errors
+    reference = case.backprop(expected, dy, dh, dc if lstm else np.zeros((0,), np.float32))
+    reference = [r for r in reference if r.size]
+    for ours, theirs in zip(grads, reference):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+    # A second forward finds its plan cached: no copy between host and device and no sync
+    # (but for the lengths: traced, they come to the host on every call); and, time-major
+    # and without lengths, XLA's buffers are written in place with no allocation (the
+    # backend makes temporaries to zero ragged padding, to leave rows of length 0 out of
+    # cuDNN and to make batch-major states time-major).
+    fake_cuda.reset_counts()
+    frame, _, results = _forward_frame(case, op, sizes)
+    assert frame.call(xla_ffi.make_handler(ffi_targets.cuda_forward)) is None, frame.errors
+    _assert_same(results[:-2], outputs)
+    traffic = {k: fake_cuda.COUNTS[k] for k in ("host_to_device", "device_to_host", "sync")}
+    reads = 1 if case.sequence_lengths else 0
+    assert traffic == {"host_to_device": 0, "device_to_host": reads, "sync": reads}
+    if case.attrs["time_major"] and case.sequence_lengths is None:
+        assert fake_cuda.COUNTS["device_alloc"] == 0
+
+
+def test_handler_errors_and_metadata_without_xla():
+    from pycudnnrnn import ffi_targets
+    case = _case("lstm-bi-2layer-zero-lengths")
+    op = _op(case)
+    handler = xla_ffi.make_handler(ffi_targets.cpu_forward)
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    sizes = ffi_targets.buffer_sizes(problem, cuda=False)
+
+    frame, _, results = _forward_frame(case, op, sizes, lengths=np.array([1, 9, 0], np.int32))
+    assert frame.call(handler) == frame.ERROR
+    [(message, code)] = frame.errors
+    assert code == xla_ffi.ErrorCode.INVALID_ARGUMENT
+    assert message.startswith("ValueError: sequence_lengths: expected values in [0, 4]")
+
+    def interrupted(call_frame):
+        raise KeyboardInterrupt
+    frame, _, results = _forward_frame(case, op, sizes)
+    assert frame.call(xla_ffi.make_handler(interrupted)) == frame.ERROR  # not "success"
+    assert frame.errors[0][0].startswith("KeyboardInterrupt")
+    assert frame.errors[0][1] == xla_ffi.ErrorCode.INTERNAL
+
+    too_small = (sizes[0] - 1, sizes[1])  # XLA gave too little room
+    frame, _, results = _forward_frame(case, op, too_small)
+    assert frame.call(handler) == frame.ERROR
+    assert "reserve_space: this call needs" in frame.errors[0][0]
+
+    frame, expected, results = _forward_frame(case, op, sizes)
+    metadata = frame.metadata
+    frame.frame.extension_start = ctypes.cast(ctypes.pointer(xla_ffi.XLA_FFI_Metadata_Extension(
+        xla_ffi.XLA_FFI_Extension_Base(0, xla_ffi.ExtensionType.METADATA, None),
+        ctypes.pointer(metadata))), ctypes.POINTER(xla_ffi.XLA_FFI_Extension_Base))
+    assert frame.call(handler) is None
+    assert (metadata.api_version.major_version, metadata.api_version.minor_version) == \
+        xla_ffi.API_VERSION
+    assert np.isnan(results[0]).all()  # a metadata query runs nothing
+
+
+def test_inference_cannot_be_differentiated_and_says_so():
+    case = _case("gru-bi-ragged")
+    f = _jax_rnn(case, is_training=False)
+    loss = lambda p: jnp.sum(f(case.input, case.input_h, None, p, _lengths(case))[0])  # noqa
+    with pytest.raises(ValueError, match="is_training=False.*cannot be differentiated"):
+        jax.grad(loss)(case.params)
+
+
+def test_vmap_of_vmap_folds_both_axes_into_one_call():
+    case, xs, hs, lengths = _mapped_problem(N=2)
+    f = lambda x, h: _jax_rnn(case, is_training=False)(x, h, None, case.params, None)  # noqa
+    xss, hss = np.stack([xs, -xs]), np.stack([hs, hs])
+    twice = jax.vmap(jax.vmap(f))
+    ours = jax.jit(twice)(xss, hss)
+    expected = pycudnnrnn.forward(xss[1, 0], hss[1, 0], None, case.params, **case.attrs,
+                                  is_training=False)
+    np.testing.assert_allclose(np.asarray(ours[0][1, 0]), expected[0], rtol=1e-6, atol=1e-6)
+    assert _one_call_no_loop(twice, xss, hss)

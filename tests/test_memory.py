@@ -1,0 +1,131 @@
+"""Bounded memory: calls estimate what they allocate and refuse, early and clearly, what
+cannot fit; nothing of size T×B is built where no lengths ask for it."""
+
+import itertools
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import pycudnnrnn
+from conftest import make_case
+from pycudnnrnn import checks, memory, numpy_backend
+
+
+def _peak(function):
+    tracemalloc.start()
+    try:
+        result = function()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+ESTIMATE_GRID = [(mode, proj, dropout, dtype, lengths)
+                 for mode, proj in (("lstm", 0), ("lstm", 8), ("gru", 0), ("rnn_relu", 0))
+                 for dtype in (np.float16, np.float64)
+                 for dropout, lengths in ((0.0, None), (0.5, [12, 0, 7, 3]))]
+
+
+@pytest.mark.parametrize("mode,proj,dropout,dtype,lengths", ESTIMATE_GRID)
+def test_estimates_bound_the_peak_allocation(mode, proj, dropout, dtype, lengths):
+    """The estimate is an upper bound of what forward and backprop allocate, and not a
+    loose one (within 3x)."""
+    case = make_case(mode, "bidirectional", num_proj=proj, num_layers=3, T=12, B=16,
+                     input_size=24, num_units=24, dtype=dtype, dropout=dropout,
+                     lengths=lengths or "full")
+    for training in (False, True):
+        problem = checks.check_forward(case.input, case.input_h, case.input_c, case.params,
+                                       case.sequence_lengths, is_training=training, seed=0,
+                                       seed2=0, **case.attrs)
+        fwd, peak = _peak(lambda: case.forward(is_training=training))
+        estimate = numpy_backend.forward_nbytes(problem)
+        assert peak <= estimate <= 3 * peak, ("forward", training, peak, estimate)
+    grads = [np.full_like(a, 0.01) for a in fwd[:3]]
+    _, peak = _peak(lambda: case.backprop(fwd, *grads))
+    estimate = numpy_backend.backprop_nbytes(problem)
+    assert peak <= estimate <= 3 * peak, ("backprop", peak, estimate)
+
+
+def test_a_call_that_cannot_fit_fails_before_allocating():
+    """The issue's example: a zero-stride input of shape (1e5, 1e4, 1) ran 14.7 s and took
+    3.8 GB before NumPy's MemoryError. Its estimate (terabytes) fails at once."""
+    T, B, H = 100_000, 10_000, 64
+    x = np.broadcast_to(np.float32(1), (T, B, 1))
+    h = np.zeros((1, B, H), np.float32)
+    params = np.zeros(pycudnnrnn.params_size(num_layers=1, num_units=H, input_size=1),
+                      np.float32)
+    with pytest.raises(pycudnnrnn.InsufficientMemoryError) as caught:
+        _, peak = _peak(lambda: pycudnnrnn.forward(x, h, h, params))
+    error = caught.value
+    assert isinstance(error, MemoryError)
+    assert error.required_bytes > T * B * 4 * H * 4  # at least the gates it would keep
+    assert f"forward: needs about {error.required_bytes} bytes" in str(error)
+    assert f"but {error.available_bytes} bytes" in str(error)
+
+
+@pytest.fixture
+def little_memory(monkeypatch):
+    """Pretend 300 MiB are available, and check every estimate, however small."""
+    monkeypatch.setattr(memory, "available_bytes", lambda: (300 << 20, "a test"))
+    monkeypatch.setattr(memory, "CHECK_ABOVE", 0)
+
+
+def test_refusal_follows_the_estimate(little_memory):
+    small = make_case("lstm", T=50, B=8)
+    fwd = small.forward()  # a few hundred kB: fits
+    small.backprop(fwd, *[np.ones_like(a) for a in fwd[:3]])
+    big = make_case("gru", T=2000, B=2000, num_units=8, input_size=1, dtype=np.float32)
+    with pytest.raises(pycudnnrnn.InsufficientMemoryError,
+                       match=r"forward: needs about \d+ bytes .* but 314572800 bytes .*\(a test\)"):
+        big.forward()
+    with pytest.raises(pycudnnrnn.InsufficientMemoryError, match=r"needs about \d+ bytes"):
+        big.forward(is_training=False)
+
+
+def test_backprop_is_refused_too(monkeypatch):
+    case = make_case("lstm", T=50, B=8)
+    fwd = case.forward()
+    grads = [np.ones_like(a) for a in fwd[:3]]
+    monkeypatch.setattr(memory, "available_bytes", lambda: (1000, "a test"))
+    monkeypatch.setattr(memory, "CHECK_ABOVE", 0)
+    with pytest.raises(pycudnnrnn.InsufficientMemoryError, match=r"^backprop: needs about"):
+        case.backprop(fwd, *grads)
+
+
+def test_available_bytes_is_the_least_the_system_allows(monkeypatch, tmp_path):
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit.write_text("3000000\n")
+    usage.write_text("1000000\n")
+    monkeypatch.setattr(memory, "_CGROUP_LIMITS", ((str(limit), str(usage)),))
+    monkeypatch.setattr(memory, "_mem_available", lambda: 5_000_000)
+    assert memory.available_bytes() == (2_000_000, f"the cgroup limit {limit}")
+    limit.write_text("max\n")  # no cgroup limit: MemAvailable
+    assert memory.available_bytes() == (5_000_000, "MemAvailable in /proc/meminfo")
+    monkeypatch.setattr(memory, "_mem_available", lambda: None)
+    assert memory.available_bytes()[0] == memory.FALLBACK_BYTES
+
+
+def test_mem_available_parses_proc_meminfo():
+    import os
+    if not os.path.exists("/proc/meminfo"):
+        pytest.skip("no /proc/meminfo here")
+    with open("/proc/meminfo") as f:
+        line = next(l for l in f if l.startswith("MemAvailable:"))
+    assert abs(memory._mem_available() - int(line.split()[1]) * 1024) < 1 << 30
+
+
+@pytest.mark.parametrize("lengths", [None, "ragged"])
+def test_batch_order_builds_nothing_of_size_t_by_b(lengths):
+    """Without lengths nothing depends on (t, b); with them, per-step counts come from the
+    sorted lengths (a [T, B] mask was built even without lengths: 1 GB at 1e5 x 1e4)."""
+    T, B = 20_000, 5_000
+    config = checks.make_config(rnn_mode="gru", num_layers=1, num_units=2, input_size=1,
+                                input_mode="linear_input", direction="unidirectional",
+                                num_proj=0)
+    given = None if lengths is None else np.arange(B) % (T + 1)
+    problem = checks.Problem(config, T, B, True, np.dtype(np.float32), given)
+    batch, peak = _peak(lambda: numpy_backend._Batch(problem))
+    assert peak < T * B / 20, peak
+    full = problem.full_lengths
+    assert batch.active == [int(np.count_nonzero(full > t)) for t in range(T)]

@@ -1,0 +1,282 @@
+"""pycudnnrnn.torch.LSTM / GRU / RNN against torch.nn's: values, gradients, conversions, errors."""
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pycudnnrnn.torch as prt  # noqa: E402
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa: E402
+
+KINDS = [("LSTM", {}), ("LSTM", {"proj_size": 2}), ("GRU", {}),
+         ("RNN", {"nonlinearity": "tanh"}), ("RNN", {"nonlinearity": "relu"})]
+GRID = list(itertools.product(KINDS, [False, True], [False, True], ["dense", "packed"]))
+I, H, L, T, B = 3, 4, 2, 5, 3
+
+
+def _pair(kind, extra, seed=0, **options):
+    torch.manual_seed(seed)
+    reference = getattr(torch.nn, kind)(I, H, L, **extra, **options, dtype=torch.float64)
+    return reference, getattr(prt, kind).from_torch(reference)
+
+
+def _states(kind, extra, batch, rng_seed=1):
+    D = 2
+    g = torch.Generator().manual_seed(rng_seed)
+    h = torch.randn(L * D, batch, extra.get("proj_size", H), generator=g, dtype=torch.float64)
+    if kind != "LSTM":
+        return h.requires_grad_()
+    return (h.requires_grad_(),
+            torch.randn(L * D, batch, H, generator=g, dtype=torch.float64).requires_grad_())
+
+
+def _leaves(hx):
+    return list(hx) if isinstance(hx, tuple) else [hx]
+
+
+def _run(module, x, hx, lengths, batch_first):
+    """Output as a padded tensor, states, and the gradients of a fixed loss."""
+    inputs = x
+    if lengths is not None:
+        inputs = pack_padded_sequence(x, lengths, batch_first=batch_first, enforce_sorted=False)
+    out, state = module(inputs, hx)
+    if lengths is not None:
+        out = pad_packed_sequence(out, batch_first=batch_first, total_length=T)[0]
+    states = _leaves(state)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+    loss = (out * weights).sum() + sum((s * (k + 1.5)).sum() for k, s in enumerate(states))
+    leaves = [x] + _leaves(hx) + list(module.parameters())
+    grads = torch.autograd.grad(loss, leaves)
+    return out, states, grads
+
+
+@pytest.mark.parametrize("spec,bidirectional,batch_first,form", GRID,
+                         ids=[f"{k}{e}-bi{b}-bf{f}-{p}" for (k, e), b, f, p in GRID])
+def test_equals_torch_nn_in_values_and_gradients(spec, bidirectional, batch_first, form):
+    kind, extra = spec
+    options = dict(extra, bidirectional=bidirectional, batch_first=batch_first)
+    reference, ours = _pair(kind, extra, bidirectional=bidirectional, batch_first=batch_first)
+    D = 2 if bidirectional else 1
+    g = torch.Generator().manual_seed(2)
+    shape = (B, T, I) if batch_first else (T, B, I)
+    x = torch.randn(shape, generator=g, dtype=torch.float64, requires_grad=True)
+    hx = _states(kind, extra, B)
+    if D == 1:
+        hx = tuple(s[:L].detach().requires_grad_() for s in _leaves(hx))
+        hx = hx if kind == "LSTM" else hx[0]
+    lengths = torch.tensor([2, 5, 3]) if form == "packed" else None  # unsorted on purpose
+    out_ref, states_ref, grads_ref = _run(reference, x, hx, lengths, batch_first)
+    out, states, grads = _run(ours, x, hx, lengths, batch_first)
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
+    for s, s_ref in zip(states, states_ref):
+        assert s.shape == s_ref.shape and s.is_contiguous()
+        torch.testing.assert_close(s, s_ref, rtol=1e-12, atol=1e-12)
+    n_data = 1 + len(_leaves(hx))
+    for g_ours, g_ref in zip(grads[:n_data], grads_ref[:n_data]):
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-10, atol=1e-12)
+    # the flat gradient equals the reference's named gradients, laid out as params
+    clone = getattr(torch.nn, kind)(I, H, L, **options, dtype=torch.float64)
+    with torch.no_grad():
+        for p, gr in zip(clone.parameters(), grads_ref[n_data:]):
+            p.copy_(gr)
+    expected = getattr(prt, kind).from_torch(clone).params
+    torch.testing.assert_close(grads[n_data], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_packed_output_keeps_the_input_order_and_indices():
+    reference, ours = _pair("GRU", {})
+    x = torch.randn(T, 4, I, dtype=torch.float64)
+    packed = pack_padded_sequence(x, torch.tensor([3, 5, 5, 1]), enforce_sorted=False)
+    out_ref, h_ref = reference(packed)
+    out, h = ours(packed)
+    assert torch.equal(out.batch_sizes, out_ref.batch_sizes)
+    assert torch.equal(out.sorted_indices, out_ref.sorted_indices)
+    assert torch.equal(out.unsorted_indices, out_ref.unsorted_indices)
+    torch.testing.assert_close(out.data, out_ref.data, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h, h_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_unbatched_input_as_torch():
+    reference, ours = _pair("LSTM", {"proj_size": 2})
+    x = torch.randn(T, I, dtype=torch.float64)
+    hx = (torch.randn(L, 2, dtype=torch.float64), torch.randn(L, H, dtype=torch.float64))
+    out_ref, (h_ref, c_ref) = reference(x, hx)
+    out, (h, c) = ours(x, hx)
+    assert out.shape == out_ref.shape and h.shape == h_ref.shape and c.shape == c_ref.shape
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(c, c_ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind,extra", KINDS + [("LSTM", {"bias": False}), ("GRU", {"bias": False})])
+def test_from_torch_and_to_torch_are_exact(kind, extra):
+    torch.manual_seed(5)
+    reference = getattr(torch.nn, kind)(I, H, L, bidirectional=True, batch_first=True,
+                                        dropout=0.25, **extra)
+    ours = getattr(prt, kind).from_torch(reference)
+    assert (ours.bias, ours.batch_first, ours.dropout) == (reference.bias, True, 0.25)
+    back = ours.to_torch()
+    assert type(back) is type(reference)
+    assert back.batch_first and back.dropout == 0.25 and back.bias == reference.bias
+    theirs, mine = reference.state_dict(), back.state_dict()
+    assert list(mine) == list(theirs)
+    for key in theirs:
+        assert torch.equal(mine[key], theirs[key]), key
+    again = getattr(prt, kind).from_torch(back)
+    assert torch.equal(again.params, ours.params)
+
+
+def test_a_torch_nn_checkpoint_loads_into_the_drop_in():
+    torch.manual_seed(0)
+    theirs = torch.nn.Sequential(torch.nn.Linear(3, 3),
+                                 torch.nn.LSTM(3, 4, 2, bidirectional=True, proj_size=2))
+    ours = torch.nn.Sequential(torch.nn.Linear(3, 3),
+                               prt.LSTM(3, 4, 2, bidirectional=True, proj_size=2))
+    ours.load_state_dict(theirs.state_dict())
+    assert torch.equal(ours[1].params, prt.LSTM.from_torch(theirs[1]).params)
+    assert torch.equal(ours[0].weight, theirs[0].weight)
+    ours.load_state_dict(ours.state_dict())  # and its own checkpoint, as ever
+    with pytest.raises(RuntimeError, match="size mismatch for weight_ih_l0"):
+        prt.LSTM(5, 4, 2, bidirectional=True, proj_size=2).load_state_dict(
+            theirs[1].state_dict())
+
+
+def test_from_torch_refuses_another_class():
+    with pytest.raises(TypeError, match="module: expected torch.nn.LSTM, got torch.nn.modules.rnn.GRU"):
+        prt.LSTM.from_torch(torch.nn.GRU(2, 3))
+
+
+def test_bias_false_keeps_biases_at_zero_through_training():
+    reference, ours = _pair("LSTM", {}, bias=False)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    torch.testing.assert_close(ours(x)[0], reference(x)[0], rtol=1e-12, atol=1e-12)
+    weights, biases = __import__("pycudnnrnn").params_to_canonical(
+        ours.params.detach().numpy(), **ours.attrs)
+    opt = torch.optim.SGD(ours.parameters(), lr=0.5, momentum=0.9, weight_decay=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        ours(x)[0].square().sum().backward()
+        opt.step()
+    assert all((b == 0).all() for b in biases)  # views of params: still zero
+    ours.params.data[-1] = 7.0  # a bias set by hand does not enter the function either
+    torch.testing.assert_close(ours(x)[0], ours.to_torch()(x)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_constructor_signature_matches_torch():
+    ours = prt.RNN(3, 4, 2, "relu", False, True, 0.5, True)
+    assert (ours.nonlinearity, ours.bias, ours.batch_first, ours.dropout, ours.bidirectional) == \
+        ("relu", False, True, 0.5, True)
+    lstm = prt.LSTM(3, 4, 1, True, False, 0.0, False, 2)
+    assert lstm.proj_size == 2
+    assert ours.params.dtype == torch.get_default_dtype()
+    assert prt.GRU(3, 4, dtype=torch.float64).params.dtype == torch.float64
+    with pytest.warns(UserWarning, match="non-zero dropout expects num_layers greater than 1"):
+        prt.GRU(3, 4, dropout=0.5)
+    with pytest.raises(ValueError, match="proj_size has to be smaller than hidden_size"):
+        prt.LSTM(3, 4, proj_size=4)
+    with pytest.raises(ValueError, match="nonlinearity: expected 'tanh' or 'relu', got 'gelu'"):
+        prt.RNN(3, 4, nonlinearity="gelu")
+
+
+# --------------------------------------------------------------------------- bad input
+
+def test_state_shape_errors_name_the_argument_and_the_layout():
+    ours = prt.LSTM(3, 4, batch_first=True)
+    x = torch.randn(2, 5, 3)
+    batch_major = (torch.zeros(2, 1, 4), torch.zeros(2, 1, 4))
+    with pytest.raises(ValueError, match=r"hx\[0\] \(h_0\): expected shape \(1, 2, 4\) "
+                                         r".*not batch-first even with batch_first=True.*"
+                                         r"got \(2, 1, 4\)"):
+        ours(x, batch_major)
+    with pytest.raises(ValueError, match=r"hx\[1\] \(c_0\): expected shape \(1, 2, 4\)"):
+        ours(x, (torch.zeros(1, 2, 4), torch.zeros(1, 3, 4)))
+    with pytest.raises(TypeError, match=r"hx: expected a tuple \(h_0, c_0\)"):
+        ours(x, torch.zeros(1, 2, 4))
+    gru = prt.GRU(3, 4, num_layers=2)
+    with pytest.raises(ValueError, match=r"hx: expected shape \(2, 5, 4\)"):
+        gru(torch.randn(7, 5, 3), torch.zeros(1, 5, 4))
+
+
+def test_batch_first_states_that_happen_to_fit_are_not_misread():
+    """B == L·D: a batch-major state has the right shape, and means the wrong thing.
+
+    The module takes states as torch.nn does ([L·D, B, H] always), so it equals nn.GRU.
+    """
+    torch.manual_seed(0)
+    reference = torch.nn.GRU(3, 4, num_layers=2, batch_first=True, dtype=torch.float64)
+    ours = prt.GRU.from_torch(reference)
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    h0 = torch.randn(2, 2, 4, dtype=torch.float64)
+    torch.testing.assert_close(ours(x, h0)[1], reference(x, h0)[1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours(x, h0)[0], reference(x, h0)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_dtype_device_and_size_errors():
+    ours = prt.GRU(3, 4)
+    with pytest.raises(TypeError, match="input: expected dtype torch.float32 .*parameters.*"
+                                        "got torch.float64"):
+        ours(torch.randn(5, 2, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match="hx: expected dtype torch.float32 .*input.*got torch.float64"):
+        ours(torch.randn(5, 2, 3), torch.zeros(1, 2, 4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="hx: expected device cpu .*got meta"):
+        ours(torch.randn(5, 2, 3), torch.zeros(1, 2, 4, device="meta"))
+    with pytest.raises(ValueError, match=r"input: expected size\(-1\) == input_size=3, got shape "
+                                         r"\(5, 2, 4\)"):
+        ours(torch.randn(5, 2, 4))
+    with pytest.raises(ValueError, match="input: expected a 2-D .* or 3-D tensor, got 4-D"):
+        ours(torch.randn(5, 2, 3, 1))
+    with pytest.raises(ValueError, match="hx: for unbatched .* expected 2-D states"):
+        ours(torch.randn(5, 3), torch.zeros(1, 1, 4))
+
+
+# --------------------------------------------------------------------------- modes
+
+def test_eval_mode_backward_gives_input_gradients_and_no_weight_gradients():
+    reference, ours = _pair("LSTM", {}, dropout=0.5)
+    ours.eval(), reference.eval()
+    ours.requires_grad_(False)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    out = ours(x)[0]
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    x_ref = x.detach().requires_grad_()
+    (grad_ref,) = torch.autograd.grad(reference(x_ref)[0].sum(), x_ref)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-10, atol=1e-12)
+    assert ours.params.grad is None
+    with torch.no_grad():  # and inference without a reserve space when nothing needs grad
+        torch.testing.assert_close(ours(x)[0], out.detach(), rtol=0, atol=0)
+
+
+def test_only_the_gradients_needed_are_computed(monkeypatch):
+    from pycudnnrnn.torch import kernels
+    asked = []
+    real = kernels.run_backprop
+
+    def spy(*args):
+        asked.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(kernels, "run_backprop", spy)
+    ours = prt.GRU(3, 4, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    ours(x)[0].sum().backward()
+    ours.requires_grad_(False)
+    ours(x)[0].sum().backward()
+    ours.requires_grad_(True)
+    ours(x.detach())[0].sum().backward()
+    assert asked == ["all", "data", "weights"]
+
+
+def test_the_pytorch_page_examples_run():
+    """docs/pytorch.md: the module example gives the shapes it states; the conversion is exact."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "docs", "pytorch.md"), encoding="utf-8").read()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    namespace = {}
+    exec(compile(blocks[0], "pytorch.md", "exec"), namespace)
+    shapes = [tuple(namespace[n].shape) for n in ("output", "h_n", "c_n")]
+    assert shapes == [(4, 7, 16), (4, 4, 8), (4, 4, 20)]
+    exec(compile(blocks[1], "pytorch.md", "exec"), namespace)
+    theirs, back = namespace["theirs"].state_dict(), namespace["back"].state_dict()
+    assert list(theirs) == list(back) and all(torch.equal(theirs[k], back[k]) for k in theirs)

@@ -1,0 +1,411 @@
+"""The torch.library ops: registration, fakes, torch.compile, torch.export, dropout, CUDA graphs.
+
+Compile tests are few and small (each compile costs seconds on two cores).
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pycudnnrnn  # noqa: E402
+import pycudnnrnn.torch as prt  # noqa: E402
+from pycudnnrnn.torch import ops  # noqa: E402
+
+T, B, I, H = 5, 3, 4, 6
+
+
+def _op_args(mode="lstm", num_proj=0, is_training=True, dropout=0.0, lengths=(5, 0, 2)):
+    torch.manual_seed(0)
+    L, D = 2, 2
+    P = num_proj or H
+    n = pycudnnrnn.params_size(rnn_mode=mode, num_layers=L, num_units=H, input_size=I,
+                               direction="bidirectional", num_proj=num_proj)
+    grad = dict(dtype=torch.float64, requires_grad=True)
+    x = torch.randn(B, T, I, **grad)
+    h = torch.randn(B, L * D, P, **grad)
+    c = torch.randn(B, L * D, H, **grad) if mode == "lstm" else None
+    params = (torch.rand(n, dtype=torch.float64) - 0.5).requires_grad_()
+    lengths = None if lengths is None else torch.tensor(lengths)
+    return (x, h, c, params, lengths, torch.tensor(12345), mode, "linear_input", "bidirectional",
+            dropout, num_proj, False, is_training)
+
+
+@pytest.mark.parametrize("mode,num_proj,dropout", [("lstm", 2, 0.5), ("gru", 0, 0.0)])
+def test_opcheck_forward_and_backprop(mode, num_proj, dropout):
+    args = _op_args(mode, num_proj, dropout=dropout)
+    torch.library.opcheck(torch.ops.pycudnnrnn.forward.default, args)
+    out, out_h, out_c, reserve = torch.ops.pycudnnrnn.forward(*args)
+    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args[:6]]
+    grads = [torch.randn_like(t) for t in (out, out_h, out_c)]
+    for gradients in ("all", "data", "weights"):
+        torch.library.opcheck(torch.ops.pycudnnrnn.backprop.default,
+                              (*detached, out.detach(), out_h.detach(), out_c.detach(), *grads,
+                               reserve, *args[6:12], gradients))
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_relu"])
+@pytest.mark.parametrize("is_training", [True, False])
+def test_fake_gives_the_real_shapes_and_reserve_size(mode, is_training):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args = _op_args(mode, dropout=0.3, is_training=is_training)
+    real = torch.ops.pycudnnrnn.forward(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+        fake_args = [fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fake = torch.ops.pycudnnrnn.forward(*fake_args)
+    for r, f in zip(real, fake):
+        assert (tuple(r.shape), r.dtype) == (tuple(f.shape), f.dtype)
+    assert (real[3].numel() > 0) == is_training
+
+
+def test_on_cuda_the_fake_leaves_the_reserve_size_to_the_device():
+    """cuDNN's reserve size needs the GPU and the lengths: a size known only at run time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    args = _op_args("lstm", num_proj=2)
+    with FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True):
+        on_cuda = [torch.empty(a.shape, dtype=a.dtype, device="cuda")
+                   if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        output, output_h, output_c, reserve = torch.ops.pycudnnrnn.forward(*on_cuda)
+    assert output.shape == (B, T, 2 * 2) and output.device.type == "cuda"
+    assert output_h.shape == on_cuda[1].shape and output_c.shape == on_cuda[2].shape
+    assert reserve.dtype == torch.uint8 and isinstance(reserve.shape[0], torch.SymInt)
+
+
+def test_the_fake_raises_the_api_errors_while_tracing():
+    args = list(_op_args("gru"))
+    args[1] = args[1][:, :1]  # one pseudo-layer for a bidirectional RNN
+    # Dynamo wraps it in its own error; the message is the API's ValueError.
+    with pytest.raises(Exception, match="ValueError.*input_h: expected shape .* with L·D a "
+                                        "positive multiple"):
+        torch.compile(lambda *a: torch.ops.pycudnnrnn.forward(*a), backend="aot_eager",
+                      fullgraph=True)(*args)
+
+
+def test_backward_honours_needs_input_grad():
+    x, h, c, params, lengths, seed, *attrs = _op_args("lstm")
+    h.requires_grad_(False), c.requires_grad_(False)
+    out = torch.ops.pycudnnrnn.forward(x, h, c, params.detach(), lengths, seed, *attrs)
+    (dx,) = torch.autograd.grad(out[0].sum(), [x])
+    assert dx.shape == x.shape and bool(dx[1].eq(0).all())  # the empty sequence
+
+
+# --------------------------------------------------------------------------- compile, export
+
+class _Tagger(torch.nn.Module):
+    """A small model around the drop-in LSTM."""
+
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.rnn = prt.LSTM(I, H, num_layers=2, batch_first=True, bidirectional=True,
+                            proj_size=3, dropout=dropout, dtype=torch.float64)
+        self.head = torch.nn.Linear(6, 2, dtype=torch.float64)
+
+    def forward(self, x):
+        out, (h, c) = self.rnn(x)
+        return self.head(out).sum() + h.square().sum() + c.mean()
+
+
+def _loss_and_grads(model, function, x):
+    model.zero_grad()
+    x = x.detach().requires_grad_()
+    loss = function(x)
+    loss.backward()
+    return loss.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
+
+
+def test_compile_fullgraph_aot_eager_equals_eager_and_takes_a_new_mask_without_recompiling():
+    from torch._dynamo.testing import CompileCounterWithBackend
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Tagger()
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    eager = _loss_and_grads(model, model, x)
+    ours = _loss_and_grads(model, compiled, x)
+    torch.testing.assert_close(ours, eager, rtol=1e-12, atol=1e-12)
+
+    model.rnn.dropout = 0.5  # a mask per step: new seeds must not mean new graphs
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    losses = [compiled(x).item() for _ in range(3)]
+    assert len(set(losses)) == 3 and counter.frame_count == 1
+    torch.manual_seed(7)
+    first = compiled(x).item()
+    torch.manual_seed(7)
+    assert compiled(x).item() == first
+    model.eval()
+    with torch.no_grad():
+        assert compiled(x).item() == model(x).item() == compiled(x).item()
+
+
+def test_compile_fullgraph_inductor_equals_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = prt.GRU(I, H, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+
+    def step(x):
+        return torch.tanh(model(x)[0]).sum()
+
+    compiled = torch.compile(step, fullgraph=True)  # default backend: inductor
+    # Inductor's on-disk caches do not key on an op's fake: a graph cached with another
+    # version of this library would keep that version's sizes. Compile afresh.
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+    with inductor_config.patch(fx_graph_cache=False), \
+            functorch_config.patch(enable_autograd_cache=False):
+        ours = _loss_and_grads(model, compiled, x)
+    torch.testing.assert_close(ours, _loss_and_grads(model, step, x), rtol=1e-12, atol=1e-12)
+
+
+def test_export_of_a_model_runs_and_equals_eager():
+    torch.manual_seed(0)
+    model = _Tagger().eval()
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    program = torch.export.export(model, (x,))
+    assert "torch.ops.pycudnnrnn.forward.default" in program.graph_module.code
+    other = torch.randn(B, T, I, dtype=torch.float64)
+    torch.testing.assert_close(program.module()(other), model(other), rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- dropout
+
+@pytest.mark.parametrize("make", [
+    lambda: prt.LSTM(I, H, num_layers=3, dropout=0.5, dtype=torch.float64),
+    lambda: prt.CudnnRNN(I, H, 3, rnn_mode="gru", dropout=0.5, seed=3, dtype=torch.float64)],
+    ids=["LSTM", "CudnnRNN"])
+def test_dropout_fresh_per_step_reproducible_by_manual_seed_and_off_in_eval(make):
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    first, second = model(x)[0], model(x)[0]
+    assert not torch.equal(first, second)  # a new mask each training step
+    torch.manual_seed(11)
+    again = model(x)[0]
+    torch.manual_seed(11)
+    torch.testing.assert_close(model(x)[0], again, rtol=0, atol=0)
+    model.eval()
+    torch.manual_seed(11)
+    evaluated = model(x)[0]
+    model.dropout = 0.0
+    model.train()
+    torch.testing.assert_close(model(x)[0], evaluated, rtol=0, atol=0)
+
+
+def test_dropout_gradient_uses_the_forward_mask():
+    torch.manual_seed(0)
+    model = prt.RNN(I, H, num_layers=2, dropout=0.4, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(3)
+
+    def function(x):
+        torch.manual_seed(3)  # the same mask at every evaluation of gradcheck
+        return model(x)[0]
+
+    assert torch.autograd.gradcheck(function, (x,), eps=1e-6, atol=1e-7)
+
+
+def test_cudnn_rnn_eval_backward_gives_input_gradients():
+    model = prt.CudnnRNN(I, H, 2, rnn_mode="lstm", dropout=0.3, dtype=torch.float64).eval()
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    out = model(x)[0]
+    out.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------- CUDA
+
+def _needs_torch_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("this PyTorch has no CUDA")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_cuda_drop_in_equals_torch_nn_on_packed_input(kind):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    _needs_torch_cuda()
+    torch.manual_seed(0)
+    reference = getattr(torch.nn, kind)(I, H, 2, bidirectional=True, batch_first=True,
+                                        device="cuda", dtype=torch.float64)
+    ours = getattr(prt, kind).from_torch(reference)
+    x = torch.randn(B, T, I, device="cuda", dtype=torch.float64, requires_grad=True)
+    results = []
+    for module in (reference, ours):
+        packed = pack_padded_sequence(x, torch.tensor([5, 2, 4]), batch_first=True,
+                                      enforce_sorted=False)
+        out = pad_packed_sequence(module(packed)[0], batch_first=True)[0]
+        grads = torch.autograd.grad(out.square().sum(), [x] + list(module.parameters()))
+        results.append((out, grads[0]))
+    torch.testing.assert_close(results[1], results[0])
+
+
+@pytest.mark.gpu
+def test_cuda_outputs_and_reserve_come_from_torchs_allocator():
+    _needs_torch_cuda()
+    args = [a.cuda() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in _op_args("lstm", lengths=None)]
+    torch.ops.pycudnnrnn.forward(*args)  # warm-up: the plan
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    results = torch.ops.pycudnnrnn.forward(*args)
+    grown = torch.cuda.memory_allocated() - before
+    assert results[3].numel() > 0 and all(r.is_cuda for r in results)
+    assert grown >= sum(r.numel() * r.element_size() for r in results)
+
+
+@pytest.mark.gpu
+def test_cuda_compile_fullgraph_equals_eager_and_dropout_is_fresh_per_step():
+    _needs_torch_cuda()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = prt.GRU(I, H, 3, dropout=0.5, device="cuda")
+    x = torch.randn(T, B, I, device="cuda")
+
+    def loss(x):
+        return model(x)[0].square().sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    assert compiled(x).item() != compiled(x).item()  # cuDNN advances its dropout state
+    model.eval()
+    torch.testing.assert_close(compiled(x), loss(x))
+
+
+def test_held_dropout_states_are_reused_not_initialised_again(monkeypatch):
+    """Stand-in GPU: more seeds than the caches keep, each held by a plan (as the modules
+    hold theirs); a new plan for a held seed (new lengths) continues its state."""
+    import fake_cuda
+    from conftest import make_case
+    from pycudnnrnn import plan
+    fake = fake_cuda.install(monkeypatch)
+    case = make_case("gru", num_layers=2, lengths=[4, 3, 2])
+
+    def plan_for(seed, lengths):
+        return pycudnnrnn.RNNPlan(num_layers=2, num_units=4, input_size=3, max_time=4,
+                                  batch_size=3, sequence_lengths=lengths, dtype="float64",
+                                  device="cuda", rnn_mode="gru", dropout=0.3, seed=seed)
+
+    held = [plan_for(seed, [4, 3, 2]) for seed in range(6)]
+    fake.calls.clear()
+    again = plan_for(0, [4, 4, 1])
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.params)]
+    again.forward(args[0], args[1], None, args[2])
+    assert "cudnnSetDropoutDescriptor" not in fake.calls  # restored, not initialised
+    assert len(held) == 6
+    plan.clear_caches()
+
+
+@pytest.mark.gpu
+def test_cuda_many_dropout_modules_each_draw_fresh_masks():
+    """More modules than the caches keep seeds for: no state is re-initialised (which
+    would repeat a module's masks)."""
+    _needs_torch_cuda()
+    torch.manual_seed(0)
+    models = [prt.LSTM(I, H, 2, dropout=0.5, device="cuda") for _ in range(6)]
+    x = torch.randn(T, B, I, device="cuda")
+    outputs = [[m(x)[0].detach() for m in models] for _ in range(2)]
+    for first, second in zip(*outputs):
+        assert not torch.equal(first, second)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_replays_the_forward():
+    _needs_torch_cuda()
+    model = prt.LSTM(I, H, num_layers=2, device="cuda").eval()
+    x = torch.randn(T, B, I, device="cuda")
+    with torch.no_grad():
+        expected = model(x)[0].clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            model(x)  # warm-up: the plan is built outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = model(x)[0]
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.testing.assert_close(captured, model(x)[0])
+    assert not torch.equal(captured, expected)
+
+
+def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
+    """The plumbing of kernels._on_device, with stand-ins for CuPy and torch.cuda (no GPU)."""
+    import types
+    from pycudnnrnn import gpu
+    from pycudnnrnn.torch import kernels
+    seen = {}
+
+    class Context:
+        def __init__(self, kind, *args):
+            seen.setdefault("entered", []).append((kind,) + args)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    class PythonFunctionAllocator:
+        def __init__(self, malloc, free):
+            self.malloc = lambda size: (malloc(size, 0), free)
+
+    cuda = types.SimpleNamespace(
+        Device=lambda device: Context("Device", device),
+        ExternalStream=lambda ptr, device: Context("ExternalStream", ptr, device),
+        using_allocator=lambda malloc: Context("using_allocator", malloc(64)[0]),
+        memory=types.SimpleNamespace(PythonFunctionAllocator=PythonFunctionAllocator))
+    monkeypatch.setattr(gpu, "cupy", lambda: types.SimpleNamespace(cuda=cuda))
+    stream = types.SimpleNamespace(cuda_stream=0xBEEF)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc",
+                        lambda size, device, s: ("torch", size, device, s.cuda_stream))
+    tensor = types.SimpleNamespace(device=torch.device("cuda", 1))
+    with kernels._on_device(tensor):
+        pass
+    assert seen["entered"] == [("Device", 1), ("ExternalStream", 0xBEEF, 1),
+                               ("using_allocator", ("torch", 64, 0, 0xBEEF))]
+
+
+@pytest.mark.parametrize("mode,gradients", [("lstm", "all"), ("gru", "data"),
+                                            ("lstm", "weights")])
+def test_the_planned_path_cuda_takes_equals_the_functional_api(mode, gradients):
+    """kernels.planned_forward/backprop (what CUDA tensors run), here on CPU tensors."""
+    from pycudnnrnn.torch import kernels
+    x, h, c, params, lengths, seed, *attrs = _op_args(mode, dropout=0.4)
+    x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
+    names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
+    attrs = dict(zip(names, attrs[:6]))
+    planned = kernels.planned_forward(x, h, c, params, lengths.numpy(), seed, attrs, True)
+    direct = pycudnnrnn.forward(x, h, c, params, lengths, **kernels.split_seed(seed), **attrs)
+    assert all(isinstance(t, torch.Tensor) for t in planned)
+    for ours, theirs in zip(planned, direct):
+        assert torch.equal(ours, theirs)
+    grads = [torch.randn_like(t) for t in planned[:3]]
+    ours = kernels.planned_backprop(x, h, c, params, *planned[:3], *grads, planned[3],
+                                    lengths.numpy(), seed, attrs, gradients)
+    theirs = pycudnnrnn.backprop(x, h, c, params, lengths, *direct[:3], *grads, direct[3],
+                                 **kernels.split_seed(seed), **attrs, gradients=gradients)
+    for a, b in zip(ours, theirs):
+        assert (a is None) == (b is None)
+        assert a is None or torch.equal(a, b)
+
+
+def test_a_reserve_tensor_keeps_the_identity_its_plan_noted():
+    """Backprop on CUDA then finds the header without reading it back from the GPU."""
+    import gc
+    from pycudnnrnn import reserve_header
+    from pycudnnrnn.torch import kernels
+    reserve = torch.zeros(512, dtype=torch.uint8)
+    view = reserve.numpy()  # the short-lived array the plan was handed
+    reserve_header.remember(view, reserve.data_ptr(), b"h" * 32)
+    kernels.remember_reserve(reserve)
+    del view
+    gc.collect()
+    assert reserve_header.known(reserve.data_ptr()) == b"h" * 32
+    pointer = reserve.data_ptr()
+    del reserve
+    gc.collect()
+    assert reserve_header.known(pointer) is None

@@ -487,7 +487,7 @@ def stand_in_gpu(monkeypatch):
     fake_cupy, streams = gpu.cupy(), []
     current = [fake_cupy.cuda.get_current_stream()]
 
-    class ExternalStream:
+    class ExternalStream(fake_cuda.FakeStream):  # syncs counted like the stand-in's own
         def __init__(self, ptr, device_id):
             self.ptr, self.device_id = ptr, device_id
 

@@ -334,7 +334,7 @@ def test_an_unexpected_error_is_not_mistaken_for_a_failed_check(monkeypatch, cap
     assert "Traceback" in err and "unexpected error" in err
 
 
-# --- installing: no GPU package; the GPU packages are extras, named when they are missing ----
+# --- installing: NumPy alone; the GPU packages are extras, named when they are missing ----
 
 def test_the_core_needs_no_gpu_package_and_the_gpu_packages_are_extras():
     import tomllib
@@ -390,7 +390,7 @@ def test_make_installs_the_cuda_extra_only_where_an_nvidia_gpu_answers(tmp_path)
         assert proc.returncode == 0, proc.stderr
         return [line.split(" -e ")[1] for line in proc.stdout.splitlines() if " -e " in line]
 
-    assert installs("demo", 1) == ["'.'"]  # no GPU: no GPU package
+    assert installs("demo", 1) == ["'.'"]  # no GPU: NumPy alone
     assert installs("demo", 0) == ["'.[cuda12]'"]
     assert installs("test", 1) == ["'.'", "'.[test]'"]
     assert installs("test", 0) == ["'.[cuda12]'", "'.[test]'"]

@@ -44,8 +44,8 @@ class _Route:
                            else dtypes.numpy_from_dlpack(n, a) for n, a in arrays.items()}
             return
         self.xp = cupy = gpu.cupy()
-        self.arrays = {n: a if a is None or isinstance(a, cupy.ndarray)
-                       else dtypes.cupy_from_dlpack(cupy, n, a) for n, a in arrays.items()}
+        self.arrays = {n: a if a is None else dtypes.cupy_array(cupy, n, a)
+                       for n, a in arrays.items()}
         devices = {n: a.device.id for n, a in self.arrays.items() if a is not None}
         if len(set(devices.values())) > 1:
             detail = ", ".join(f"{n} on cuda:{d}" for n, d in devices.items())
@@ -55,7 +55,7 @@ class _Route:
     def outputs(self, results):
         """Backend results in the caller's array type (None stays None)."""
         if isinstance(self.template, self.xp.ndarray):
-            return results
+            return tuple(dtypes.cupy_result(r, self.template) for r in results)
         wrap = _from_dlpack_like(self.template)
         return tuple(None if r is None else wrap(r) for r in results)
 

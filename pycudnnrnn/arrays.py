@@ -68,14 +68,14 @@ def from_dlpack_like(template):
     """A function making arrays of `template`'s library from DLPack.
 
     PyTorch and JAX are known; for anything else results stay the backend's own arrays
-    (NumPy or CuPy).
+    (NumPy or CuPy; bfloat16 that a CuPy older than 14 holds as its bits stays bits).
     """
     library = type(template).__module__.split(".")[0]
     if library == "torch":
         return dtypes.torch_from_dlpack  # bfloat16 too
     if library in ("jax", "jaxlib"):
         return dtypes.jax_from_dlpack  # bfloat16 too
-    return lambda array: array
+    return lambda array: dtypes.cupy_result(array, None)  # bfloat16 bits stay bits
 
 
 def host_lengths(sequence_lengths):

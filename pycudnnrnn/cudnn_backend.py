@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cudnn_layout, cudnn_resources, gpu, layout, reserve_header
+from . import cudnn_layout, cudnn_resources, dtypes, gpu, layout, reserve_header
 from .config import Problem
 from .cudnn import rnn
 
@@ -39,6 +39,9 @@ class Executor:
         self.problem, self.device = problem, device
         c, dtype, T = problem.config, problem.dtype, problem.max_time
         self.tf32 = gpu.get_allow_tf32()
+        # What buffers are made of: the dtype, or bfloat16's bits with a CuPy older than
+        # 14 (cuDNN sees pointers; the descriptors say bfloat16).
+        self.storage = dtypes.storage_dtype(dtype, cp)
         lengths = problem.full_lengths
         rows = np.flatnonzero(lengths > 0)  # zero-length rows stay out of cuDNN
         self.batch = B = int(rows.size)
@@ -56,7 +59,7 @@ class Executor:
                 self.rnn.layout_checked = True
             self.rows = None if self.all_rows else cp.asarray(rows)
             self.head_device = cp.asarray(np.frombuffer(self.head, dtype=np.uint8))
-            self.empty = cp.zeros((0,), dtype=dtype)  # output_c of other cells: never written
+            self.empty = cp.zeros((0,), self.storage)  # output_c of other cells: never written
             self.no_reserve = cp.zeros((0,), dtype=cp.uint8)  # inference's reserve_space
             if B:
                 self._describe(handle, run_lengths)
@@ -113,7 +116,7 @@ class Executor:
         """Where cuDNN writes data results: the caller's buffer when all rows run."""
         if out is not None and self.all_rows:
             return out
-        return self.cupy.empty(self._run_shape(width), dtype=self.problem.dtype)
+        return self.cupy.empty(self._run_shape(width), dtype=self.storage)
 
     def _data_out(self, run, out, width):
         if run is out:
@@ -122,7 +125,7 @@ class Executor:
             full = run
         else:
             full = out if out is not None else self.cupy.empty(
-                self.problem.data_shape(width), dtype=self.problem.dtype)
+                self.problem.data_shape(width), dtype=self.storage)
             full[...] = 0
             if self.problem.time_major:
                 full[:, self.rows] = run
@@ -177,13 +180,14 @@ class Executor:
     def forward(self, input, input_h, input_c, params, out=(None,) * 4, workspace=None):
         """Forward on CuPy arrays of the problem's shapes; see ``pycudnnrnn.forward``."""
         cp, problem = self.cupy, self.problem
-        c, dtype = problem.config, problem.dtype
+        c = problem.config
         lstm, width = c.is_lstm, c.num_dirs * c.state_size
         out_y, out_h, out_c, out_reserve = out
         training = problem.is_training
         reserve = self._new_reserve(out_reserve) if training else self.no_reserve
         if self.batch == 0:  # every sequence is empty: nothing for cuDNN to do
-            output = out_y if out_y is not None else cp.empty(problem.data_shape(width), dtype)
+            output = out_y if out_y is not None else cp.empty(problem.data_shape(width),
+                                                              self.storage)
             output[...] = 0
             return (output, _into(out_h, input_h, copy=True),
                     _into(out_c, input_c, copy=True) if lstm else self.empty, reserve)
@@ -225,16 +229,17 @@ class Executor:
                   output_backprop, output_h_backprop, output_c_backprop, reserve_space, out,
                   workspace, want_weights):
         cp, problem = self.cupy, self.problem
-        c, dtype = problem.config, problem.dtype
+        c = problem.config
         lstm = c.is_lstm
         reserve = self._open_reserve(reserve_space)
         out_dx, out_dh, out_dc, out_dw = out
         dparams = None
         if want_weights:
-            dparams = out_dw if out_dw is not None else cp.empty(layout.params_size(c), dtype)
+            dparams = out_dw if out_dw is not None else cp.empty(layout.params_size(c),
+                                                                 self.storage)
             dparams[...] = 0  # cuDNN adds the weight gradients
         if self.batch == 0:
-            dx = out_dx if out_dx is not None else cp.empty(input.shape, dtype)
+            dx = out_dx if out_dx is not None else cp.empty(input.shape, self.storage)
             dx[...] = 0
             return (dx, _into(out_dh, output_h_backprop, copy=True),
                     _into(out_dc, output_c_backprop, copy=True) if lstm else self.empty, dparams)

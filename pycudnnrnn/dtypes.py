@@ -90,6 +90,8 @@ def numpy_from_dlpack(name: str, array) -> np.ndarray:
 def jax_from_dlpack(array):
     """A JAX array of a NumPy or CuPy array, bfloat16 included (as its bits, then a bitcast)."""
     import jax.numpy as jnp
+    if type(array) is Bfloat16Bits:
+        return jnp.from_dlpack(array.bits).view(jnp.bfloat16)
     if isinstance(array, np.ndarray) and not array.flags.writeable:
         return jnp.asarray(array)  # NumPy will not export a read-only array through DLPack
     if is_bfloat16(array.dtype):
@@ -100,6 +102,8 @@ def jax_from_dlpack(array):
 def torch_from_dlpack(array):
     """A PyTorch tensor of a NumPy or CuPy array without a copy, bfloat16 included."""
     import torch
+    if type(array) is Bfloat16Bits:
+        return torch.from_dlpack(array.bits).view(torch.bfloat16)
     if is_bfloat16(array.dtype):
         return torch.from_dlpack(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_dlpack(array)
@@ -108,14 +112,116 @@ def torch_from_dlpack(array):
 #: The first CuPy whose ``from_dlpack`` keeps bfloat16 (older ones refuse DLPack's kDLBfloat).
 CUPY_BFLOAT16_SINCE = 14
 
+#: What a CuPy older than 14 holds bfloat16 data as: its bits. int16, as on the CPU
+#: crossings above (PyTorch's uint16 is a dtype with limited support).
+BITS = np.dtype(np.int16)
+
+
+def cupy_holds_bfloat16(cupy) -> bool:
+    """Whether this CuPy imports and computes with bfloat16 arrays (CuPy >= 14)."""
+    return int(str(cupy.__version__).split(".")[0]) >= CUPY_BFLOAT16_SINCE
+
+
+def storage_dtype(dtype, xp) -> np.dtype:
+    """The dtype `xp` (NumPy or CuPy) keeps data of `dtype` in: `dtype` itself, except
+    bfloat16 in a CuPy older than 14, kept as its bits (``BITS``). cuDNN only sees
+    pointers, and its descriptors still say bfloat16."""
+    dtype = np.dtype(dtype)
+    if xp is np or not is_bfloat16(dtype) or cupy_holds_bfloat16(xp):
+        return dtype
+    return BITS
+
+
+class Bfloat16Bits:
+    """bfloat16 data that a CuPy older than 14 holds as its bits (`bits`, an int16 CuPy
+    array): the checks read it as bfloat16 (shape, ndim, dtype), the backend computes on
+    the bits, and results leave as bfloat16 again. A CuPy int16 array is not bfloat16."""
+
+    __slots__ = ("bits",)
+
+    def __init__(self, bits):
+        self.bits = bits
+
+    @property
+    def dtype(self):
+        return bfloat16()
+
+    shape = property(lambda self: self.bits.shape)
+    ndim = property(lambda self: self.bits.ndim)
+    size = property(lambda self: self.bits.size)
+    flags = property(lambda self: self.bits.flags)
+    device = property(lambda self: self.bits.device)
+
+    def __getitem__(self, key):
+        return Bfloat16Bits(self.bits[key])
+
+    def reshape(self, *shape):
+        return Bfloat16Bits(self.bits.reshape(*shape))
+
+    def __repr__(self):
+        return f"Bfloat16Bits({self.bits!r})"
+
+
+def storage(array):
+    """What the backend computes on: the bits of bfloat16 data a CuPy older than 14 holds
+    (a ``Bfloat16Bits``, or a CuPy array made with the bfloat16 dtype, e.g. over XLA's
+    buffers); any other array as it is."""
+    if type(array) is Bfloat16Bits:
+        return array.bits
+    if array is not None and is_bfloat16(array.dtype):
+        return array.view(BITS)
+    return array
+
+
+def _bits_of(name, array):
+    """A bfloat16 array of another library as int16 of that library, without a copy where
+    the library can (PyTorch views; JAX bitcasts, which XLA may copy)."""
+    library = type(array).__module__.split(".")[0]
+    if library == "torch":
+        import torch
+        return array.detach().view(torch.int16)
+    if library in ("jax", "jaxlib"):
+        import jax
+        return jax.lax.bitcast_convert_type(array, BITS)
+    try:
+        return array.view(BITS)  # NumPy-like arrays (CuPy, and the stand-in GPU's)
+    except Exception as exc:
+        raise TypeError(f"{name}: cannot read the bits of a bfloat16 "
+                        f"{type(array).__module__}.{type(array).__qualname__} for a CuPy "
+                        f"older than {CUPY_BFLOAT16_SINCE}: pass a PyTorch or JAX array, or "
+                        f"upgrade CuPy ({exc})") from exc
+
 
 def cupy_from_dlpack(cupy, name: str, array):
-    """A CUDA DLPack array as a CuPy array without a copy; bfloat16 needs CuPy 14."""
+    """A CUDA DLPack array as a CuPy array without a copy.
+
+    bfloat16 with a CuPy older than 14 (whose import refuses it) crosses as its bits: a
+    ``Bfloat16Bits`` over an int16 CuPy array.
+    """
     if is_bfloat16(getattr(array, "dtype", None)):
         bfloat16(name)  # CuPy makes bfloat16 arrays with ml_dtypes' dtype
-        major = int(str(cupy.__version__).split(".")[0])
-        if major < CUPY_BFLOAT16_SINCE:
-            raise TypeError(f"{name}: a bfloat16 CUDA array needs CuPy >= "
-                            f"{CUPY_BFLOAT16_SINCE} (found CuPy {cupy.__version__}); upgrade "
-                            f"CuPy, or pass float16 or float32")
+        if not cupy_holds_bfloat16(cupy):
+            bits = array if isinstance(array, cupy.ndarray) else cupy.from_dlpack(
+                _bits_of(name, array))
+            return Bfloat16Bits(bits.view(BITS))
     return cupy.from_dlpack(array)
+
+
+def cupy_array(cupy, name: str, array):
+    """`array` (a CUDA array) as the cuDNN backend takes it: CuPy arrays as they are,
+    except bfloat16 ones with a CuPy older than 14, and others through DLPack."""
+    if isinstance(array, cupy.ndarray) and not (
+            array.dtype.itemsize == 2 and is_bfloat16(array.dtype)
+            and not cupy_holds_bfloat16(cupy)):
+        return array
+    return cupy_from_dlpack(cupy, name, array)
+
+
+def cupy_result(array, like):
+    """A backend result for a caller whose arrays are CuPy's (or a library's we do not
+    know): bfloat16 bits as bfloat16 when `like`, a CuPy array (None for other
+    libraries), is bfloat16 (so CuPy can hold the dtype), else the bits."""
+    if type(array) is not Bfloat16Bits:
+        return array
+    dtype = getattr(like, "dtype", None)
+    return array.bits.view(dtype) if is_bfloat16(dtype) else array.bits

@@ -99,6 +99,8 @@ class RNNPlan:
             self._xp, self._executor = gpu.cupy(), cudnn_backend.Executor(problem, device)
             self.device = f"cuda:{device}"
         self.dtype = problem.dtype
+        # bfloat16 with a CuPy older than 14: arrays cross as their bits (dtypes.Bfloat16Bits)
+        self._bits = dtypes.storage_dtype(self.dtype, self._xp) != self.dtype
         self.input_shape = problem.data_shape(c.input_size)
         self.state_shapes = (problem.state_shape(c.state_size),
                              problem.state_shape(c.num_units) if c.is_lstm else None)
@@ -164,10 +166,14 @@ class RNNPlan:
         checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
         out = self._outputs(out, self._results_of["forward"])
         workspace = self._workspace(workspace)
+        if self._bits:
+            arrays = {n: dtypes.storage(a) for n, a in arrays.items()}
         with self._on_device():
-            return self._executor.forward(input=arrays["input"], input_h=arrays["input_h"],
-                                          input_c=arrays["input_c"] if lstm else None,
-                                          params=arrays["params"], out=out, workspace=workspace)
+            results = self._executor.forward(input=arrays["input"], input_h=arrays["input_h"],
+                                             input_c=arrays["input_c"] if lstm else None,
+                                             params=arrays["params"], out=out,
+                                             workspace=workspace)
+        return self._as_bfloat16(results) if self._bits else results
 
     def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan",
                      gradients="all"):
@@ -184,9 +190,18 @@ class RNNPlan:
         a = {n: arrays[n] for n in _BACKPROP_NAMES}
         if not lstm:
             a.update(input_c=None, output_c=None, output_c_backprop=None)
+        if self._bits:
+            a = {n: dtypes.storage(v) for n, v in a.items()}
         with self._on_device():
-            return self._executor.backprop(**a, out=out, workspace=workspace,
-                                           gradients=gradients)
+            results = self._executor.backprop(**a, out=out, workspace=workspace,
+                                              gradients=gradients)
+        return self._as_bfloat16(results) if self._bits else results
+
+    @staticmethod
+    def _as_bfloat16(results):
+        """Results held as bfloat16 bits, marked so that they leave as bfloat16."""
+        return tuple(dtypes.Bfloat16Bits(r) if r is not None and r.dtype == dtypes.BITS
+                     else r for r in results)
 
     # ------------------------------------------------------------------ arrays
     def _adopt(self, arrays: dict) -> dict:
@@ -213,7 +228,8 @@ class RNNPlan:
 
     def _results(self, template, results):
         if isinstance(template, self._xp.ndarray):
-            return results
+            return tuple(dtypes.cupy_result(r, template) for r in results) if self._bits \
+                else results
         wrap = from_dlpack_like(template)
         return tuple(None if r is None else wrap(r) for r in results)
 
@@ -239,7 +255,7 @@ class RNNPlan:
                                 "the result")
             if not buffer.flags.c_contiguous:
                 raise ValueError(f"{label}: expected a C-contiguous buffer")
-            checked.append(buffer)
+            checked.append(dtypes.storage(buffer) if self._bits else buffer)
         return tuple(checked)
 
     def _workspace(self, workspace):

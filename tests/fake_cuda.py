@@ -178,9 +178,23 @@ def _garbage(dtype):
 
 
 class FakeCupy(types.ModuleType):
-    """The CuPy functions and attributes the backend and the API use."""
+    """The CuPy functions and attributes the backend and the API use.
+
+    ``__version__`` says which CuPy it plays: 14 (the default) holds bfloat16; set it to
+    "13.6.0" and, as CuPy 13 does, its DLPack import, allocations and kernels refuse
+    bfloat16 (so the library must carry bfloat16 as its bits).
+    """
 
     ndarray = FakeDeviceArray
+    __version__ = "14.2.0"
+
+    def _refuse_bfloat16(self, *dtypes_or_arrays):
+        if int(self.__version__.split(".")[0]) >= 14:
+            return
+        for d in dtypes_or_arrays:
+            d = getattr(d, "dtype", d)
+            if d is not None and dtypes.is_bfloat16(d):
+                raise TypeError(f"CuPy {self.__version__}: unsupported dtype bfloat16")
     uint8, int32, float16, float32, float64 = np.uint8, np.int32, np.float16, np.float32, np.float64
 
     def __init__(self):
@@ -211,10 +225,12 @@ class FakeCupy(types.ModuleType):
 
     def empty(self, shape, dtype=np.float32):
         # Garbage, as on a GPU: NaN for floats, so a read of unwritten memory shows.
+        self._refuse_bfloat16(dtype)
         COUNTS["device_alloc"] += 1
         return _device(np.full(shape, _garbage(np.dtype(dtype)), dtype))
 
     def zeros(self, shape, dtype=np.float32):
+        self._refuse_bfloat16(dtype)
         COUNTS["device_alloc"] += 1
         return _device(np.zeros(shape, dtype))
 
@@ -222,16 +238,19 @@ class FakeCupy(types.ModuleType):
         return self.empty(a.shape, a.dtype)
 
     def asarray(self, a, dtype=None):
+        self._refuse_bfloat16(dtype, a)
         if not isinstance(a, FakeDeviceArray):
             _count("host_to_device")
         return _device(np.array(a, dtype=dtype))
 
     def ascontiguousarray(self, a):
+        self._refuse_bfloat16(a)
         if not a.flags.c_contiguous:
             COUNTS["device_copy"] += 1
         return _device(np.ascontiguousarray(a))
 
     def where(self, *args):
+        self._refuse_bfloat16(*args)
         COUNTS["device_alloc"] += 1
         return _device(np.where(*[np.asarray(a) for a in args]))
 
@@ -248,6 +267,7 @@ class FakeCupy(types.ModuleType):
 
     def from_dlpack(self, a):
         if isinstance(a, FakeFrameworkArray):  # a fresh view, as CuPy's import makes
+            self._refuse_bfloat16(a.array)
             return a.array.view(FakeDeviceArray)
         raise AssertionError("the fake GPU only takes FakeDeviceArray or FakeFrameworkArray")
 
@@ -263,6 +283,14 @@ class FakeFrameworkArray:
 
     def __dlpack__(self, stream=None):
         raise AssertionError("the stand-in imports it through FakeCupy.from_dlpack")
+
+    @property
+    def dtype(self):
+        return self.array.dtype
+
+    def view(self, dtype):
+        """A view as another dtype of the same size, as PyTorch's and JAX's ``view``."""
+        return FakeFrameworkArray(self.array.view(dtype))
 
 
 def _array(ptr, dtype, shape):

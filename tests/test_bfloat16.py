@@ -19,6 +19,7 @@ from conftest import make_case
 from test_cudnn_backend_emulated import fake_gpu  # noqa: F401 (the stand-in GPU fixture)
 from fake_cuda import FakeDeviceArray, _device
 from pycudnnrnn import convert, dtypes
+from pycudnnrnn import gpu as gpu_module
 from pycudnnrnn.errors import CudnnUnavailableError
 
 torch = pytest.importorskip("torch")
@@ -229,14 +230,48 @@ def test_keras_and_tf_converters_in_bfloat16():
 
 # --------------------------------------------------------------------------- cuDNN path
 
-def test_cuda_bfloat16_needs_cupy_14():
-    cuda_tensor = types.SimpleNamespace(dtype=BF16)
-    old = types.SimpleNamespace(__version__="13.6.0", from_dlpack=lambda a: pytest.fail("called"))
-    with pytest.raises(TypeError, match=r"output_h: a bfloat16 CUDA array needs CuPy >= 14 "
-                                        r"\(found CuPy 13.6.0\)"):
-        dtypes.cupy_from_dlpack(old, "output_h", cuda_tensor)
+def test_cuda_bfloat16_with_cupy_13_crosses_as_bits():
+    """CuPy 13's DLPack import refuses bfloat16: the tensor's int16 view crosses instead."""
+    imported = []
+    old = types.SimpleNamespace(__version__="13.6.0", ndarray=np.ndarray,
+                                from_dlpack=lambda a: imported.append(a) or np.from_dlpack(a))
+    tensor = _tensor(np.arange(6, dtype=np.float32).reshape(2, 3).astype(BF16))
+    got = dtypes.cupy_from_dlpack(old, "output_h", tensor)
+    assert isinstance(got, dtypes.Bfloat16Bits) and got.dtype == BF16 and got.shape == (2, 3)
+    assert imported[0].dtype == torch.int16  # CuPy was handed the bits, not bfloat16
+    assert got.bits.dtype == np.int16 and got.bits.ctypes.data == tensor.data_ptr()  # no copy
+    np.testing.assert_array_equal(got.bits, _bits(tensor))
+    back = dtypes.torch_from_dlpack(got)  # and out again as bfloat16, still no copy
+    assert back.dtype == torch.bfloat16 and back.data_ptr() == tensor.data_ptr()
     new = types.SimpleNamespace(__version__="14.2.0", from_dlpack=lambda a: "imported")
-    assert dtypes.cupy_from_dlpack(new, "output_h", cuda_tensor) == "imported"
+    assert dtypes.cupy_from_dlpack(new, "output_h", tensor) == "imported"
+    assert dtypes.storage_dtype(BF16, old) == np.int16 == dtypes.storage_dtype("int16", old)
+    assert dtypes.storage_dtype(BF16, new) == BF16 == dtypes.storage_dtype(BF16, np)
+    assert dtypes.storage_dtype(np.float16, old) == np.float16
+
+
+def test_jax_bfloat16_with_cupy_13_crosses_as_bits():
+    jnp = pytest.importorskip("jax.numpy")
+    old = types.SimpleNamespace(__version__="13.6.0", ndarray=np.ndarray,
+                                from_dlpack=np.from_dlpack)
+    values = np.linspace(-2, 2, 6, dtype=np.float32).astype(BF16)
+    got = dtypes.cupy_from_dlpack(old, "input", jnp.asarray(values))
+    assert isinstance(got, dtypes.Bfloat16Bits) and got.bits.dtype == np.int16
+    np.testing.assert_array_equal(got.bits, _bits(values))
+    back = dtypes.jax_from_dlpack(dtypes.Bfloat16Bits(got.bits.copy()))  # JAX's CPU
+    # arrays import read-only, which NumPy will not export again; CuPy's are writable
+    assert back.dtype == BF16
+    np.testing.assert_array_equal(_bits(np.asarray(back)), _bits(values))
+
+
+def test_a_cupy_int16_array_is_not_bfloat16(stand_in_gpu):
+    stand_in_gpu.cupy.__version__ = "13.6.0"
+    case = make_case("gru", dtype=BF16)
+    args = _on_device(case)
+    args[1] = args[1].view(np.int16)
+    with pytest.raises(TypeError, match=r"input_h: expected dtype bfloat16 \(the dtype of "
+                                        r"input\), got int16"):
+        pycudnnrnn.forward(*args, rnn_mode="gru")
 
 
 @pytest.fixture
@@ -252,6 +287,7 @@ def stand_in_gpu(fake_gpu, monkeypatch):
 
     monkeypatch.setattr(descriptors.RNNDescriptor, "__init__", recording)
     fake_gpu.rnn_descriptors = made
+    fake_gpu.cupy = gpu_module.cupy()  # the FakeCupy: tests may make it play CuPy 13
     return fake_gpu
 
 
@@ -262,8 +298,13 @@ def _on_device(case):
 
 @pytest.mark.parametrize("mode,proj", MODES)
 @pytest.mark.parametrize("time_major", [True, False])
-def test_cudnn_backend_bfloat16_on_the_stand_in_gpu(stand_in_gpu, mode, proj, time_major):
+@pytest.mark.parametrize("cupy_version", ["14.2.0", "13.6.0"])
+def test_cudnn_backend_bfloat16_on_the_stand_in_gpu(stand_in_gpu, mode, proj, time_major,
+                                                    cupy_version):
+    """CuPy 14 holds bfloat16; the stand-in playing CuPy 13 refuses it in imports,
+    allocations and kernels, so there every bfloat16 buffer is carried as its bits."""
     from pycudnnrnn.cudnn import capi
+    stand_in_gpu.cupy.__version__ = cupy_version
     case = make_case(mode, "bidirectional", num_proj=proj, num_layers=2, lengths="zero",
                      time_major=time_major, dtype=BF16, seed=7)
     cpu = case.forward()
@@ -342,6 +383,37 @@ def test_plan_in_bfloat16_on_the_cpu_with_torch_tensors(dtype):
     with pytest.raises(TypeError, match=r"input: expected dtype bfloat16 \(the dtype of the "
                                         r"plan\), got float32"):
         p.forward(case.input.astype(np.float32), *args[1:])
+
+
+def test_plan_in_bfloat16_with_cupy_13_and_another_librarys_arrays(stand_in_gpu):
+    """Another library's bfloat16 arrays (FakeFrameworkArray) through a plan on the
+    stand-in playing CuPy 13: they cross as bits, caller buffers (out) too, results equal
+    the NumPy backend's bits, and what leaves for a library we do not know is CuPy's
+    int16 bits (CuPy 13 has no bfloat16)."""
+    from fake_cuda import FakeFrameworkArray
+    stand_in_gpu.cupy.__version__ = "13.6.0"
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="zero", dtype=BF16)
+    want = case.forward()
+    seeds = [np.full(a.shape, 0.25, BF16) for a in want[:3]]
+    want_grads = case.backprop(want, *seeds)
+    p = pycudnnrnn.RNNPlan(**case.size, max_time=4, batch_size=3, dtype="bfloat16",
+                           sequence_lengths=case.sequence_lengths, rnn_mode="lstm",
+                           direction="bidirectional", device="cuda")
+    framework = lambda a: FakeFrameworkArray(_device(a))
+    args = [framework(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = [framework(np.zeros(w.shape, BF16)) for w in want[:3]] + [None]
+    got = p.forward(*args, out=out)
+    for g, w, o in zip(got[:3], want[:3], out):
+        assert g.dtype == np.int16 and g.ctypes.data == o.array.ctypes.data
+        np.testing.assert_array_equal(g, _bits(w))
+        np.testing.assert_array_equal(_bits(o.array), _bits(w))
+    got_grads = p.backprop(*args, *(framework(g.view(BF16)) for g in got[:3]),
+                           *(framework(s) for s in seeds), got[3])
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_array_equal(g, _bits(w))
+    with pytest.raises(TypeError, match=r"input: expected dtype bfloat16 \(the dtype of the "
+                                        r"plan\), got int16"):
+        p.forward(_device(case.input.view(np.int16)), *args[1:])
 
 
 def test_plan_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu):

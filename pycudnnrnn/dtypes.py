@@ -10,6 +10,11 @@ The 16-bit types compute in float32, as cuDNN does. NumPy's ``from_dlpack`` cann
 import bfloat16 (DLPack's ``kDLBfloat`` is not among its types), and PyTorch cannot
 import ml_dtypes' dtype, so bfloat16 crosses between them as its bits: a tensor is
 viewed as int16, imported, and viewed as bfloat16 again, without a copy.
+
+CuPy 13 has no bfloat16 either: there a bfloat16 CUDA array crosses as its int16 bits
+too, marked as bfloat16 (``Bfloat16Bits``) so the checks see the caller's dtype; the
+cuDNN backend allocates with ``storage_dtype`` and computes on ``storage``; results
+leave as bfloat16. CuPy 14 holds bfloat16 itself, and nothing of this applies.
 """
 
 from __future__ import annotations

@@ -126,7 +126,9 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
     route = _Route(dict(zip(names, weights + biases)))
     pieces = [route.arrays[n] for n in names]
     arrays = checks.check_canonical(pieces[:len(weights)], pieces[len(weights):], config)
-    return route.outputs((route.xp.concatenate([a.reshape(-1) for a in arrays]),))[0]
+    bits = type(arrays[0]) is dtypes.Bfloat16Bits  # bfloat16 with a CuPy older than 14
+    params = route.xp.concatenate([(a.bits if bits else a).reshape(-1) for a in arrays])
+    return route.outputs((dtypes.Bfloat16Bits(params) if bits else params,))[0]
 
 
 def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input_size,

@@ -416,6 +416,22 @@ def test_plan_in_bfloat16_with_cupy_13_and_another_librarys_arrays(stand_in_gpu)
         p.forward(_device(case.input.view(np.int16)), *args[1:])
 
 
+def test_params_helpers_in_bfloat16_with_cupy_13(stand_in_gpu):
+    """params_to_canonical and canonical_to_params on the stand-in playing CuPy 13: views
+    of the bits, and bfloat16 again for a CuPy bfloat16 caller."""
+    stand_in_gpu.cupy.__version__ = "13.6.0"
+    attrs = dict(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3,
+                 direction="bidirectional", num_proj=2)
+    n = pycudnnrnn.params_size(**attrs)
+    params = _device(np.random.default_rng(0).standard_normal(n).astype(BF16))
+    weights, biases = pycudnnrnn.params_to_canonical(params, **attrs)
+    assert all(a.dtype == BF16 for a in weights + biases)
+    assert weights[0].ctypes.data == params.ctypes.data  # a view, no copy
+    back = pycudnnrnn.canonical_to_params(weights, biases, **attrs)
+    assert isinstance(back, FakeDeviceArray) and back.dtype == BF16
+    np.testing.assert_array_equal(_bits(back), _bits(params))
+
+
 def test_plan_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu):
     case = make_case("gru", "bidirectional", num_layers=2, lengths="zero", dtype=BF16)
     want = case.forward()

@@ -33,7 +33,7 @@ import functools
 
 import numpy as np
 
-from . import xla_ffi
+from . import dtypes, xla_ffi
 from .xla_ffi import DataType
 
 FORWARD = "pycudnnrnn_forward"
@@ -216,14 +216,19 @@ class _Device:
         self._device.__exit__(*exc)
 
     def array(self, buffer: xla_ffi.Buffer):
-        """A CuPy view of a device buffer (no copy; XLA owns the memory)."""
+        """A CuPy view of a device buffer (no copy; XLA owns the memory); bfloat16 with a
+        CuPy older than 14 as its bits (``dtypes.Bfloat16Bits``)."""
         cp = self.cupy
         dtype = numpy_dtype(buffer.dtype)
+        storage = dtypes.storage_dtype(dtype, cp)
         count = int(np.prod(buffer.shape, dtype=np.int64))
         if count == 0 or not buffer.data:
-            return cp.empty(buffer.shape, dtype)
-        memory = cp.cuda.UnownedMemory(buffer.data, count * dtype.itemsize, None, self.device)
-        return cp.ndarray(buffer.shape, dtype, cp.cuda.MemoryPointer(memory, 0))
+            array = cp.empty(buffer.shape, storage)
+        else:
+            memory = cp.cuda.UnownedMemory(buffer.data, count * dtype.itemsize, None,
+                                           self.device)
+            array = cp.ndarray(buffer.shape, storage, cp.cuda.MemoryPointer(memory, 0))
+        return array if storage == dtype else dtypes.Bfloat16Bits(array)
 
     def host_lengths(self, lengths):
         """Lengths steer cuDNN's descriptors, so they come to the host (a stream sync)."""

@@ -212,7 +212,7 @@ class RNNPlan:
             if a is None or (not lstm and name in ("input_c", "output_c", "output_c_backprop")):
                 adopted[name] = None
                 continue
-            if type(a) is not xp.ndarray:
+            if type(a) is not xp.ndarray and type(a) is not dtypes.Bfloat16Bits:
                 a = readable(a)
                 kind = device_kind(name, a)
                 if kind != ("cpu" if self.device_index is None else "cuda"):

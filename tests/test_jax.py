@@ -581,6 +581,36 @@ def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
         assert fake_cuda.COUNTS["device_alloc"] == 0
 
 
+@pytest.mark.parametrize("cupy_version", ["14.2.0", "13.6.0"])
+def test_cuda_handlers_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_version):
+    """XLA's bfloat16 buffers through the CUDA handlers; the stand-in playing CuPy 13
+    refuses bfloat16, so there they are taken as their bits. Equal bit for bit."""
+    import ml_dtypes
+    from fake_xla import FakeCallFrame
+    from pycudnnrnn import ffi_targets, gpu
+    gpu.cupy().__version__ = cupy_version
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    case = _case("lstm-bi-2layer-zero-lengths", dtype=bf16)
+    op = _op(case)
+    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+                                                case.params), cuda=True)
+    frame, expected, results = _forward_frame(case, op, sizes)
+    assert frame.call(xla_ffi.make_handler(ffi_targets.cuda_forward)) is None, frame.errors
+    outputs, reserve = results[:-2], results[-2]
+    for ours, want in zip(outputs, expected[:3]):
+        assert ours.dtype == bf16
+        np.testing.assert_array_equal(ours.view(np.int16), want.view(np.int16))
+    seeds = [np.full(o.shape, 0.5, bf16) for o in outputs]
+    operands = [case.input, case.input_h, case.input_c, case.params, _lengths(case)]
+    grads = [np.full(a.shape, np.nan, bf16) for a in operands[:4]]
+    backward = FakeCallFrame(operands + outputs + seeds + [reserve],
+                             grads + [np.zeros(sizes[1], np.uint8)], op.attributes(True))
+    assert backward.call(xla_ffi.make_handler(ffi_targets.cuda_backprop)) is None, \
+        backward.errors
+    for ours, want in zip(grads, case.backprop(expected, *seeds)):
+        np.testing.assert_array_equal(ours.view(np.int16), want.view(np.int16))
+
+
 def test_handler_errors_and_metadata_without_xla():
     from pycudnnrnn import ffi_targets
     case = _case("lstm-bi-2layer-zero-lengths")

@@ -19,6 +19,8 @@ leave as bfloat16. CuPy 14 holds bfloat16 itself, and nothing of this applies.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 #: Names of the floating dtypes every backend takes, in the order errors list them.
@@ -124,7 +126,12 @@ BITS = np.dtype(np.int16)
 
 def cupy_holds_bfloat16(cupy) -> bool:
     """Whether this CuPy imports and computes with bfloat16 arrays (CuPy >= 14)."""
-    return int(str(cupy.__version__).split(".")[0]) >= CUPY_BFLOAT16_SINCE
+    return _major(str(cupy.__version__)) >= CUPY_BFLOAT16_SINCE
+
+
+@functools.lru_cache(maxsize=8)
+def _major(version: str) -> int:  # cached: asked on every CUDA call's 16-bit arrays
+    return int(version.split(".")[0])
 
 
 def storage_dtype(dtype, xp) -> np.dtype:
@@ -215,9 +222,9 @@ def cupy_from_dlpack(cupy, name: str, array):
 def cupy_array(cupy, name: str, array):
     """`array` (a CUDA array) as the cuDNN backend takes it: CuPy arrays as they are,
     except bfloat16 ones with a CuPy older than 14, and others through DLPack."""
-    if isinstance(array, cupy.ndarray) and not (
-            array.dtype.itemsize == 2 and is_bfloat16(array.dtype)
-            and not cupy_holds_bfloat16(cupy)):
+    if isinstance(array, cupy.ndarray) and (array.dtype.itemsize != 2 or
+                                            cupy_holds_bfloat16(cupy) or
+                                            not is_bfloat16(array.dtype)):
         return array
     return cupy_from_dlpack(cupy, name, array)
 

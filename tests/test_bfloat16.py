@@ -414,6 +414,9 @@ def test_plan_in_bfloat16_with_cupy_13_and_another_librarys_arrays(stand_in_gpu)
     with pytest.raises(TypeError, match=r"input: expected dtype bfloat16 \(the dtype of the "
                                         r"plan\), got int16"):
         p.forward(_device(case.input.view(np.int16)), *args[1:])
+    functional = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    for g, w in zip(functional[:3], want[:3]):
+        np.testing.assert_array_equal(g, _bits(w))
 
 
 def test_params_helpers_in_bfloat16_with_cupy_13(stand_in_gpu):
@@ -432,7 +435,9 @@ def test_params_helpers_in_bfloat16_with_cupy_13(stand_in_gpu):
     np.testing.assert_array_equal(_bits(back), _bits(params))
 
 
-def test_plan_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu):
+@pytest.mark.parametrize("cupy_version", ["14.2.0", "13.6.0"])
+def test_plan_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_version):
+    stand_in_gpu.cupy.__version__ = cupy_version
     case = make_case("gru", "bidirectional", num_layers=2, lengths="zero", dtype=BF16)
     want = case.forward()
     p = pycudnnrnn.RNNPlan(**case.size, max_time=4, batch_size=3, dtype="bfloat16",

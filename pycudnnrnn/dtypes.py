@@ -1,9 +1,10 @@
 """The dtypes the library takes, what each computes in, and bfloat16 across DLPack.
 
 float16, bfloat16, float32 and float64. bfloat16 is ``ml_dtypes.bfloat16``, the NumPy
-dtype JAX, TensorFlow and CuPy 14 use. It is recognised by name, so ``ml_dtypes`` is
-imported only when this library has to make a bfloat16 NumPy array itself (from a
-PyTorch tensor); an array that already has the dtype has already imported it.
+dtype JAX, TensorFlow and CuPy 14 use (``ml_dtypes`` is a dependency). The dtype is
+recognised by name, so the package is imported only when this library has to make the
+dtype itself (from a PyTorch tensor, or from the name "bfloat16"); an array that already
+has the dtype has already imported it.
 
 The 16-bit types compute in float32, as cuDNN does. NumPy's ``from_dlpack`` cannot
 import bfloat16 (DLPack's ``kDLBfloat`` is not among its types), and PyTorch cannot
@@ -51,9 +52,9 @@ def bfloat16(name: str = "input") -> np.dtype:
     try:
         import ml_dtypes
     except ImportError as exc:
-        raise TypeError(f"{name}: a bfloat16 array on the CPU needs the ml_dtypes package, "
-                        f"which is not installed (`pip install '{_MINIMUM_ML_DTYPES}'`); "
-                        f"or pass float32 ({exc})") from exc
+        raise TypeError(f"{name}: bfloat16 needs the ml_dtypes package (NumPy's bfloat16), "
+                        f"a dependency of pycudnnrnn that is not installed: `pip install "
+                        f"'{_MINIMUM_ML_DTYPES}'`; or use float32 ({exc})") from exc
     return np.dtype(ml_dtypes.bfloat16)
 
 
@@ -111,6 +112,7 @@ CUPY_BFLOAT16_SINCE = 14
 def cupy_from_dlpack(cupy, name: str, array):
     """A CUDA DLPack array as a CuPy array without a copy; bfloat16 needs CuPy 14."""
     if is_bfloat16(getattr(array, "dtype", None)):
+        bfloat16(name)  # CuPy makes bfloat16 arrays with ml_dtypes' dtype
         major = int(str(cupy.__version__).split(".")[0])
         if major < CUPY_BFLOAT16_SINCE:
             raise TypeError(f"{name}: a bfloat16 CUDA array needs CuPy >= "

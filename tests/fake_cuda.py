@@ -28,6 +28,7 @@ What this cannot show is cuDNN's own arithmetic: the ``gpu`` tests do.
 
 import collections
 import ctypes
+import functools
 import types
 
 import ml_dtypes
@@ -170,6 +171,12 @@ class FakeStream(_NoContext):
 CALLS = []
 
 
+@functools.lru_cache(maxsize=None)
+def _garbage(dtype):
+    """What fresh memory of `dtype` holds: NaN for the floats (cached: dtype names are slow)."""
+    return np.nan if dtypes.is_supported(dtype) else 0xAB
+
+
 class FakeCupy(types.ModuleType):
     """The CuPy functions and attributes the backend and the API use."""
 
@@ -205,7 +212,7 @@ class FakeCupy(types.ModuleType):
     def empty(self, shape, dtype=np.float32):
         # Garbage, as on a GPU: NaN for floats, so a read of unwritten memory shows.
         COUNTS["device_alloc"] += 1
-        return _device(np.full(shape, np.nan if dtypes.is_supported(dtype) else 0xAB, dtype))
+        return _device(np.full(shape, _garbage(np.dtype(dtype)), dtype))
 
     def zeros(self, shape, dtype=np.float32):
         COUNTS["device_alloc"] += 1

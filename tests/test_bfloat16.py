@@ -157,9 +157,15 @@ def test_bfloat16_without_ml_dtypes_names_the_package(monkeypatch):
     case = make_case("gru", dtype=BF16)
     args = [_tensor(case.input), _tensor(case.input_h), None, _tensor(case.params)]
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # `import ml_dtypes` now fails
-    with pytest.raises(TypeError, match=r"input: a bfloat16 array on the CPU needs the "
-                                        r"ml_dtypes package.*pip install 'ml_dtypes>=0.4'"):
+    message = r"{}: bfloat16 needs the ml_dtypes package .*pip install 'ml_dtypes>=0.4'"
+    with pytest.raises(TypeError, match=message.format("input")):
         pycudnnrnn.forward(*args, rnn_mode="gru")
+    with pytest.raises(TypeError, match=message.format("dtype")):
+        pycudnnrnn.RNNPlan(num_layers=1, num_units=4, input_size=3, max_time=4, batch_size=3,
+                           dtype="bfloat16")
+    new_cupy = types.SimpleNamespace(__version__="14.2.0", from_dlpack=lambda a: pytest.fail())
+    with pytest.raises(TypeError, match=message.format("input_h")):
+        dtypes.cupy_from_dlpack(new_cupy, "input_h", args[1])
 
 
 def test_jax_bfloat16_arrays_in_and_out():

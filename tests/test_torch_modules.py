@@ -227,6 +227,11 @@ def test_dtype_device_and_size_errors():
         ours(torch.randn(5, 2, 3, 1))
     with pytest.raises(ValueError, match="hx: for unbatched .* expected 2-D states"):
         ours(torch.randn(5, 3), torch.zeros(1, 1, 4))
+    packed = pack_padded_sequence(torch.randn(5, 2, 3), [5, 2])
+    with pytest.raises(TypeError, match="sequence_lengths: a PackedSequence carries its lengths"):
+        ours(packed, sequence_lengths=[5, 2])
+    with pytest.raises(ValueError, match="sequence_lengths: expected values in \\[0, 5\\]"):
+        ours(torch.randn(5, 2, 3), sequence_lengths=[6, 2])
 
 
 # --------------------------------------------------------------------------- modes
@@ -280,3 +285,31 @@ def test_the_pytorch_page_examples_run():
     exec(compile(blocks[1], "pytorch.md", "exec"), namespace)
     theirs, back = namespace["theirs"].state_dict(), namespace["back"].state_dict()
     assert list(theirs) == list(back) and all(torch.equal(theirs[k], back[k]) for k in theirs)
+
+
+def test_bfloat16_module_follows_the_float32_network():
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(I, H, L, bidirectional=True)
+    ours = prt.LSTM.from_torch(reference).to(torch.bfloat16)
+    x = torch.randn(T, B, I)
+    x_bf16 = x.to(torch.bfloat16).requires_grad_()
+    out, (h, c) = ours(x_bf16)
+    assert out.dtype == h.dtype == c.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference(x_bf16.detach().float())[0],
+                               rtol=0, atol=2e-2)
+    out.float().square().sum().backward()
+    assert x_bf16.grad.dtype == ours.params.grad.dtype == torch.bfloat16
+
+
+def test_the_readme_torch_example_runs():
+    """With backend aot_eager, to keep CI short: inductor is tested in test_torch_ops."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    block = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "prt." in b][0]
+    namespace = {}
+    torch._dynamo.reset()
+    exec(compile(block.replace("fullgraph=True", "fullgraph=True, backend='aot_eager'"),
+                 "README.md", "exec"), namespace)
+    assert namespace["output"].shape == (8, 20, 64) and namespace["h_n"].shape == (2, 8, 64)

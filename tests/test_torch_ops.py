@@ -9,7 +9,6 @@ torch = pytest.importorskip("torch")
 
 import pycudnnrnn  # noqa: E402
 import pycudnnrnn.torch as prt  # noqa: E402
-from pycudnnrnn.torch import ops  # noqa: E402
 
 T, B, I, H = 5, 3, 4, 6
 
@@ -140,10 +139,31 @@ def test_compile_fullgraph_aot_eager_equals_eager_and_takes_a_new_mask_without_r
         assert compiled(x).item() == model(x).item() == compiled(x).item()
 
 
-def test_compile_fullgraph_inductor_equals_eager():
+def test_ragged_batches_compile_through_sequence_lengths_and_equal_packing():
+    """PackedSequence does not trace; sequence_lengths= on the drop-in does, with the same
+    result as packing with torch.nn."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = prt.GRU(I, H, dtype=torch.float64)
+    reference = torch.nn.GRU(I, H, 2, batch_first=True, bidirectional=True,
+                             dtype=torch.float64)
+    model = prt.GRU.from_torch(reference)
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    lengths = torch.tensor([2, 5, 3])
+    compiled = torch.compile(lambda x, n: model(x, sequence_lengths=n), backend="aot_eager",
+                             fullgraph=True)
+    out, h_n = compiled(x, lengths)
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    out_ref, h_ref = reference(packed)
+    out_ref = pad_packed_sequence(out_ref, batch_first=True, total_length=T)[0]
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h_n, h_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_compile_fullgraph_inductor_equals_eager_and_draws_reproducible_masks():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = prt.GRU(I, H, 2, dropout=0.5, dtype=torch.float64)
     x = torch.randn(T, B, I, dtype=torch.float64)
 
     def step(x):
@@ -156,6 +176,11 @@ def test_compile_fullgraph_inductor_equals_eager():
     from torch._inductor import config as inductor_config
     with inductor_config.patch(fx_graph_cache=False), \
             functorch_config.patch(enable_autograd_cache=False):
+        torch.manual_seed(5)
+        first, second = compiled(x).item(), compiled(x).item()
+        torch.manual_seed(5)
+        assert compiled(x).item() == first != second  # fresh masks, reproducible
+        model.eval()
         ours = _loss_and_grads(model, compiled, x)
     torch.testing.assert_close(ours, _loss_and_grads(model, step, x), rtol=1e-12, atol=1e-12)
 
@@ -297,6 +322,23 @@ def test_held_dropout_states_are_reused_not_initialised_again(monkeypatch):
     plan.clear_caches()
 
 
+def test_a_module_gets_its_dropout_plan_back_while_the_key_holds():
+    from pycudnnrnn.torch.kernels import ModulePlans
+    built = []
+
+    def build():
+        built.append(object())
+        return built[-1]
+
+    plans = ModulePlans()
+    first = plans.get(0, 7, ("shapes", 1), build)
+    others = [plans.get(0, seed, ("shapes", 1), build) for seed in range(100, 120)]  # others
+    assert plans.get(0, 7, ("shapes", 1), build) is first and len(built) == 21
+    assert plans.get(0, 7, ("shapes", 2), build) is not first  # new lengths: a new plan
+    assert plans.get(1, 7, ("shapes", 2), build) is not built[-2]  # another device
+    assert len(built) == 23 and len(others) == 20
+
+
 @pytest.mark.gpu
 def test_cuda_many_dropout_modules_each_draw_fresh_masks():
     """More modules than the caches keep seeds for: no state is re-initialised (which
@@ -391,21 +433,3 @@ def test_the_planned_path_cuda_takes_equals_the_functional_api(mode, gradients):
     for a, b in zip(ours, theirs):
         assert (a is None) == (b is None)
         assert a is None or torch.equal(a, b)
-
-
-def test_a_reserve_tensor_keeps_the_identity_its_plan_noted():
-    """Backprop on CUDA then finds the header without reading it back from the GPU."""
-    import gc
-    from pycudnnrnn import reserve_header
-    from pycudnnrnn.torch import kernels
-    reserve = torch.zeros(512, dtype=torch.uint8)
-    view = reserve.numpy()  # the short-lived array the plan was handed
-    reserve_header.remember(view, reserve.data_ptr(), b"h" * 32)
-    kernels.remember_reserve(reserve)
-    del view
-    gc.collect()
-    assert reserve_header.known(reserve.data_ptr()) == b"h" * 32
-    pointer = reserve.data_ptr()
-    del reserve
-    gc.collect()
-    assert reserve_header.known(pointer) is None

@@ -69,9 +69,9 @@ class FlatRNN(torch.nn.Module):
                                 num_proj=num_proj)
         self.dropout = float(dropout)
         self.bias = bool(bias)
-        drops = self.dropout > 0 and num_layers > 1
+        # Drawn even without dropout: `dropout` may be set later, and modules must not share.
         self.gpu_seed = int(seed) if seed is not None else \
-            int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64)) if drops else 0
+            int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64))
         n = layout.params_size(self.config)
         self.params = torch.nn.Parameter(torch.empty(n, device=device, dtype=dtype))
         if not self.bias:

@@ -21,7 +21,7 @@ import contextlib
 import numpy as np
 import torch
 
-from .. import api, checks, gpu, numpy_backend, plan, reserve_header
+from .. import api, checks, gpu, numpy_backend, plan
 from ..arrays import host_lengths
 
 _NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
@@ -117,13 +117,32 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
         return planned_backprop(*arrays, reserve_space, lengths, seed, attrs, gradients)
 
 
-#: (device, seed) → the latest training plan with dropout for that seed. A plan keeps its
-#: seed's cuDNN dropout state alive; the shared caches keep only a few seeds, so without
-#: this a process with many dropout modules would re-initialise a module's state (and
-#: repeat its masks) at every step. Each module has one seed: about 6 MiB per module with
-#: dropout and device, kept for the life of the process (PyTorch's RNNs share one state
-#: per device instead).
-_dropout_holders: dict = {}
+class ModulePlans:
+    """The latest training plan with dropout of each (device, seed), held for reuse.
+
+    On CUDA each module has its own dropout seed. Holding its plan keeps that seed's cuDNN
+    dropout state alive (the shared caches keep only a few seeds; a state initialised
+    again would repeat its masks), and gives the module its plan back at the next call
+    with the same shapes and lengths even when the functional API's small cache of
+    dropout plans has dropped it (a rebuilt plan costs descriptors and a sync). One plan
+    per module with dropout and device, kept for the life of the process (about 6 MiB of
+    dropout state each; PyTorch's own RNNs share one state per device instead).
+    """
+
+    def __init__(self):
+        self._held = {}
+
+    def get(self, device, seed: int, key, build):
+        """The held plan for (device, seed) if it was built for `key`, else ``build()``."""
+        held = self._held.get((device, seed))
+        if held is not None and held[0] == key:
+            return held[1]
+        run = build()
+        self._held[(device, seed)] = (key, run)
+        return run
+
+
+_module_plans = ModulePlans()
 
 
 def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_training):
@@ -133,27 +152,11 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
     out = (_empty(run.output_shape, input), _empty(run.output_h_shape, input),
            _empty(run.output_c_shape, input) if lstm else None,
            _empty((run.reserve_nbytes,), input, torch.uint8) if is_training else None)
-    results = run.forward(input, input_h, input_c, params, out=out,
-                          workspace=_workspace(run, input))
-    if is_training:
-        remember_reserve(out[3])
-        if attrs["dropout"] > 0 and input.device.type == "cuda":
-            _dropout_holders[(input.device, int(seed))] = run
-    del results
+    # The plan remembers the reserve tensor's identity by the tensor itself, so backward
+    # reads no header back from the GPU.
+    run.forward(input, input_h, input_c, params, out=out, workspace=_workspace(run, input))
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
             out[3] if is_training else input.new_empty((0,), dtype=torch.uint8))
-
-
-def remember_reserve(reserve: torch.Tensor):
-    """Tie the identity the plan noted for `reserve`'s memory to the tensor's lifetime.
-
-    The plan remembers each reserve space it fills, so that backprop need not read its
-    header back from the GPU (a copy and a sync, which a CUDA graph capture forbids); it
-    keys that on the array it was handed, here a short-lived view of the tensor.
-    """
-    head = reserve_header.known(reserve.data_ptr())
-    if head is not None:
-        reserve_header.remember(reserve, reserve.data_ptr(), head)
 
 
 def planned_backprop(input, input_h, input_c, params, output, output_h, output_c,
@@ -179,8 +182,18 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
     device = None if input.device.type == "cpu" else \
         input.device.index if input.device.index is not None else torch.cuda.current_device()
     attributes = dict(attrs, **split_seed(seed), is_training=is_training)
-    return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths, attributes,
-                         device)
+
+    def build():
+        return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths,
+                             attributes, device)
+
+    if device is None or not (is_training and attrs["dropout"] > 0):
+        return build()
+    key = (str(input.dtype), tuple(None if t is None else tuple(t.shape)
+                                   for t in (input, input_h, input_c, params)),
+           None if lengths is None else lengths.tolist(), sorted(attributes.items()),
+           gpu.get_allow_tf32())
+    return _module_plans.get(device, int(seed), key, build)
 
 
 def _empty(shape, like, dtype=None):

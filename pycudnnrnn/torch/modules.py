@@ -103,9 +103,18 @@ class _DropIn(FlatRNN):
 
     # ------------------------------------------------------------------ the call
 
-    def forward(self, input, hx=None):
-        """Run the RNN, as ``torch.nn.{LSTM,GRU,RNN}.forward``."""
+    def forward(self, input, hx=None, *, sequence_lengths=None):
+        """Run the RNN, as ``torch.nn.{LSTM,GRU,RNN}.forward``.
+
+        One addition: `sequence_lengths` (``[B]`` integers, a CPU tensor or a list) with a
+        padded 3-D input does what packing does — output zero past each length, ``h_n``
+        the state after each sequence's last step — without ``PackedSequence``, whose
+        packing ``torch.compile(fullgraph=True)`` cannot trace.
+        """
         if isinstance(input, PackedSequence):
+            if sequence_lengths is not None:
+                raise TypeError("sequence_lengths: a PackedSequence carries its lengths; "
+                                "give one or the other")
             return self._forward_packed(input, hx)
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"input: expected a torch.Tensor or PackedSequence, got "
@@ -119,7 +128,13 @@ class _DropIn(FlatRNN):
             hx = None if hx is None else _map_states(hx, _unbatched_state)
         time_major = not (self.batch_first and batched)
         batch = input.shape[1] if time_major else input.shape[0]
-        output, h_n, c_n = self._call(input, hx, batch, None, time_major, batched)
+        if sequence_lengths is not None:
+            if not batched:
+                raise ValueError("sequence_lengths: expected with 3-D (batched) input only, "
+                                 "got unbatched 2-D input")
+            if not isinstance(sequence_lengths, torch.Tensor):
+                sequence_lengths = torch.as_tensor(sequence_lengths, dtype=torch.int64)
+        output, h_n, c_n = self._call(input, hx, batch, sequence_lengths, time_major, batched)
         if not batched:
             output, h_n, c_n = output.squeeze(1), h_n.squeeze(1), c_n.squeeze(1)
         return output, self._state_result(h_n, c_n)

@@ -293,3 +293,16 @@ def test_gpu_check_refuses_to_pass_without_a_gpu(tmp_path):
     assert proc.returncode != 0
     assert "no usable GPU" in proc.stderr + proc.stdout and "nothing was run" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_check_limits_sum_to_under_six_minutes():
+    """A device session has about 15 minutes; a check must fit twice with start-up."""
+    from conftest import benchmark_script
+    check = benchmark_script("gpu_check")
+    limits = [check.LAYOUT_TIMEOUT_S, check.TEST_TIMEOUT_S, check.BENCH_TIMEOUT_S]
+    limits += [limit for _, _, limit in check.FRAMEWORK_BENCHES]
+    assert sum(limits) < 360
+    names = {name for name, _, _ in check.FRAMEWORK_BENCHES}
+    assert names == {"torch_bench.py", "jax_bench.py"}
+    for name in names:
+        assert os.path.exists(os.path.join(os.path.dirname(check.__file__), name))

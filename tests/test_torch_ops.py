@@ -331,12 +331,35 @@ def test_a_module_gets_its_dropout_plan_back_while_the_key_holds():
         return built[-1]
 
     plans = ModulePlans()
+    for seed in [7] + list(range(100, 120)):
+        plans.acquire(seed)
     first = plans.get(0, 7, ("shapes", 1), build)
     others = [plans.get(0, seed, ("shapes", 1), build) for seed in range(100, 120)]  # others
     assert plans.get(0, 7, ("shapes", 1), build) is first and len(built) == 21
     assert plans.get(0, 7, ("shapes", 2), build) is not first  # new lengths: a new plan
     assert plans.get(1, 7, ("shapes", 2), build) is not built[-2]  # another device
     assert len(built) == 23 and len(others) == 20
+
+
+def test_module_plans_live_as_long_as_a_module_with_their_seed():
+    """One ~6 MiB cuDNN dropout state per module: kept forever, a loop that builds modules
+    grew without bound."""
+    import gc
+
+    from pycudnnrnn.torch import CudnnRNN, kernels
+    plans = kernels._module_plans
+    held = lambda seed: [k for k in plans._held if k[1] == seed]
+    first, twin = (CudnnRNN(3, 4, 2, dropout=0.5, seed=1234) for _ in range(2))
+    plans.get(0, 1234, "key", object)
+    assert held(1234)
+    del first
+    gc.collect()
+    assert held(1234)  # the twin still uses the seed's state
+    del twin
+    gc.collect()
+    assert not held(1234)
+    plans.get(0, 99, "key", object)  # a seed no module holds (a functional call) is not kept
+    assert not held(99)
 
 
 @pytest.mark.gpu

@@ -24,12 +24,13 @@ advances it at every training call, as PyTorch's own RNNs do, instead of re-seed
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
 from .. import layout
 from ..checks import make_config
-from . import ops
+from . import kernels, ops
 
 _SEED_BOUND = 2 ** 62
 
@@ -72,6 +73,9 @@ class FlatRNN(torch.nn.Module):
         # Drawn even without dropout: `dropout` may be set later, and modules must not share.
         self.gpu_seed = int(seed) if seed is not None else \
             int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64))
+        # The seed's CUDA plan and dropout state live as long as the module, not longer.
+        kernels.acquire_seed(self.gpu_seed)
+        weakref.finalize(self, kernels.release_seed, self.gpu_seed)
         n = layout.params_size(self.config)
         self.params = torch.nn.Parameter(torch.empty(n, device=device, dtype=dtype))
         if not self.bias:

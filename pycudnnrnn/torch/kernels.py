@@ -17,6 +17,7 @@ call will be on a device type (``None`` when only the device can tell).
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import numpy as np
 import torch
@@ -125,12 +126,28 @@ class ModulePlans:
     again would repeat its masks), and gives the module its plan back at the next call
     with the same shapes and lengths even when the functional API's small cache of
     dropout plans has dropped it (a rebuilt plan costs descriptors and a sync). One plan
-    per module with dropout and device, kept for the life of the process (about 6 MiB of
-    dropout state each; PyTorch's own RNNs share one state per device instead).
+    per live module with dropout and device (about 6 MiB of dropout state each; PyTorch's
+    own RNNs share one state per device instead): modules ``acquire`` their seed when
+    built and ``release`` it when collected, and a seed no live module holds is dropped.
     """
 
     def __init__(self):
-        self._held = {}
+        self._held, self._holders = {}, {}
+        self._lock = threading.Lock()
+
+    def acquire(self, seed: int):
+        """A module with this seed exists (seeds may be shared: they are counted)."""
+        with self._lock:
+            self._holders[seed] = self._holders.get(seed, 0) + 1
+
+    def release(self, seed: int):
+        """A module with this seed is gone; the last one drops the seed's plans."""
+        with self._lock:
+            self._holders[seed] = self._holders.get(seed, 1) - 1
+            if self._holders[seed] <= 0:
+                del self._holders[seed]
+                for device_seed in [k for k in self._held if k[1] == seed]:
+                    del self._held[device_seed]
 
     def get(self, device, seed: int, key, build):
         """The held plan for (device, seed) if it was built for `key`, else ``build()``."""
@@ -138,11 +155,17 @@ class ModulePlans:
         if held is not None and held[0] == key:
             return held[1]
         run = build()
-        self._held[(device, seed)] = (key, run)
+        with self._lock:
+            if seed in self._holders:  # a functional call's seed is not held
+                self._held[(device, seed)] = (key, run)
         return run
+
+    def __len__(self):
+        return len(self._held)
 
 
 _module_plans = ModulePlans()
+acquire_seed, release_seed = _module_plans.acquire, _module_plans.release
 
 
 def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_training):

@@ -2,17 +2,14 @@
 
     python benchmarks/cpu_bench.py [--repeat N]
 
-Prints a table of medians; asserts nothing. docs/performance.md records its figures.
+Prints the environment, then a table of medians with their min and max; asserts nothing.
+docs/performance.md records its figures.
 """
 
 import argparse
-import os
-import platform
 
-import numpy as np
-
-import pycudnnrnn
 from pycudnnrnn.bench import Case, format_table, run
+from pycudnnrnn.environment import collect
 
 CASES = [
     Case("lstm", 2, True, 64, 32, 256, 256),
@@ -27,13 +24,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args()
-    try:
-        import torch
-        versions = f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
-    except ImportError:
-        versions = ", torch not installed"
-    print(f"pycudnnrnn {pycudnnrnn.__version__}, numpy {np.__version__}, python "
-          f"{platform.python_version()}, {os.cpu_count()} CPUs{versions}")
+    info = collect()  # the same environment `pycudnnrnn info` and `bench --json` give
+    print(", ".join(f"{key} {info[key]}" for key in
+                    ("pycudnnrnn", "python", "numpy", "blas", "cpus", "thread settings", "torch")))
     print(format_table(run(CASES, ["cpu"], repeat=args.repeat, warmup=1)))
 
 

@@ -106,14 +106,14 @@ def main():
           f"{platform.python_version()}, device {device.device_kind} ({device.platform}); "
           f"float32, median (IQR) of {args.repeat} interleaved rounds")
     print(f"{'case':<26}{'implementation':<28}{'forward ms':>20}{'train step ms':>22}"
-          f"{'step / ours':>13}")
+          f"{'step / ours':>13}", flush=True)
     for L, bi, T, B, I, H in CASES.get(device.platform, CASES["gpu"]):
         label = f"L{L} {'bi' if bi else 'uni'} T{T} B{B} I{I} H{H}"
         runs, skipped = bench_case(L, bi, T, B, I, H, device, args.repeat)
         ours = np.median(runs[("pycudnnrnn.jax", "train step")][1])
         for name in implementations(I, H, L, bi):
             if name in skipped:
-                print(f"{label:<26}{name:<28}  n/a: {skipped[name]}")
+                print(f"{label:<26}{name:<28}  n/a: {skipped[name]}", flush=True)
                 continue
             cells = []
             for kind in ("forward", "train step"):
@@ -121,7 +121,8 @@ def main():
                 q1, q3 = np.percentile(t, [25, 75])
                 cells.append(f"{np.median(t):8.2f} ({q1:.2f}-{q3:.2f})")
             ratio = np.median(runs[(name, "train step")][1]) / ours
-            print(f"{label:<26}{name:<28}{cells[0]:>20}{cells[1]:>22}{ratio:>12.2f}x")
+            print(f"{label:<26}{name:<28}{cells[0]:>20}{cells[1]:>22}{ratio:>12.2f}x",
+                  flush=True)  # a run cut short by a time limit keeps its finished rows
 
 
 if __name__ == "__main__":

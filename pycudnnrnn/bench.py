@@ -9,7 +9,6 @@ measures and reports.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import time
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import platform
@@ -11,6 +10,7 @@ from importlib import metadata
 import numpy as np
 
 from . import __version__
+from .cudnn import driver
 
 
 def gpu_status():
@@ -119,12 +119,12 @@ def _nvidia_driver(path="/proc/driver/nvidia/version") -> str:
 def _cuda_driver_api() -> str:
     """The CUDA version libcuda supports (cuDriverGetVersion)."""
     try:
-        libcuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+        version = driver.cuda_version()
+    except OSError as exc:
+        return f"unknown ({exc})"
+    if version is None:
         return "none (libcuda.so.1 does not load: no NVIDIA driver)"
-    version = ctypes.c_int(0)
-    status = libcuda.cuDriverGetVersion(ctypes.byref(version))
-    return _cuda_version(version.value) if status == 0 else f"unknown (CUresult {status})"
+    return _cuda_version(version)
 
 
 def _gpus() -> str:

@@ -7,9 +7,9 @@ backend, ``info``, ``check``, ``bench``); the CI stand-in GPU replaces it (and
 
 from __future__ import annotations
 
-import ctypes
 import numbers
 
+from .cudnn import driver
 from .errors import CudnnUnavailableError
 
 _settings = {"allow_tf32": False}
@@ -41,11 +41,8 @@ def cupy():
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no driver (CUDA then calls it "insufficient"), or no device
-        try:
-            ctypes.CDLL("libcuda.so.1")
-            found = "CUDA cannot use an NVIDIA GPU with the driver found"
-        except OSError:
-            found = "no NVIDIA GPU or driver was found"
+        found = "CUDA cannot use an NVIDIA GPU with the driver found" if driver.found() \
+            else "no NVIDIA GPU or driver was found"
         raise CudnnUnavailableError(f"{found}, so the cuDNN backend has no usable GPU (NumPy "
                                     f"arrays run on the CPU backend). CUDA says: {exc}") from exc
     if count == 0:

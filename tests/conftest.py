@@ -107,11 +107,22 @@ class Device:
         self.kind = kind
         if kind == "stand-in":
             fake_cuda.install(monkeypatch)
-            self.put, self.get = fake_cuda._device, lambda a: np.asarray(a).view(np.ndarray)
+            self.array_type = fake_cuda.FakeDeviceArray
+            self.get = lambda a: np.asarray(a).view(np.ndarray)
         else:
             import cupy
-            self.put, self.get = cupy.asarray, cupy.asnumpy
+            self.array_type, self.get = cupy.ndarray, cupy.asnumpy
             plan.clear_caches()
+
+    def put(self, a):
+        """`a` on the device; bfloat16 moves as its bits (no host-side bfloat16 cast)."""
+        if self.kind == "stand-in":
+            import fake_cuda
+            return fake_cuda._device(a)
+        import cupy
+        if a.dtype.name == "bfloat16":
+            return cupy.asarray(a.view(np.uint16)).view(a.dtype)
+        return cupy.asarray(a)
 
     def counts(self):
         """Host↔device copies and syncs since the last reset (stand-in only)."""

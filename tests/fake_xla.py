@@ -1,7 +1,7 @@
 """A stand-in for XLA's side of the FFI: call frames built in Python, as XLA builds them.
 
 ``FakeCallFrame`` lays out operands, results and attributes in the structs of
-``pycudnnrnn.xla_ffi`` over NumPy arrays, with an API table whose ``XLA_FFI_Stream_Get``,
+``pycudnnrnn.jax.xla_ffi`` over NumPy arrays, with an API table whose ``XLA_FFI_Stream_Get``,
 ``XLA_FFI_DeviceOrdinal_Get`` and ``XLA_FFI_Error_Create`` are Python callbacks that
 record what the handler asked. It lets CI run a handler without XLA — the CUDA one on
 the stand-in GPU of ``fake_cuda.py`` — and see exactly what it did with the frame.
@@ -11,8 +11,8 @@ import ctypes
 
 import numpy as np
 
-from pycudnnrnn import xla_ffi
-from pycudnnrnn.xla_ffi import AttrType, DataType
+from pycudnnrnn.jax import xla_ffi
+from pycudnnrnn.jax.xla_ffi import AttrType, DataType
 
 _DATA_TYPES = {np.dtype(np.float16): DataType.F16, np.dtype(np.float32): DataType.F32,
                np.dtype(np.float64): DataType.F64, np.dtype(np.int32): DataType.S32,

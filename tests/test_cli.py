@@ -187,7 +187,8 @@ def _fake_cupy_without_driver(monkeypatch, libcuda_loads):
             raise OSError("libcuda.so.1: cannot open shared object file")
         return real_cdll(name, *args, **kwargs)
 
-    monkeypatch.setattr(gpu.ctypes, "CDLL", cdll)
+    from pycudnnrnn.cudnn import driver
+    monkeypatch.setattr(driver.ctypes, "CDLL", cdll)
     return gpu
 
 

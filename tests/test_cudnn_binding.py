@@ -306,3 +306,20 @@ def test_gpu_check_limits_sum_to_under_six_minutes():
     assert names == {"torch_bench.py", "jax_bench.py"}
     for name in names:
         assert os.path.exists(os.path.join(os.path.dirname(check.__file__), name))
+
+
+def test_the_driver_probe_answers_without_a_gpu():
+    """No NVIDIA driver on CI's machines: the probe says so instead of raising."""
+    from pycudnnrnn.cudnn import driver
+    version = driver.cuda_version() if driver.found() else None
+    assert driver.found() == (version is not None)
+    assert version is None or version >= 10000
+
+
+def test_only_the_ctypes_layers_import_ctypes():
+    """cudnn/ binds cuDNN and the driver; jax/ mirrors XLA's FFI. Nothing else needs ctypes."""
+    import pathlib
+    package = pathlib.Path(pycudnnrnn.__file__).parent
+    users = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                   if "import ctypes" in p.read_text())
+    assert all(u.startswith(("cudnn/", "jax/")) for u in users), users

@@ -22,7 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import pycudnnrnn  # noqa: E402
 from pycudnnrnn import jax as rnn_jax  # noqa: E402
-from pycudnnrnn import xla_ffi  # noqa: E402
+from pycudnnrnn.jax import xla_ffi  # noqa: E402
 
 from conftest import make_case  # noqa: E402
 
@@ -535,7 +535,7 @@ def _forward_frame(case, op, sizes, lengths=None):
 def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
     import fake_cuda
     from fake_xla import FakeCallFrame
-    from pycudnnrnn import ffi_targets
+    from pycudnnrnn.jax import targets as ffi_targets
     case = _case(name, lengths=lengths)
     op = _op(case)
     problem = op.problem(case.input, case.input_h, case.input_c, case.params)
@@ -612,7 +612,7 @@ def test_cuda_handlers_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_versio
 
 
 def test_handler_errors_and_metadata_without_xla():
-    from pycudnnrnn import ffi_targets
+    from pycudnnrnn.jax import targets as ffi_targets
     case = _case("lstm-bi-2layer-zero-lengths")
     op = _op(case)
     handler = xla_ffi.make_handler(ffi_targets.cpu_forward)

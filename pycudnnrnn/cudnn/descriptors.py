@@ -125,8 +125,9 @@ class Owned:
     def __exit__(self, *exc):
         self.close()
 
-    def __del__(self):
-        if sys.is_finalizing():
+    def __del__(self, _is_finalizing=sys.is_finalizing):
+        # Bound at definition: at interpreter exit module globals (sys) may be gone.
+        if _is_finalizing():
             return  # the library may already be gone
         try:
             self.close()

@@ -4,7 +4,7 @@ XLA calls an FFI handler, a C function ``XLA_FFI_Error* handler(XLA_FFI_CallFram
 with the operands, results and attributes of one custom call. ctypes can make such a
 function from Python (``HANDLER``), so the project needs no compiled code to be a
 native XLA operation: ``pycudnnrnn.jax`` registers the handlers of
-``pycudnnrnn.ffi_targets`` with ``jax.ffi.register_ffi_target``.
+``pycudnnrnn.jax.targets`` with ``jax.ffi.register_ffi_target``.
 
 Each structure below sits under the C declaration it mirrors, from the header jaxlib
 0.10.2 ships (``jaxlib/include/xla/ffi/api/c_api.h``, FFI API 0.3). The header only ever

@@ -15,7 +15,7 @@
 Attributes of both: the op's ``rnn_mode, input_mode, direction`` (strings), ``dropout``
 (f64), ``seed, seed2, num_proj`` (i64), ``time_major, is_training, has_lengths`` (pred).
 
-A handler reads the call frame (``pycudnnrnn.xla_ffi``), views XLA's buffers as arrays
+A handler reads the call frame (``pycudnnrnn.jax.xla_ffi``), views XLA's buffers as arrays
 without a copy (NumPy on the host; CuPy on XLA's device, with XLA's stream current, on
 CUDA) and runs the cached ``RNNPlan`` for them (``pycudnnrnn.plan.for_call``, the
 functional API's cache) with XLA's result buffers as ``out=`` and XLA's workspace: the
@@ -117,7 +117,7 @@ def buffer_sizes(problem, cuda: bool) -> tuple[int, int]:
     need), and so is the platform: the sizes are the largest of the CPU's and, when
     `cuda`, device 0's cuDNN plan. A handler uses the first bytes its plan needs.
     """
-    from .plan import RNNPlan
+    from ..plan import RNNPlan
     plans = [RNNPlan.from_problem(problem, None)]
     if cuda:
         plans.append(RNNPlan.from_problem(problem, 0))
@@ -127,7 +127,7 @@ def buffer_sizes(problem, cuda: bool) -> tuple[int, int]:
 def _run(call_frame, target: str, place):
     """Run one call frame through the cached plan for its arrays, on `place`'s device,
     writing straight into XLA's result buffers."""
-    from . import plan as plans
+    from .. import plan as plans
     call = _Call(call_frame, target)
     with place:
         a = {n: place.array(b) for n, b in call.operands.items()}
@@ -200,7 +200,7 @@ class _Device:
     whose handle follows CuPy's current stream); XLA's buffers as CuPy views."""
 
     def __init__(self, call_frame):
-        from . import gpu
+        from .. import gpu
         self.cupy = cp = gpu.cupy()
         self.device = xla_ffi.device_ordinal(call_frame)
         self._device = cp.cuda.Device(self.device)

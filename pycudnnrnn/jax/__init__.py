@@ -1,6 +1,6 @@
 """pycudnnrnn as a native JAX operation: ``jit``, ``grad``, ``vmap`` and ``lax.scan``.
 
-``rnn`` lowers to two XLA custom calls (``pycudnnrnn.ffi_targets``) whose handlers are
+``rnn`` lowers to two XLA custom calls (``pycudnnrnn.jax.targets``) whose handlers are
 ctypes callbacks, registered with ``jax.ffi.register_ffi_target`` for the CPU (NumPy
 backend on host buffers) and for CUDA (cuDNN on XLA's stream). Nothing is compiled.
 
@@ -32,9 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from . import checks, ffi_targets
-from .errors import CudnnUnavailableError
-from .ffi_targets import BACKPROP, FORWARD
+from .. import checks
+from . import targets
+from ..errors import CudnnUnavailableError
+from .targets import BACKPROP, FORWARD
 
 __all__ = ["rnn"]
 
@@ -42,7 +43,7 @@ __all__ = ["rnn"]
 @functools.lru_cache(maxsize=None)
 def register() -> None:
     """Register the FFI targets with XLA, once per process (``rnn`` calls this)."""
-    for (platform, target), handler in ffi_targets.handlers().items():
+    for (platform, target), handler in targets.handlers().items():
         address = ctypes.cast(handler, ctypes.c_void_p).value
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(address), platform=platform,
                                     api_version=1)
@@ -99,10 +100,10 @@ def _buffer_sizes(problem) -> tuple[int, int]:
     """reserve_space and workspace bytes: enough for every platform this JAX can run on."""
     if _has_cuda():
         try:
-            return ffi_targets.buffer_sizes(problem, cuda=True)
+            return targets.buffer_sizes(problem, cuda=True)
         except CudnnUnavailableError:
             pass  # JAX has a GPU but we cannot use it: the CUDA handler will say why
-    return ffi_targets.buffer_sizes(problem, cuda=False)
+    return targets.buffer_sizes(problem, cuda=False)
 
 
 def _check_lengths(sequence_lengths, batch_size, max_time):
@@ -123,7 +124,7 @@ def _check_lengths(sequence_lengths, batch_size, max_time):
 # --------------------------------------------------------------------------- the two calls
 
 def _forward_call(op: _Op, *operands):
-    """The forward custom call on operands in ``ffi_targets.operand_names`` order.
+    """The forward custom call on operands in ``targets.operand_names`` order.
 
     Under ``vmap`` XLA makes one call per element (see ``_inference`` for the fold).
     """
@@ -147,8 +148,8 @@ def _forward_call(op: _Op, *operands):
 
 
 def _backprop_call(op: _Op, has_lengths: bool, *operands):
-    """The backprop custom call on operands in ``ffi_targets.operand_names`` order."""
-    names = ffi_targets.operand_names(BACKPROP, op.lstm, has_lengths)
+    """The backprop custom call on operands in ``targets.operand_names`` order."""
+    names = targets.operand_names(BACKPROP, op.lstm, has_lengths)
     a = dict(zip(names, operands))
     results = [jax.ShapeDtypeStruct(a[n].shape, a[n].dtype)
                for n in ("input", "input_h") + (("input_c",) if op.lstm else ()) + ("params",)]
@@ -184,7 +185,7 @@ def _unfold(x, axis, n):
 @functools.lru_cache(maxsize=None)
 def _inference(op: _Op, has_lengths: bool):
     """The inference forward of `op` as a ``custom_vmap`` function that folds."""
-    names = ffi_targets.operand_names(FORWARD, op.lstm, has_lengths)
+    names = targets.operand_names(FORWARD, op.lstm, has_lengths)
 
     @custom_vmap
     def forward(*operands):

@@ -587,7 +587,8 @@ def test_cuda_handlers_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_versio
     refuses bfloat16, so there they are taken as their bits. Equal bit for bit."""
     import ml_dtypes
     from fake_xla import FakeCallFrame
-    from pycudnnrnn import ffi_targets, gpu
+    from pycudnnrnn import gpu
+    from pycudnnrnn.jax import targets as ffi_targets
     gpu.cupy().__version__ = cupy_version
     bf16 = np.dtype(ml_dtypes.bfloat16)
     case = _case("lstm-bi-2layer-zero-lengths", dtype=bf16)

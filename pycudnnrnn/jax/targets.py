@@ -33,7 +33,8 @@ import functools
 
 import numpy as np
 
-from . import dtypes, xla_ffi
+from .. import dtypes
+from . import xla_ffi
 from .xla_ffi import DataType
 
 FORWARD = "pycudnnrnn_forward"

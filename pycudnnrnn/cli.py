@@ -163,17 +163,11 @@ def _available_bytes(device):
     if device == "gpu":
         from .gpu import cupy
         return cupy().cuda.runtime.memGetInfo()[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    # The library's own figure (MemAvailable, lowered by a cgroup limit), so a run this
+    # check lets through is not refused by the library once it has started.
+    from .memory import FALLBACK_BYTES, available_bytes
+    available = available_bytes()[0]
+    return None if available == FALLBACK_BYTES else available
 
 
 def _human(nbytes):

@@ -140,7 +140,8 @@ class RNNPlan:
         arrays = self._adopt(dict(input=input, input_h=input_h, input_c=input_c, params=params))
         results = self.run_forward(arrays, out=out, workspace=workspace)
         given = out[3] if out is not None and len(out) == 4 else None
-        if given is not None and given is not results[3] and self.device_index is not None:
+        if given is not None and given is not results[3] and self.device_index is not None \
+                and self.problem.is_training:
             # A framework's buffer, seen here through a DLPack view that dies with this
             # call: remember its header by the buffer itself, so backprop need not read it.
             reserve_header.remember(given, results[3].data.ptr, self._executor.head)
@@ -159,6 +160,15 @@ class RNNPlan:
             reserve_space=reserve_space))
         results = self.run_backprop(arrays, out=out, workspace=workspace, gradients=gradients)
         return BackpropResult(*self._results(input, results))
+
+    def trust_reserve(self, reserve_space):
+        """Note that `reserve_space` (a backend array) holds this plan's forward's reserve
+        space, for a framework that ties the two by construction (XLA's custom_vjp): its
+        backprop then reads no header back from the GPU. The note lasts as long as the
+        array object does."""
+        if self.device_index is not None and self.problem.is_training:
+            reserve_header.remember(reserve_space, reserve_space.data.ptr,
+                                    self._executor.head)
 
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan"):
         """forward on backend arrays (NumPy or CuPy on the plan's device), by name."""

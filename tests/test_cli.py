@@ -428,3 +428,14 @@ def test_info_without_cudnn_says_how_to_get_it(monkeypatch):
         loader.load.cache_clear()
     assert info["cudnn"] == "not loadable"
     assert info["cudnn library"].startswith("none found. To fix: install the GPU extra")
+
+
+def test_cli_sizes_runs_against_the_librarys_memory_figure(monkeypatch, capsys):
+    """The CLI read MemAvailable itself: a cgroup's smaller room let a run start that the
+    library then refused."""
+    from pycudnnrnn import cli, memory
+    monkeypatch.setattr(memory, "available_bytes", lambda: (10_000, "the cgroup limit x"))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "--repeat", "1"])
+    assert info.value.code == 2
+    assert "too large" in capsys.readouterr().err

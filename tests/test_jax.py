@@ -558,8 +558,13 @@ def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
              if a is not None]
     backward = FakeCallFrame(operands, grads + [np.zeros(sizes[1], np.uint8)],
                              op.attributes(case.sequence_lengths is not None))
+    fake_cuda.reset_counts()
     assert backward.call(xla_ffi.make_handler(ffi_targets.cuda_backprop)) is None, \
         backward.errors
+    # The reserve space is our forward's by construction: no header comes back to the
+    # host (only traced lengths do), so a training step does not sync XLA's stream.
+    reads = 1 if case.sequence_lengths else 0
+    assert fake_cuda.COUNTS["device_to_host"] == reads and fake_cuda.COUNTS["sync"] == reads
     reference = case.backprop(expected, dy, dh, dc if lstm else np.zeros((0,), np.float32))
     reference = [r for r in reference if r.size]
     for ours, theirs in zip(grads, reference):
@@ -667,3 +672,17 @@ def test_vmap_of_vmap_folds_both_axes_into_one_call():
                                   is_training=False)
     np.testing.assert_allclose(np.asarray(ours[0][1, 0]), expected[0], rtol=1e-6, atol=1e-6)
     assert _one_call_no_loop(twice, xss, hss)
+
+
+def test_inference_functions_do_not_grow_with_seeds():
+    """The inference function was cached per dropout and seed, which inference ignores:
+    one more per seed, for the life of the process."""
+    from pycudnnrnn import jax as rnn_jax
+    case = _case("lstm-bi-2layer-zero-lengths")
+    rnn_jax._inference.cache_clear()
+    outputs = [rnn_jax.rnn(case.input, case.input_h, case.input_c, case.params,
+                           case.sequence_lengths, **{**case.attrs, "dropout": 0.5},
+                           seed=seed, is_training=False)[0] for seed in range(5)]
+    assert rnn_jax._inference.cache_info().currsize == 1
+    for output in outputs[1:]:
+        np.testing.assert_array_equal(np.asarray(output), np.asarray(outputs[0]))

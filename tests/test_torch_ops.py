@@ -456,3 +456,26 @@ def test_the_planned_path_cuda_takes_equals_the_functional_api(mode, gradients):
     for a, b in zip(ours, theirs):
         assert (a is None) == (b is None)
         assert a is None or torch.equal(a, b)
+
+
+def test_a_copied_module_holds_a_seed_of_its_own():
+    """copy.deepcopy shared the original's dropout seed and was not counted: the copy's
+    CUDA state went when the original was collected."""
+    import copy
+    import gc
+
+    from pycudnnrnn.torch import LSTM, CudnnRNN, kernels
+    holders = kernels._module_plans._holders
+    original = LSTM(3, 4, 2, dropout=0.5)
+    twin = copy.deepcopy(original)
+    assert twin.gpu_seed != original.gpu_seed and holders.get(twin.gpu_seed) == 1
+    seed = twin.gpu_seed
+    del original
+    gc.collect()
+    assert holders.get(seed) == 1
+    given = CudnnRNN(3, 4, 2, dropout=0.5, seed=77)
+    copied = copy.deepcopy(given)  # a seed the user gave is kept, and counted twice
+    assert copied.gpu_seed == 77 and holders.get(77) == 2
+    del twin, given, copied
+    gc.collect()
+    assert seed not in holders and 77 not in holders

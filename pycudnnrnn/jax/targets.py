@@ -149,6 +149,10 @@ def _run(call_frame, target: str, place):
         else:
             a["reserve_space"] = _prefix(a["reserve_space"], plan.reserve_nbytes,
                                          "reserve_space")
+            # custom_vjp hands backprop the residual of our own forward call, so the
+            # reserve space is this plan's by construction: reading its header back
+            # would sync XLA's stream at every training step.
+            plan.trust_reserve(a["reserve_space"])
             plan.run_backprop(a, out=(out["input_backprop"], out["input_h_backprop"],
                                       out.get("input_c_backprop"), out["params_backprop"]),
                               workspace=workspace)

@@ -35,6 +35,11 @@ from . import kernels, ops
 _SEED_BOUND = 2 ** 62
 
 
+def _draw_seed() -> int:
+    """A dropout seed from PyTorch's default generator (so torch.manual_seed fixes it)."""
+    return int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64))
+
+
 class FlatRNN(torch.nn.Module):
     """A multi-layer RNN over one flat cuDNN-layout ``params`` parameter.
 
@@ -71,17 +76,28 @@ class FlatRNN(torch.nn.Module):
         self.dropout = float(dropout)
         self.bias = bool(bias)
         # Drawn even without dropout: `dropout` may be set later, and modules must not share.
-        self.gpu_seed = int(seed) if seed is not None else \
-            int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64))
-        # The seed's CUDA plan and dropout state live as long as the module, not longer.
-        kernels.acquire_seed(self.gpu_seed)
-        weakref.finalize(self, kernels.release_seed, self.gpu_seed)
+        self.seed_drawn = seed is None
+        self.gpu_seed = _draw_seed() if seed is None else int(seed)
+        self._hold_seed()
         n = layout.params_size(self.config)
         self.params = torch.nn.Parameter(torch.empty(n, device=device, dtype=dtype))
         if not self.bias:
             self.register_buffer("bias_mask", _bias_mask(self.config, self.params),
                                  persistent=False)
         self.reset_parameters()
+
+    def _hold_seed(self):
+        # The seed's CUDA plan and dropout state live as long as the module, not longer.
+        kernels.acquire_seed(self.gpu_seed)
+        weakref.finalize(self, kernels.release_seed, self.gpu_seed)
+
+    def __setstate__(self, state):
+        # A copy (copy.deepcopy, pickle) is a module of its own: a drawn seed is drawn
+        # again (modules must not share dropout states), and the copy holds its seed.
+        super().__setstate__(state)
+        if getattr(self, "seed_drawn", True):
+            self.gpu_seed = _draw_seed()
+        self._hold_seed()
 
     def reset_parameters(self):
         """Uniform in ±1/√hidden_size, as PyTorch's RNNs (biases zero when bias=False)."""

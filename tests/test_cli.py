@@ -101,25 +101,26 @@ def test_bench_writes_json_and_png(tmp_path):
     assert proc.stdout.splitlines()[0].count("[min-max]") == 4  # the spread of every figure
 
 
-def test_bench_json_carries_the_environment(tmp_path):
+def _tiny_bench(tmp_path, repeat):
+    """A CPU bench of a tiny default-attribute problem: (process, its JSON)."""
     json_path = tmp_path / "bench.json"
     proc = _run("bench", "--backend", "cpu", "--seq-lengths", "2", "--input-size", "3",
-                "--hidden-size", "4", "--batch", "2", "--repeat", "2", "--warmup", "0",
+                "--hidden-size", "4", "--batch", "2", "--repeat", str(repeat), "--warmup", "0",
                 "--no-torch", "--json", str(json_path))
     assert proc.returncode == 0, proc.stderr
-    environment = json.loads(json_path.read_text())["environment"]
+    return proc, json.loads(json_path.read_text())
+
+
+def test_bench_json_carries_the_environment(tmp_path):
+    environment = _tiny_bench(tmp_path, repeat=2)[1]["environment"]
     from pycudnnrnn.environment import collect
     assert set(environment) == set(collect())
     assert environment["numpy"] == __import__("numpy").__version__
 
 
 def test_bench_defaults_to_the_librarys_unidirectional(tmp_path):
-    json_path = tmp_path / "bench.json"
-    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "2", "--input-size", "3",
-                "--hidden-size", "4", "--batch", "2", "--repeat", "1", "--warmup", "0",
-                "--no-torch", "--json", str(json_path))
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(json_path.read_text())["results"][0]["bidirectional"] is False
+    proc, report = _tiny_bench(tmp_path, repeat=1)
+    assert report["results"][0]["bidirectional"] is False
     assert " uni " in proc.stdout
 
 

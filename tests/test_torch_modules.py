@@ -313,3 +313,22 @@ def test_the_readme_torch_example_runs():
     exec(compile(block.replace("fullgraph=True", "fullgraph=True, backend='aot_eager'"),
                  "README.md", "exec"), namespace)
     assert namespace["output"].shape == (8, 20, 64) and namespace["h_n"].shape == (2, 8, 64)
+
+
+def test_a_module_is_freed_on_del_after_its_first_call_in_a_fresh_process():
+    # PyTorch imports torch._dynamo on a custom op's first call, and that import leaves
+    # its callers' frames (the module among them) in a reference cycle. Under DDP the
+    # cycle kept the process group alive into interpreter exit, where gloo aborted.
+    import subprocess
+    import sys
+    script = (
+        "import gc, weakref, torch, pycudnnrnn.torch as prt\n"
+        "gc.disable()\n"
+        "m = prt.LSTM(3, 4, dtype=torch.float64)\n"
+        "m(torch.randn(5, 2, 3, dtype=torch.float64))[0].sum().backward()\n"
+        "r = weakref.ref(m)\n"
+        "del m\n"
+        "assert r() is None, 'the module outlived its last reference'\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr

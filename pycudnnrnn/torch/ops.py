@@ -16,12 +16,20 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch._dynamo  # noqa: F401  (see below)
 from torch import Tensor
 
 from ..checks import dropout_seed
 from . import kernels
 
 _LIB = "pycudnnrnn"
+
+# Why torch._dynamo above: a custom op imports it on its first call, and that import (its
+# torch.fx.wrap calls keep their frames) puts every caller's frame in a reference cycle, the
+# user's module with them. The module then outlives its last reference until the next
+# garbage collection; under DistributedDataParallel that kept the process group alive into
+# interpreter exit, where gloo aborted. Imported here, the cost (about a second) moves from
+# the first call to this import, with no user frames on the stack.
 
 
 @torch.library.custom_op(f"{_LIB}::forward", mutates_args=())

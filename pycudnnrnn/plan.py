@@ -9,6 +9,8 @@ shapes, dtypes and device and calls the backend. The functional ``forward`` and
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import numbers
 
 import numpy as np
@@ -127,6 +129,24 @@ class RNNPlan:
     @property
     def is_training(self) -> bool:
         return self.problem.is_training
+
+    def _with_seed(self, seed: int) -> "RNNPlan":
+        """This CPU plan with another combined dropout seed; it shares everything else.
+
+        The NumPy backend draws its masks from the seed at run time, so a fresh seed per
+        training step (as PyTorch's modules draw) needs no new plan.
+        """
+        if self.device_index is not None:
+            raise ValueError("only a CPU plan can change its seed (cuDNN fixes it in its "
+                             "dropout state)")
+        if seed == self.problem.config.seed:
+            return self
+        seeded = copy.copy(self)
+        seeded.problem = dataclasses.replace(
+            self.problem, config=dataclasses.replace(self.problem.config, seed=seed))
+        seeded._executor = copy.copy(self._executor)
+        seeded._executor.problem = seeded.problem
+        return seeded
 
     def __repr__(self):
         p = self.problem
@@ -332,11 +352,20 @@ _dropout_plans = LRU(4)  # each may hold a seed's GPU dropout states (~6 MiB)
 
 
 def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
-    """The cached plan for a functional call (its arrays checked in full on a miss)."""
+    """The cached plan for a functional call (its arrays checked in full on a miss).
+
+    On the CPU the dropout seeds are left out of the key (a hit is reseeded), so
+    training with a fresh seed per step finds its plan.
+    """
+    dropout = attributes.get("dropout", 0)
+    plain = isinstance(dropout, numbers.Real) and dropout == 0
+    reseed = device is None and not plain
+    keyed = {name: None if reseed and name in ("seed", "seed2") else value
+             for name, value in attributes.items()}
     try:
         key = (device, arrays["input"].dtype, _shapes(arrays), _lengths_key(lengths),
-               gpu.get_allow_tf32(), tuple(attributes), tuple(map(type, attributes.values())),
-               tuple(attributes.values()))
+               gpu.get_allow_tf32(), tuple(keyed), tuple(map(type, attributes.values())),
+               tuple(keyed.values()))
         hash(key)
     except (TypeError, AttributeError):  # not an array, or an unhashable attribute:
         key = None                        # the checks say what is wrong
@@ -348,9 +377,11 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
 
     if key is None:
         return build()
-    dropout = attributes.get("dropout", 0)
-    plain = isinstance(dropout, numbers.Real) and dropout == 0
-    return (_plans if plain else _dropout_plans).get(key, build)
+    cached = (_plans if plain else _dropout_plans).get(key, build)
+    if not reseed:
+        return cached
+    return cached._with_seed(checks.dropout_seed(attributes.get("seed", 0),
+                                                 attributes.get("seed2", 0)))
 
 
 def _shapes(arrays):

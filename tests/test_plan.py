@@ -196,6 +196,36 @@ def test_functional_calls_reuse_a_bounded_number_of_plans():
     assert len(plan._plans) <= plan._plans.maxsize
 
 
+def test_cpu_training_with_a_fresh_seed_per_step_reuses_one_plan(monkeypatch):
+    """PyTorch's CPU modules draw a seed per step: one plan, reseeded, serves them all."""
+    plan.clear_caches()
+    builds = []
+    original = plan.RNNPlan.from_problem.__func__
+    monkeypatch.setattr(plan.RNNPlan, "from_problem",
+                        classmethod(lambda cls, *a: builds.append(a) or original(cls, *a)))
+    case = make_case("lstm", num_layers=2, lengths="ragged", dropout=0.5)
+    arrays = (case.input, case.input_h, case.input_c, case.params)
+    outputs = {}
+    for seed in range(4):
+        attrs = {**case.attrs, "seed": seed, "seed2": 7}
+        result = pycudnnrnn.forward(*arrays, case.sequence_lengths, **attrs)
+        grads = pycudnnrnn.backprop(*arrays, case.sequence_lengths, *result[:3],
+                                    *_grads(result), result.reserve_space, **attrs)
+        fresh = _plan_for(case, seed=seed, seed2=7)
+        expected = fresh.forward(*arrays)
+        for got, want in zip([*result, *grads], [*expected, *fresh.backprop(
+                *arrays, *expected[:3], *_grads(expected), expected.reserve_space)]):
+            np.testing.assert_array_equal(got, want)
+        outputs[seed] = result.output
+    assert len(builds) == 1
+    assert not np.array_equal(outputs[0], outputs[1])  # the seed still picks the masks
+    with pytest.raises(ValueError, match="reserve_space"):  # and a reserve knows its seed
+        pycudnnrnn.backprop(*arrays, case.sequence_lengths, *result[:3], *_grads(result),
+                            result.reserve_space, **{**case.attrs, "seed": 0, "seed2": 7})
+    with pytest.raises(TypeError, match="seed"):  # a hit still checks the seed
+        pycudnnrnn.forward(*arrays, case.sequence_lengths, **{**case.attrs, "seed": 1.5})
+
+
 def test_a_cache_hit_still_checks_every_array():
     case = make_case("lstm")
     case.forward()  # cached

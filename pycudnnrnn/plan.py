@@ -384,6 +384,25 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
                                                  attributes.get("seed2", 0)))
 
 
+_buffer_sizes = LRU(64)  # two ints each: no plan is kept
+
+
+def buffer_nbytes(problem: Problem, device: int | None) -> tuple[int, int]:
+    """``(reserve_nbytes, workspace_nbytes)`` of a plan for `problem` on `device` (None: the
+    CPU), remembered: a framework sizes its buffers at every trace, and a cuDNN plan
+    costs descriptors (and, with dropout, a dropout state) to build."""
+    def build():
+        built = RNNPlan.from_problem(problem, device)
+        return built.reserve_nbytes, built.workspace_nbytes
+
+    if problem.lengths is not None:  # an array: not a key (framework traces have none)
+        return build()
+    # the seed fixes no size
+    config = problem.config.with_dropout(problem.config.dropout, 0)
+    key = (dataclasses.replace(problem, config=config), device, gpu.get_allow_tf32())
+    return _buffer_sizes.get(key, build)
+
+
 def _shapes(arrays):
     return tuple(None if arrays[n] is None else arrays[n].shape for n in _FORWARD_NAMES)
 
@@ -395,9 +414,11 @@ def _lengths_key(lengths):
 
 
 def clear_caches():
-    """Drop the functional API's cached plans and the cuDNN backend's cached descriptors
-    and dropout states (freed once no plan you hold uses them)."""
+    """Drop the functional API's cached plans, the buffer sizes remembered for framework
+    traces, and the cuDNN backend's cached descriptors and dropout states (freed once no
+    plan you hold uses them)."""
     _plans.clear()
     _dropout_plans.clear()
+    _buffer_sizes.clear()
     from . import cudnn_resources
     cudnn_resources.clear_caches()

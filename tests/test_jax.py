@@ -586,6 +586,33 @@ def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
         assert fake_cuda.COUNTS["device_alloc"] == 0
 
 
+def test_trace_time_buffer_sizes_are_remembered(stand_in_gpu, monkeypatch):
+    """Each trace asks for them; a plan (with dropout, a cuDNN dropout state) was built
+    for every one. Now once per problem, whatever the seed, until clear_caches."""
+    import dataclasses
+    from pycudnnrnn import plan as plans
+    from pycudnnrnn.jax import targets as ffi_targets
+    builds = []
+    original = plans.RNNPlan.from_problem.__func__
+    monkeypatch.setattr(plans.RNNPlan, "from_problem",
+                        classmethod(lambda cls, *a: builds.append(a[1]) or original(cls, *a)))
+    case = _case("lstm-bi-2layer-zero-lengths")
+    op = _op(case, dropout=0.5)
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    sizes = ffi_targets.buffer_sizes(problem, cuda=True)
+    assert builds == [None, 0]
+    expected = [original(plans.RNNPlan, problem, d) for d in (None, 0)]
+    assert sizes == (max(p.reserve_nbytes for p in expected),
+                     max(p.workspace_nbytes for p in expected)) and sizes[1] > 0
+    builds.clear()
+    reseeded = dataclasses.replace(problem, config=problem.config.with_dropout(0.5, 12345))
+    assert ffi_targets.buffer_sizes(reseeded, cuda=True) == sizes
+    assert ffi_targets.buffer_sizes(problem, cuda=False) == (expected[0].reserve_nbytes, 0)
+    assert builds == []
+    plans.clear_caches()
+    assert ffi_targets.buffer_sizes(problem, cuda=True) == sizes and builds == [None, 0]
+
+
 @pytest.mark.parametrize("cupy_version", ["14.2.0", "13.6.0"])
 def test_cuda_handlers_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_version):
     """XLA's bfloat16 buffers through the CUDA handlers; the stand-in playing CuPy 13

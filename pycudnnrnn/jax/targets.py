@@ -118,11 +118,9 @@ def buffer_sizes(problem, cuda: bool) -> tuple[int, int]:
     need), and so is the platform: the sizes are the largest of the CPU's and, when
     `cuda`, device 0's cuDNN plan. A handler uses the first bytes its plan needs.
     """
-    from ..plan import RNNPlan
-    plans = [RNNPlan.from_problem(problem, None)]
-    if cuda:
-        plans.append(RNNPlan.from_problem(problem, 0))
-    return (max(p.reserve_nbytes for p in plans), max(p.workspace_nbytes for p in plans))
+    from ..plan import buffer_nbytes
+    sizes = [buffer_nbytes(problem, None)] + ([buffer_nbytes(problem, 0)] if cuda else [])
+    return tuple(max(column) for column in zip(*sizes))
 
 
 def _run(call_frame, target: str, place):

@@ -13,14 +13,20 @@ class LRU:
         self.maxsize, self._items, self._lock = maxsize, collections.OrderedDict(), threading.Lock()
 
     def get(self, key, factory):
-        """The value for `key`, built by `factory()` on a miss."""
+        """The value for `key`, built by `factory()` on a miss.
+
+        The build runs outside the lock (it may be slow, and may use other caches); when
+        two threads build the same key at once, both get the value stored first, so a key
+        never has two live values (two dropout states of one seed would repeat masks).
+        """
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
                 return self._items[key]
         value = factory()
         with self._lock:
-            self._items[key] = value
+            value = self._items.setdefault(key, value)
+            self._items.move_to_end(key)
             while len(self._items) > self.maxsize:
                 self._items.popitem(last=False)
         return value

@@ -226,6 +226,25 @@ def test_cpu_training_with_a_fresh_seed_per_step_reuses_one_plan(monkeypatch):
         pycudnnrnn.forward(*arrays, case.sequence_lengths, **{**case.attrs, "seed": 1.5})
 
 
+def test_threads_missing_one_key_at_once_share_one_value():
+    import threading
+    from pycudnnrnn.lru import LRU
+    cache, both_building = LRU(2), threading.Barrier(2)
+
+    def build():
+        both_building.wait(timeout=10)  # both threads missed the key and are building
+        return object()
+
+    got = [None, None]
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, cache.get("k", build)))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got[0] is got[1] is cache.get("k", object)
+
+
 def test_a_cache_hit_still_checks_every_array():
     case = make_case("lstm")
     case.forward()  # cached

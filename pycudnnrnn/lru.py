@@ -16,8 +16,8 @@ class LRU:
         """The value for `key`, built by `factory()` on a miss.
 
         The build runs outside the lock (it may be slow, and may use other caches); when
-        two threads build the same key at once, both get the value stored first, so a key
-        never has two live values (two dropout states of one seed would repeat masks).
+        two threads build the same key at once, both get the value stored first and the
+        other is dropped, so callers of one key share one value.
         """
         with self._lock:
             if key in self._items:

@@ -222,7 +222,7 @@ def test_cpu_training_with_a_fresh_seed_per_step_reuses_one_plan(monkeypatch):
     with pytest.raises(ValueError, match="reserve_space"):  # and a reserve knows its seed
         pycudnnrnn.backprop(*arrays, case.sequence_lengths, *result[:3], *_grads(result),
                             result.reserve_space, **{**case.attrs, "seed": 0, "seed2": 7})
-    with pytest.raises(TypeError, match="seed"):  # a hit still checks the seed
+    with pytest.raises(TypeError, match="seed"):  # the seed is still checked
         pycudnnrnn.forward(*arrays, case.sequence_lengths, **{**case.attrs, "seed": 1.5})
 
 

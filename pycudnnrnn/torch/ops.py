@@ -29,7 +29,8 @@ _LIB = "pycudnnrnn"
 # user's module with them. The module then outlives its last reference until the next
 # garbage collection; under DistributedDataParallel that kept the process group alive into
 # interpreter exit, where gloo aborted. Imported here, the cost (about a second) moves from
-# the first call to this import, with no user frames on the stack.
+# the first call to this import, with no user frames on the stack (when this package is
+# imported at module level, as usual).
 
 
 @torch.library.custom_op(f"{_LIB}::forward", mutates_args=())

@@ -80,6 +80,15 @@ def make_case(rnn_mode="lstm", direction="unidirectional", input_mode="linear_in
 
 
 @pytest.fixture
+def fake_gpu(monkeypatch):
+    """The stand-in GPU of fake_cuda.py; no plan built on it outlives the test."""
+    import fake_cuda
+    from pycudnnrnn import plan
+    yield fake_cuda.install(monkeypatch)
+    plan.clear_caches()
+
+
+@pytest.fixture
 def case_factory():
     return make_case
 

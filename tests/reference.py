@@ -48,7 +48,6 @@ def reference_forward(x, h0, c0, params, lengths, *, rnn_mode, direction, input_
     weights, biases = list(weights), list(biases)
     lengths = [T] * B if lengths is None else list(lengths)
 
-    out = np.zeros((T, B, D * P))
     hN, cN = h0.astype(float).copy(), c0.astype(float).copy() if c0 is not None else None
     layer_in = x.astype(float)
     for layer in range(L):

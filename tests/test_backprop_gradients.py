@@ -5,9 +5,8 @@ import pytest
 
 import pycudnnrnn
 from conftest import make_case
-import fake_cuda
 from fake_cuda import _device
-from pycudnnrnn import numpy_backend, plan
+from pycudnnrnn import numpy_backend
 
 CASES = [dict(rnn_mode="lstm", num_proj=2), dict(rnn_mode="gru"), dict(rnn_mode="rnn_tanh")]
 
@@ -56,12 +55,6 @@ def test_gradients_names_the_choices():
     with pytest.raises(ValueError, match="gradients: expected one of 'all', 'data', 'weights', "
                                          "got 'input'"):
         case.backprop(fwd, *_output_grads(fwd), gradients="input")
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    yield fake_cuda.install(monkeypatch)
-    plan.clear_caches()
 
 
 @pytest.mark.parametrize("gradients", ["all", "data", "weights"])

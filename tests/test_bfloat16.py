@@ -16,7 +16,6 @@ import pytest
 
 import pycudnnrnn
 from conftest import make_case
-from test_cudnn_backend_emulated import fake_gpu  # noqa: F401 (the stand-in GPU fixture)
 from fake_cuda import FakeDeviceArray, _device
 from pycudnnrnn import convert, dtypes
 from pycudnnrnn import gpu as gpu_module

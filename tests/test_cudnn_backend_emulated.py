@@ -14,15 +14,8 @@ import pytest
 
 import pycudnnrnn
 from conftest import benchmark_script, make_case
-import fake_cuda
 from fake_cuda import _device
-from pycudnnrnn import cudnn_resources, plan
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    yield fake_cuda.install(monkeypatch)
-    plan.clear_caches()
+from pycudnnrnn import cudnn_resources
 
 
 def _to_device(case):

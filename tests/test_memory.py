@@ -1,7 +1,6 @@
 """Bounded memory: calls estimate what they allocate and refuse, early and clearly, what
 cannot fit; nothing of size T×B is built where no lengths ask for it."""
 
-import itertools
 import tracemalloc
 
 import numpy as np

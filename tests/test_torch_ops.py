@@ -298,13 +298,12 @@ def test_cuda_compile_fullgraph_equals_eager_and_dropout_is_fresh_per_step():
     torch.testing.assert_close(compiled(x), loss(x))
 
 
-def test_held_dropout_states_are_reused_not_initialised_again(monkeypatch):
+def test_held_dropout_states_are_reused_not_initialised_again(fake_gpu):
     """Stand-in GPU: more seeds than the caches keep, each held by a plan (as the modules
     hold theirs); a new plan for a held seed (new lengths) continues its state."""
     import fake_cuda
     from conftest import make_case
-    from pycudnnrnn import plan
-    fake = fake_cuda.install(monkeypatch)
+    fake = fake_gpu
     case = make_case("gru", num_layers=2, lengths=[4, 3, 2])
 
     def plan_for(seed, lengths):
@@ -319,7 +318,6 @@ def test_held_dropout_states_are_reused_not_initialised_again(monkeypatch):
     again.forward(args[0], args[1], None, args[2])
     assert "cudnnSetDropoutDescriptor" not in fake.calls  # restored, not initialised
     assert len(held) == 6
-    plan.clear_caches()
 
 
 def test_a_module_gets_its_dropout_plan_back_while_the_key_holds():

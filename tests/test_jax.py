@@ -301,6 +301,19 @@ def test_handler_error_surfaces_as_python_exception_with_our_message():
     _assert_same(f(*_args(case)), case.forward()[:3])  # and the next call is fine
 
 
+def test_shard_map_and_pmap_over_the_batch_equal_one_call():
+    """Two CPU devices (a process of its own): shard_map training values and gradients
+    (a replicated params' gradient summed over the mesh, as JAX's own operations give),
+    shard_map inference and pmap, each equal to one call on the whole batch. Before the
+    results were typed with the operands' mesh axes, shard_map's gradient was refused."""
+    script = os.path.join(os.path.dirname(__file__), "jax_sharded_script.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
 def test_import_pycudnnrnn_does_not_import_jax():
     code = "import sys, pycudnnrnn; sys.exit('jax' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -13,6 +13,9 @@ backend on host buffers) and for CUDA (cuDNN on XLA's stream). Nothing is compil
   GPU, cuDNN need), so XLA allocates them.
 * Gradients: ``jax.custom_vjp`` onto ``pycudnnrnn.backprop``'s target, with respect to
   input, input_h, input_c and params (lengths are integers, not differentiable).
+* ``shard_map``: the operands are made to vary over the same manual mesh axes (a
+  replicated ``params`` is cast to varying, so its gradient is summed over the axes, as
+  for JAX's own operations) and the results vary over them too.
 * ``vmap``: inference (``is_training=False``) folds the mapped axis into the batch, one
   call for all; training maps the call sequentially, because under ``vmap(grad(...))``
   every mapped element needs its own params gradient, which a folded call (one sum over
@@ -135,13 +138,13 @@ def _forward_call(op: _Op, *operands):
     problem = op.problem(input, input_h, input_c, params)
     c = problem.config
     dtype = problem.dtype
-    results = [jax.ShapeDtypeStruct(problem.data_shape(c.num_dirs * c.state_size), dtype),
-               jax.ShapeDtypeStruct(problem.state_shape(c.state_size), dtype)]
+    result = _result_type(operands)
+    results = [result(problem.data_shape(c.num_dirs * c.state_size), dtype),
+               result(problem.state_shape(c.state_size), dtype)]
     if op.lstm:
-        results.append(jax.ShapeDtypeStruct(problem.state_shape(c.num_units), dtype))
+        results.append(result(problem.state_shape(c.num_units), dtype))
     reserve_nbytes, workspace_nbytes = _buffer_sizes(problem)
-    results += [jax.ShapeDtypeStruct((reserve_nbytes,), jnp.uint8),
-                jax.ShapeDtypeStruct((workspace_nbytes,), jnp.uint8)]
+    results += [result((reserve_nbytes,), jnp.uint8), result((workspace_nbytes,), jnp.uint8)]
     register()
     return jax.ffi.ffi_call(FORWARD, results, vmap_method="sequential")(
         *operands, **op.attributes(has_lengths))[:-1]  # the workspace is scratch
@@ -151,13 +154,54 @@ def _backprop_call(op: _Op, has_lengths: bool, *operands):
     """The backprop custom call on operands in ``targets.operand_names`` order."""
     names = targets.operand_names(BACKPROP, op.lstm, has_lengths)
     a = dict(zip(names, operands))
-    results = [jax.ShapeDtypeStruct(a[n].shape, a[n].dtype)
+    result = _result_type(operands)
+    results = [result(a[n].shape, a[n].dtype)
                for n in ("input", "input_h") + (("input_c",) if op.lstm else ()) + ("params",)]
     problem = op.problem(a["input"], a["input_h"], a.get("input_c"), a["params"])
-    results.append(jax.ShapeDtypeStruct((_buffer_sizes(problem)[1],), jnp.uint8))
+    results.append(result((_buffer_sizes(problem)[1],), jnp.uint8))
     register()
     return jax.ffi.ffi_call(BACKPROP, results, vmap_method="sequential")(
         *operands, **dataclasses.replace(op, is_training=True).attributes(has_lengths))[:-1]
+
+
+# --------------------------------------------------------------------------- shard_map
+
+def _varying(x) -> frozenset:
+    """The manual mesh axes (inside ``shard_map``) over which `x` varies."""
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)  # JAX >= 0.10; before, aval.vma
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def _vary_alike(*arrays):
+    """`arrays` (None kept) cast to vary over the union of their manual mesh axes.
+
+    A custom call has no rule for mixing a replicated operand with varying ones, so it
+    gets them aligned: the cast of a replicated ``params`` transposes to a sum over the
+    axes in the gradient, which is what JAX's own operations give.
+    """
+    present = [a for a in arrays if a is not None]
+    axes = frozenset().union(*map(_varying, present))
+    if not axes:
+        return arrays
+    cast = (lambda x, names: jax.lax.pcast(x, names, to="varying")) \
+        if hasattr(jax.lax, "pcast") else jax.lax.pvary  # pvary before JAX 0.10
+    return tuple(None if a is None else a if _varying(a) == axes
+                 else cast(a, tuple(sorted(axes - _varying(a)))) for a in arrays)
+
+
+def _result_type(operands):
+    """``jax.ShapeDtypeStruct`` for a custom call's results: varying like its operands
+    (XLA's custom call says nothing of mesh axes, and ``shard_map`` checks them)."""
+    axes = frozenset().union(*map(_varying, operands))
+    if not axes:
+        return jax.ShapeDtypeStruct
+    if not hasattr(jax.sharding, "ManualAxisType"):  # before JAX 0.10
+        return functools.partial(jax.ShapeDtypeStruct, vma=axes)
+    mesh = next(jax.typeof(x).sharding.mesh for x in operands if _varying(x))
+    return functools.partial(
+        jax.ShapeDtypeStruct, manual_axis_type=jax.sharding.ManualAxisType(varying=axes),
+        sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 # --------------------------------------------------------------------------- vmap: folding
@@ -312,6 +356,8 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
                              is_training=problem.is_training, dropout=float(dropout),
                              seed=int(seed), seed2=int(seed2), num_proj=int(num_proj))
     lengths = _check_lengths(sequence_lengths, problem.batch_size, problem.max_time)
+    input, input_h, input_c, params, lengths = _vary_alike(input, input_h, input_c, params,
+                                                           lengths)
     empty_c = jnp.zeros((0,), problem.dtype)
     if op.is_training:
         results = _training(op, input, input_h, input_c, params, lengths)

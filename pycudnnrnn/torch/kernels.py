@@ -202,8 +202,7 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
 
 
 def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
-    device = None if input.device.type == "cpu" else \
-        input.device.index if input.device.index is not None else torch.cuda.current_device()
+    device = None if input.device.type == "cpu" else _cuda_index(input)
     attributes = dict(attrs, **split_seed(seed), is_training=is_training)
 
     def build():
@@ -228,6 +227,12 @@ def _workspace(run, like):
     return _empty((nbytes,), like, torch.uint8) if nbytes else None
 
 
+def _cuda_index(tensor) -> int:
+    """The CUDA device of `tensor` ("cuda" without an index: PyTorch's current one)."""
+    index = tensor.device.index
+    return index if index is not None else torch.cuda.current_device()
+
+
 @contextlib.contextmanager
 def _on_device(tensor):
     """Run CuPy on PyTorch's current stream and allocator when `tensor` is on CUDA."""
@@ -235,7 +240,7 @@ def _on_device(tensor):
         yield
         return
     cupy = gpu.cupy()
-    device = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    device = _cuda_index(tensor)
     stream = torch.cuda.current_stream(device)
     allocator = cupy.cuda.memory.PythonFunctionAllocator(
         lambda size, device_id: torch.cuda.caching_allocator_alloc(size, device_id, stream),

@@ -65,14 +65,10 @@ def result_names(target: str, lstm: bool) -> list:
         ["params_backprop", "workspace"]
 
 
-def _ml_dtypes_bfloat16():
-    import ml_dtypes  # a dependency of jax, so present wherever XLA calls us
-    return np.dtype(ml_dtypes.bfloat16)
-
-
-#: XLA's data types as NumPy dtypes (a function for the ones NumPy lacks).
+#: XLA's data types as NumPy dtypes (a function for the ones NumPy lacks; ml_dtypes, which
+#: holds bfloat16, is a dependency of jax, so present wherever XLA calls us).
 _DTYPES = {DataType.F16: np.dtype(np.float16), DataType.F32: np.dtype(np.float32),
-           DataType.F64: np.dtype(np.float64), DataType.BF16: _ml_dtypes_bfloat16,
+           DataType.F64: np.dtype(np.float64), DataType.BF16: dtypes.bfloat16,
            DataType.S32: np.dtype(np.int32), DataType.S64: np.dtype(np.int64),
            DataType.U8: np.dtype(np.uint8)}
 

@@ -15,9 +15,10 @@ import os
 import sys
 import traceback
 
+from . import dtypes
 from .config import DIRECTIONS, GATES, INPUT_MODES, RNN_MODES
 
-DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPES = dtypes.NAMES
 #: ``check`` verifies by finite differences, whose work grows with the problem: it refuses
 #: problems whose working set is larger than this (``bench`` times large problems).
 CHECK_LIMIT_BYTES = 1 << 30
@@ -280,7 +281,7 @@ def _bench(args, parser):
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot: needs matplotlib (pip install matplotlib)")
     devices = _devices(args.backend, parser, allow_all=True)
-    itemsize = {"float16": 2, "float32": 4, "float64": 8}[args.dtype]
+    itemsize = dtypes.by_name(args.dtype).itemsize
     needed = _library_refusal(parser, lambda: estimated_bytes(
         args, max_time=max(args.seq_lengths), batch=args.batch, itemsize=itemsize,
         params_copies=0))

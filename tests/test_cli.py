@@ -101,12 +101,12 @@ def test_bench_writes_json_and_png(tmp_path):
     assert proc.stdout.splitlines()[0].count("[min-max]") == 4  # the spread of every figure
 
 
-def _tiny_bench(tmp_path, repeat):
+def _tiny_bench(tmp_path, repeat, *options):
     """A CPU bench of a tiny default-attribute problem: (process, its JSON)."""
     json_path = tmp_path / "bench.json"
     proc = _run("bench", "--backend", "cpu", "--seq-lengths", "2", "--input-size", "3",
                 "--hidden-size", "4", "--batch", "2", "--repeat", str(repeat), "--warmup", "0",
-                "--no-torch", "--json", str(json_path))
+                "--no-torch", "--json", str(json_path), *options)
     assert proc.returncode == 0, proc.stderr
     return proc, json.loads(json_path.read_text())
 
@@ -116,6 +116,13 @@ def test_bench_json_carries_the_environment(tmp_path):
     from pycudnnrnn.environment import collect
     assert set(environment) == set(collect())
     assert environment["numpy"] == __import__("numpy").__version__
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_bench_runs_every_dtype_it_offers(tmp_path, dtype):
+    """bfloat16 was offered but crashed as "an unexpected error" (no itemsize for it)."""
+    proc, report = _tiny_bench(tmp_path, 1, "--dtype", dtype)
+    assert report["results"][0]["dtype"] == dtype and f" {dtype}" in proc.stdout
 
 
 def test_bench_defaults_to_the_librarys_unidirectional(tmp_path):

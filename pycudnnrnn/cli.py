@@ -129,16 +129,13 @@ def _parser():
 # --------------------------------------------------------------------------- up-front checks
 
 def _params_count(args, input_mode):
-    """Elements of params, from the library's layout at one and two layers (later layers are
-    all alike), so that a huge --layers costs nothing to size. Raises the library's
-    ValueError for a configuration it refuses."""
+    """Elements of params (a closed formula: a huge --layers costs nothing to size).
+    Raises the library's ValueError for a configuration it refuses."""
     from . import api
-    size = lambda layers: api.params_size(rnn_mode=args.mode, num_layers=layers,
-                                          num_units=args.hidden_size, input_size=args.input_size,
-                                          input_mode=input_mode, direction=args.direction,
-                                          num_proj=getattr(args, "num_proj", 0))
-    one = size(1)
-    return one + (args.layers - 1) * (size(2) - one)
+    return api.params_size(rnn_mode=args.mode, num_layers=args.layers,
+                           num_units=args.hidden_size, input_size=args.input_size,
+                           input_mode=input_mode, direction=args.direction,
+                           num_proj=getattr(args, "num_proj", 0))
 
 
 def estimated_bytes(args, *, max_time, batch, itemsize, params_copies, input_mode="linear_input"):

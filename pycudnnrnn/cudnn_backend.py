@@ -244,7 +244,6 @@ class Executor:
             return (dx, _into(out_dh, output_h_backprop, copy=True),
                     _into(out_dc, output_c_backprop, copy=True) if lstm else self.empty, dparams)
 
-        x = self._data_in(input, zero_padding=True)
         y = self._data_in(output, zero_padding=True)
         dy = self._data_in(output_backprop, zero_padding=True)
         hx, dhy = self._state_in(input_h), self._state_in(output_h_backprop)
@@ -264,7 +263,8 @@ class Executor:
                           hx=hx.data.ptr, dhy=dhy.data.ptr, dhx=dhx.data.ptr,
                           c_desc=self.c_desc, cx=_ptr(cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
                           weights=weights.data.ptr, **common)
-        if want_weights:
+        if want_weights:  # only the weight gradients read x
+            x = self._data_in(input, zero_padding=True)
             rnn.backward_weights(handle, self.rnn, x_desc=self.x_desc, x=x.data.ptr,
                                  h_desc=self.h_desc, hx=hx.data.ptr, y_desc=self.y_desc,
                                  y=y.data.ptr, dweights=dparams.data.ptr, **common)

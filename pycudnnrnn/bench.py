@@ -17,8 +17,6 @@ import numpy as np
 from . import api, dtypes
 
 METRICS = ("fwd_ms", "fwd_bwd_ms")
-#: Every figure ``key`` (the median) has ``key_min`` and ``key_max`` beside it.
-SPREAD = ("min", "max")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,28 +148,10 @@ def times_ms(fn, device: str, repeat: int, warmup: int) -> list:
     return times
 
 
-def median_ms(fn, device: str, repeat: int, warmup: int) -> float:
-    """Median time of `fn` in milliseconds."""
-    return float(np.median(times_ms(fn, device, repeat, warmup)))
-
-
 def spread(key: str, times) -> dict:
     """``{key: median, key_min: ..., key_max: ...}`` of `times`."""
     return {key: float(np.median(times)), f"{key}_min": float(min(times)),
             f"{key}_max": float(max(times))}
-
-
-def host_overhead_us(fn, device: str, calls: int = 300) -> float:
-    """Wall-clock microseconds per call when calls are queued back to back."""
-    for _ in range(10):
-        fn()
-    sync = (lambda: None) if device == "cpu" else _xp(device).cuda.Device().synchronize
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync()
-    return 1e6 * (time.perf_counter() - start) / calls
 
 
 class Progress:

@@ -14,8 +14,7 @@ import numpy as np
 
 from . import checks, dtypes, gpu, layout, plan
 from .arrays import device_kind as _device_kind
-from .arrays import from_dlpack_like as _from_dlpack_like
-from .arrays import host_lengths, readable
+from .arrays import host_lengths, readable, results_like
 from .results import BackpropResult, ForwardResult
 
 
@@ -54,10 +53,7 @@ class _Route:
 
     def outputs(self, results):
         """Backend results in the caller's array type (None stays None)."""
-        if isinstance(self.template, self.xp.ndarray):
-            return tuple(dtypes.cupy_result(r, self.template) for r in results)
-        wrap = _from_dlpack_like(self.template)
-        return tuple(None if r is None else wrap(r) for r in results)
+        return results_like(self.template, self.xp, results)
 
 
 def _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj):

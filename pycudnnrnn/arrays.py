@@ -78,6 +78,14 @@ def from_dlpack_like(template):
     return lambda array: dtypes.cupy_result(array, None)  # bfloat16 bits stay bits
 
 
+def results_like(template, xp, results) -> tuple:
+    """Backend results (`xp`'s arrays, None stays None) in the library of `template`."""
+    if isinstance(template, xp.ndarray):
+        return tuple(dtypes.cupy_result(r, template) for r in results)
+    wrap = from_dlpack_like(template)
+    return tuple(None if r is None else wrap(r) for r in results)
+
+
 def host_lengths(sequence_lengths):
     """sequence_lengths as a host array (they steer the computation, so they live on the CPU)."""
     if sequence_lengths is None or isinstance(sequence_lengths, (list, tuple, np.ndarray)):

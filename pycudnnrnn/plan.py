@@ -16,7 +16,7 @@ import numbers
 import numpy as np
 
 from . import checks, dtypes, gpu, layout, memory, numpy_backend, reserve_header
-from .arrays import device_kind, from_dlpack_like, host_lengths, readable
+from .arrays import device_kind, host_lengths, readable, results_like
 from .config import Problem
 from .lru import LRU
 from .results import BackpropResult, ForwardResult
@@ -165,7 +165,7 @@ class RNNPlan:
             # A framework's buffer, seen here through a DLPack view that dies with this
             # call: remember its header by the buffer itself, so backprop need not read it.
             reserve_header.remember(given, results[3].data.ptr, self._executor.head)
-        return ForwardResult(*self._results(input, results))
+        return ForwardResult(*results_like(input, self._xp, results))
 
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
@@ -179,7 +179,7 @@ class RNNPlan:
             output_h_backprop=output_h_backprop, output_c_backprop=output_c_backprop,
             reserve_space=reserve_space))
         results = self.run_backprop(arrays, out=out, workspace=workspace, gradients=gradients)
-        return BackpropResult(*self._results(input, results))
+        return BackpropResult(*results_like(input, self._xp, results))
 
     def trust_reserve(self, reserve_space):
         """Note that `reserve_space` (a backend array) holds this plan's forward's reserve
@@ -255,13 +255,6 @@ class RNNPlan:
                                 f"device), got one on cuda:{a.device.id}")
             adopted[name] = a
         return adopted
-
-    def _results(self, template, results):
-        if isinstance(template, self._xp.ndarray):
-            return tuple(dtypes.cupy_result(r, template) for r in results) if self._bits \
-                else results
-        wrap = from_dlpack_like(template)
-        return tuple(None if r is None else wrap(r) for r in results)
 
     def _outputs(self, out, results):
         """Caller buffers for the `results` (name, shape, dtype), checked; None where not

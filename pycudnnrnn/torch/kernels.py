@@ -95,7 +95,7 @@ def split_seed(seed: torch.Tensor) -> dict:
 def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, is_training):
     """``pycudnnrnn.forward`` on tensors; returns (output, output_h, output_c, reserve)."""
     input, input_h, input_c, params = _detached(input, input_h, input_c, params)
-    lengths = _lengths(sequence_lengths)
+    lengths = host_lengths(sequence_lengths)
     if input.device.type == "cpu":
         return api.forward(input, input_h, input_c, params, lengths, **split_seed(seed),
                            **attrs, is_training=is_training)
@@ -110,7 +110,7 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
     """``pycudnnrnn.backprop`` on tensors; skipped gradients come back as None."""
     arrays = _detached(input, input_h, input_c, params, output, output_h, output_c,
                        output_backprop, output_h_backprop, output_c_backprop)
-    lengths = _lengths(sequence_lengths)
+    lengths = host_lengths(sequence_lengths)
     if input.device.type == "cpu":
         return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
                             **split_seed(seed), **attrs, gradients=gradients)
@@ -253,7 +253,3 @@ def _on_device(tensor):
 def _detached(*tensors):
     # An op's kernel still sees requires_grad on its arguments, and DLPack refuses those.
     return [None if t is None else t.detach() for t in tensors]
-
-
-def _lengths(sequence_lengths):
-    return None if sequence_lengths is None else host_lengths(sequence_lengths)

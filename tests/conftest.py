@@ -2,12 +2,37 @@
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import pycudnnrnn
 
 LENGTHS = {"full": None, "ragged": [2, 4, 1], "zero": [4, 0, 3]}
+
+# Two computations of one function by different paths (the cuDNN backend on the stand-in
+# leaves zero-length rows out and runs a smaller batch; another batch size or memory layout
+# takes another BLAS kernel) round differently, and how differently depends on the machine's
+# BLAS kernel. They are compared within this many units in the last place.
+ULPS = 16
+
+
+def assert_ulp_close(got, want, ulps=ULPS, err_msg=""):
+    """Same dtype and shape, values within `ulps` units in the last place of the dtype at
+    the scale of `want` (its largest magnitude), NaN where `want` has NaN.
+
+    The scale is the array's, not each element's: a matrix product rounds at the size of
+    its terms, so a small element computed from large ones can differ by more than its own
+    ulp. A layout, gate or mask mistake is off by far more.
+    """
+    got, want = np.asarray(got), np.asarray(want)
+    assert (got.dtype, got.shape) == (want.dtype, want.shape), err_msg
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    nan = np.isnan(w)
+    np.testing.assert_array_equal(np.isnan(g), nan, err_msg=f"{err_msg}: NaN positions")
+    scale = float(np.abs(w[~nan]).max(initial=0.0))
+    ulp = float(ml_dtypes.finfo(want.dtype).eps) * 2.0 ** np.floor(np.log2(scale)) if scale else 0.0
+    np.testing.assert_allclose(g[~nan], w[~nan], rtol=0, atol=ulps * ulp, err_msg=err_msg)
 
 
 @dataclasses.dataclass

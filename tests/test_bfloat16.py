@@ -3,7 +3,10 @@
 bfloat16 computes in float32 and rounds once, to bfloat16, where results leave (see
 docs/semantics.md, "dtypes"). Every bfloat16 value is exactly a float32, so the same
 call in float32 on the same values, rounded to bfloat16, must give the very same bits:
-the tolerance of these tests is zero.
+on the CPU the tolerance of these tests is zero. The stand-in GPU computes with the NumPy
+backend on the batch the cuDNN backend hands cuDNN (zero-length rows left out), whose other
+matrix shapes may round a float32 intermediate differently: a bfloat16 result then lands
+one ulp over, so those tests compare within a few ulps (conftest.assert_ulp_close).
 """
 
 import dataclasses
@@ -15,7 +18,7 @@ import numpy as np
 import pytest
 
 import pycudnnrnn
-from conftest import make_case
+from conftest import assert_ulp_close, make_case
 from fake_cuda import FakeDeviceArray, _device
 from pycudnnrnn import convert, dtypes
 from pycudnnrnn import gpu as gpu_module
@@ -315,7 +318,7 @@ def test_cudnn_backend_bfloat16_on_the_stand_in_gpu(stand_in_gpu, mode, proj, ti
                                     *map(_device, seeds), gpu[3], **case.attrs)
     for got, want in zip(gpu[:3] + tuple(gpu_grads), cpu[:3] + tuple(cpu_grads)):
         assert isinstance(got, FakeDeviceArray) and got.dtype == BF16
-        np.testing.assert_array_equal(_bits(got), _bits(want))
+        assert_ulp_close(got, want)
     assert "cudnnRNNBackwardWeights_v8" in stand_in_gpu.calls
     assert stand_in_gpu.rnn_descriptors
     for descriptor in stand_in_gpu.rnn_descriptors:
@@ -404,18 +407,18 @@ def test_plan_in_bfloat16_with_cupy_13_and_another_librarys_arrays(stand_in_gpu)
     got = p.forward(*args, out=out)
     for g, w, o in zip(got[:3], want[:3], out):
         assert g.dtype == np.int16 and g.ctypes.data == o.array.ctypes.data
-        np.testing.assert_array_equal(g, _bits(w))
-        np.testing.assert_array_equal(_bits(o.array), _bits(w))
+        assert_ulp_close(g.view(BF16), w)
     got_grads = p.backprop(*args, *(framework(g.view(BF16)) for g in got[:3]),
                            *(framework(s) for s in seeds), got[3])
     for g, w in zip(got_grads, want_grads):
-        np.testing.assert_array_equal(g, _bits(w))
+        assert g.dtype == np.int16
+        assert_ulp_close(g.view(BF16), w)
     with pytest.raises(TypeError, match=r"input: expected dtype bfloat16 \(the dtype of the "
                                         r"plan\), got int16"):
         p.forward(_device(case.input.view(np.int16)), *args[1:])
     functional = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
-    for g, w in zip(functional[:3], want[:3]):
-        np.testing.assert_array_equal(g, _bits(w))
+    for g, w in zip(functional[:3], got[:3]):  # the plan's computation again: the same bits
+        np.testing.assert_array_equal(g, w)
 
 
 def test_params_helpers_in_bfloat16_with_cupy_13(stand_in_gpu):
@@ -445,7 +448,7 @@ def test_plan_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_version):
     got = p.forward(*_on_device(case))
     for g, w in zip(got[:3], want[:3]):
         assert isinstance(g, FakeDeviceArray) and g.dtype == BF16
-        np.testing.assert_array_equal(_bits(g), _bits(w))
+        assert_ulp_close(g, w)
 
 
 # --------------------------------------------------------------------------- command line

@@ -1,9 +1,10 @@
 """The cuDNN backend against the NumPy backend, cuDNN's own layout, and PyTorch.
 
 The agreement tests take the ``device`` fixture (conftest): each runs on the stand-in GPU
-of ``fake_cuda.py`` in CI, where results must equal the NumPy backend's bit for bit (the
-stand-in computes with it), and, marked ``gpu``, on a real GPU in ``make gpu-check``,
-within the tolerances below. Tests marked ``gpu`` alone need real hardware (cuDNN's
+of ``fake_cuda.py`` in CI, where results must equal the NumPy backend's to a few units in
+the last place (the stand-in computes with it, but on the batch the cuDNN backend hands
+cuDNN, which leaves zero-length rows out: other matrix shapes, another rounding), and,
+marked ``gpu``, on a real GPU in ``make gpu-check``, within the tolerances below. Tests marked ``gpu`` alone need real hardware (cuDNN's
 layout queries and arithmetic, PyTorch's cuDNN, memory, threads, TF32) and are skipped
 without it. CuPy is imported inside the tests that need it: CI has none.
 """
@@ -17,7 +18,7 @@ import pytest
 
 import fake_cuda
 import pycudnnrnn
-from conftest import Device, make_case
+from conftest import Device, assert_ulp_close, make_case
 
 gpu_only = pytest.mark.gpu
 
@@ -55,11 +56,11 @@ def _assert_within(got, want, dtype, name):
 
 
 def _assert_close(device, got, want, dtype, name):
-    """Equal on the stand-in (it computes with the NumPy backend); within tolerance on cuda."""
+    """A few ulps on the stand-in (it computes with the NumPy backend, on cuDNN's batch);
+    within the dtype's tolerance on cuda."""
     got = device.get(got)
     if device.kind == "stand-in":
-        assert got.dtype == np.asarray(want).dtype, name
-        np.testing.assert_array_equal(got, want, err_msg=name)
+        assert_ulp_close(got, want, err_msg=name)
     else:
         _assert_within(got, want, dtype, name)
 

@@ -304,6 +304,40 @@ def test_handler_error_surfaces_as_python_exception_with_our_message():
     _assert_same(f(*_args(case)), case.forward()[:3])  # and the next call is fine
 
 
+@pytest.mark.parametrize("dtype,value", [("int64", 2 ** 32 + 3), ("int64", 2 ** 63 - 1),
+                                         ("uint32", 2 ** 32 - 1), ("uint64", 2 ** 64 - 1)])
+def test_traced_wide_lengths_are_checked_in_their_own_type(dtype, value):
+    """With x64 on, a traced int64 2**32 + 3 used to wrap at the int32 cast to 3 and run;
+    now the handler range-checks the value itself, and names it."""
+    case = _case("gru-bi-ragged")
+    with jax.enable_x64(True):
+        lengths = jnp.array([value, 0, 2], dtype=dtype)
+        f = jax.jit(lambda lens: _jax_rnn(case)(*_args(case)[:4], lens)[1])
+        with pytest.raises(Exception, match=rf"sequence_lengths: expected values in \[0, 4\] "
+                                            rf"\(max_time\), got {value} at index 0"):
+            jax.block_until_ready(f(lengths))
+        ran = f(jnp.array([3, 0, 2], dtype=dtype))  # in range: as the eager call with int32
+    np.testing.assert_array_equal(np.asarray(ran), pycudnnrnn.forward(
+        *_args(case)[:4], [3, 0, 2], **case.attrs)[1])
+
+
+def test_vmapped_inference_names_the_element_and_index_of_a_bad_length():
+    case, xs, hs, lengths = _mapped_problem()
+    f = jax.jit(jax.vmap(lambda x, h, lens: _jax_rnn(case, is_training=False)(
+        x, h, None, case.params, lens)[0]))
+    bad = lengths.copy()
+    bad[2, 1] = 9
+    with pytest.raises(Exception, match=r"got 9 at index 1 of vmapped element 2\n"):
+        jax.block_until_ready(f(xs, hs, bad))
+    nested = jax.jit(jax.vmap(jax.vmap(lambda x, h, lens: _jax_rnn(case, is_training=False)(
+        x, h, None, case.params, lens)[0])))
+    stack = lambda a: np.stack([a, a])  # noqa: E731
+    worse = stack(lengths)
+    worse[1, 2, 0] = -1
+    with pytest.raises(Exception, match=r"got -1 at index 0 of vmapped element \(1, 2\)\n"):
+        jax.block_until_ready(nested(stack(xs), stack(hs), worse))
+
+
 def test_shard_map_and_pmap_over_the_batch_equal_one_call():
     """Two CPU devices (a process of its own): shard_map training values and gradients
     (a replicated params' gradient summed over the mesh, as JAX's own operations give),

@@ -121,7 +121,9 @@ def _check_lengths(sequence_lengths, batch_size, max_time):
     if lengths.shape != (batch_size,):
         raise ValueError(f"sequence_lengths: expected shape ({batch_size},) (the batch size), "
                          f"got {lengths.shape}")
-    return lengths.astype(jnp.int32)
+    # Traced values are range-checked by the handler: in their own integer type, so that
+    # 2**32 + 3 is refused rather than wrapped to 3 (narrower types widen exactly).
+    return lengths if lengths.dtype.itemsize >= 4 else lengths.astype(jnp.int32)
 
 
 # --------------------------------------------------------------------------- the two calls
@@ -208,8 +210,6 @@ def _result_type(operands):
 
 def _batch_axis(name: str, time_major: bool) -> int:
     """The batch axis of an unmapped operand or result."""
-    if name == "sequence_lengths":
-        return 0
     return 1 if time_major else 0
 
 
@@ -249,7 +249,10 @@ def _inference(op: _Op, has_lengths: bool):
                 continue
             if not mapped:
                 x = jnp.broadcast_to(x, (axis_size,) + x.shape)
-            folded.append(_fold(x, _batch_axis(name, op.time_major)))
+            # Lengths keep their mapped axes ([N, ..., B]; the handler reads them flat), so
+            # that an error names the element and the index the caller wrote.
+            folded.append(x if name == "sequence_lengths" else
+                          _fold(x, _batch_axis(name, op.time_major)))
         outputs = forward(*folded)  # itself: a vmap of a vmap folds twice
         outputs = tuple(_unfold(y, _batch_axis("output", op.time_major), axis_size)
                         for y in outputs)

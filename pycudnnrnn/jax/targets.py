@@ -70,6 +70,7 @@ def result_names(target: str, lstm: bool) -> list:
 _DTYPES = {DataType.F16: np.dtype(np.float16), DataType.F32: np.dtype(np.float32),
            DataType.F64: np.dtype(np.float64), DataType.BF16: dtypes.bfloat16,
            DataType.S32: np.dtype(np.int32), DataType.S64: np.dtype(np.int64),
+           DataType.U32: np.dtype(np.uint32), DataType.U64: np.dtype(np.uint64),
            DataType.U8: np.dtype(np.uint8)}
 
 
@@ -99,6 +100,25 @@ class _Call:
         self.results = dict(zip(outs, results))
 
 
+def _flat_lengths(lengths, max_time):
+    """Lengths as the plan takes them, ``[B]``. Under ``vmap`` they arrive ``[N, ..., B]``
+    (the other operands fold N into the batch): checked first, so that an error names the
+    vmapped element and the index within it, not an index into the folded batch."""
+    if lengths is None or lengths.ndim == 1:
+        return lengths
+    from .. import checks
+    flat = lengths.reshape(-1)
+    try:
+        return checks.check_lengths(flat, flat.shape[0], max_time)
+    except ValueError:
+        bad = np.flatnonzero((flat < 0) | (flat > max_time))[0]
+        *element, b = np.unravel_index(bad, lengths.shape)
+        element = tuple(map(int, element))
+        raise ValueError(f"sequence_lengths: expected values in [0, {max_time}] (max_time), "
+                         f"got {int(flat[bad])} at index {b} of vmapped element "
+                         f"{element[0] if len(element) == 1 else element}") from None
+
+
 def _prefix(buffer, nbytes, name):
     """The first `nbytes` of an XLA byte buffer sized for every platform."""
     if nbytes > buffer.shape[0]:
@@ -126,7 +146,8 @@ def _run(call_frame, target: str, place):
     call = _Call(call_frame, target)
     with place:
         a = {n: place.array(b) for n, b in call.operands.items()}
-        lengths = place.host_lengths(a.pop("sequence_lengths", None))
+        lengths = _flat_lengths(place.host_lengths(a.pop("sequence_lengths", None)),
+                                a["input"].shape[0 if call.op["time_major"] else 1])
         out = {n: place.array(b) for n, b in call.results.items()}
         for name in ("input_c", "output_c", "output_c_backprop"):
             a.setdefault(name, None)  # not LSTM

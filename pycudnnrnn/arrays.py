@@ -21,6 +21,7 @@ def device_kind(name, array, strict=True):
     Anything that is neither a NumPy array nor a DLPack array on the CPU or a CUDA device
     is a TypeError (or "other" when not `strict`).
     """
+    refuse_masked(name, array)
     dlpack_device = getattr(array, "__dlpack_device__", None)
     if dlpack_device is not None:
         try:
@@ -38,6 +39,15 @@ def device_kind(name, array, strict=True):
     raise TypeError(f"{name}: expected a NumPy array, a CUDA array (CuPy, or any array with "
                     f"__dlpack__ on a CUDA device) or a DLPack array on the CPU, got "
                     f"{type(array).__module__}.{type(array).__qualname__}{_on_device(array)}")
+
+
+def refuse_masked(name, array):
+    """A NumPy masked array is an ndarray whose mask every computation here would ignore:
+    a TypeError, rather than a result computed from the masked values."""
+    if isinstance(array, np.ma.MaskedArray):
+        steps = ", and sequence_lengths to leave padded steps out" if name == "input" else ""
+        raise TypeError(f"{name}: got a NumPy masked array, whose mask would be ignored; "
+                        f"pass plain data (for example a.filled(0)){steps}")
 
 
 def _on_device(array) -> str:
@@ -88,8 +98,16 @@ def results_like(template, xp, results) -> tuple:
 
 def host_lengths(sequence_lengths):
     """sequence_lengths as a host array (they steer the computation, so they live on the CPU)."""
-    if sequence_lengths is None or isinstance(sequence_lengths, (list, tuple, np.ndarray)):
-        return None if sequence_lengths is None else np.asarray(sequence_lengths)
+    if sequence_lengths is None:
+        return None
+    refuse_masked("sequence_lengths", sequence_lengths)
+    if isinstance(sequence_lengths, (list, tuple)):
+        for b, value in enumerate(sequence_lengths):  # NumPy would read True as 1
+            if isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"sequence_lengths: expected integers, got {bool(value)} "
+                                f"(a bool) at index {b}")
+    if isinstance(sequence_lengths, (list, tuple, np.ndarray)):
+        return np.asarray(sequence_lengths)
     if hasattr(sequence_lengths, "__dlpack_device__"):
         kind = device_kind("sequence_lengths", sequence_lengths, strict=False)
         if kind == "cuda":

@@ -136,6 +136,9 @@ def check_lengths(sequence_lengths, batch_size, max_time):
     if sequence_lengths is None:
         return None
     lengths = np.asarray(sequence_lengths)
+    if lengths.dtype == object and lengths.ndim == 1 and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in lengths):
+        lengths = _python_integers(lengths, max_time)  # beyond int64: out of range
     if lengths.dtype.kind not in "iu":
         raise TypeError(f"sequence_lengths: expected integers, got dtype {lengths.dtype}")
     if lengths.shape != (batch_size,):
@@ -146,6 +149,16 @@ def check_lengths(sequence_lengths, batch_size, max_time):
         b = int(np.flatnonzero(bad)[0])
         raise ValueError(f"sequence_lengths: expected values in [0, {max_time}] (max_time), "
                          f"got {int(lengths[b])} at index {b}")
+    return lengths.astype(np.int64)
+
+
+def _python_integers(lengths, max_time):
+    """Python integers too large for int64 (NumPy gives them dtype object): the first one
+    out of [0, max_time] is a ValueError, as for any other integer."""
+    for b, value in enumerate(lengths):
+        if not 0 <= value <= max_time:
+            raise ValueError(f"sequence_lengths: expected values in [0, {max_time}] "
+                             f"(max_time), got {value} at index {b}")
     return lengths.astype(np.int64)
 
 

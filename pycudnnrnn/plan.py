@@ -196,6 +196,8 @@ class RNNPlan:
         checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
         out = self._outputs(out, self._results_of["forward"])
         workspace = self._workspace(workspace)
+        if workspace is not None or any(b is not None for b in out):
+            _refuse_overlaps(self._results_of["forward"], out, workspace, arrays)
         if self._bits:
             arrays = {n: dtypes.storage(a) for n, a in arrays.items()}
         with self._on_device():
@@ -217,6 +219,8 @@ class RNNPlan:
         checks.check_reserve_space(arrays["reserve_space"])
         out = self._outputs(out, self._results_of["backprop"])
         workspace = self._workspace(workspace)
+        if workspace is not None or any(b is not None for b in out):
+            _refuse_overlaps(self._results_of["backprop"], out, workspace, arrays)
         a = {n: arrays[n] for n in _BACKPROP_NAMES}
         if not lstm:
             a.update(input_c=None, output_c=None, output_c_backprop=None)
@@ -261,10 +265,12 @@ class RNNPlan:
         given or where there is no such result (output_c of other cells, an inference
         reserve_space)."""
         if out is None:
-            return (None,) * len(results)
-        out = tuple(out)
+            return _NO_OUT
+        names = ", ".join(name for name, _, _ in results)
+        if not isinstance(out, (tuple, list)):
+            raise TypeError(f"out: expected a tuple of {len(results)} buffers ({names}) or "
+                            f"None, got {type(out).__module__}.{type(out).__qualname__}")
         if len(out) != len(results):
-            names = ", ".join(name for name, _, _ in results)
             raise ValueError(f"out: expected {len(results)} buffers ({names}) or None, got "
                              f"{len(out)}")
         checked = []
@@ -278,6 +284,8 @@ class RNNPlan:
                                 "the result")
             if not buffer.flags.c_contiguous:
                 raise ValueError(f"{label}: expected a C-contiguous buffer")
+            if not buffer.flags.writeable:  # a read-only NumPy view, a JAX array
+                raise ValueError(f"{label}: expected a writable buffer, got a read-only one")
             checked.append(dtypes.storage(buffer) if self._bits else buffer)
         return tuple(checked)
 
@@ -285,10 +293,12 @@ class RNNPlan:
         if workspace is None:
             return None
         workspace = self._adopt({"workspace": workspace})["workspace"]
-        if workspace.dtype != np.uint8 or workspace.ndim != 1 or \
-                workspace.shape[0] < self.workspace_nbytes or not workspace.flags.c_contiguous:
-            raise ValueError(f"workspace: expected a contiguous 1-D uint8 buffer of at least "
-                             f"{self.workspace_nbytes} bytes, got {workspace.dtype} of shape "
+        if workspace.dtype != np.uint8:
+            raise TypeError(f"workspace: expected dtype uint8, got {workspace.dtype}")
+        if workspace.ndim != 1 or workspace.shape[0] < self.workspace_nbytes or \
+                not workspace.flags.c_contiguous or not workspace.flags.writeable:
+            raise ValueError(f"workspace: expected a writable, contiguous 1-D uint8 buffer of "
+                             f"at least {self.workspace_nbytes} bytes, got shape "
                              f"{tuple(workspace.shape)}")
         return workspace
 
@@ -298,6 +308,36 @@ class RNNPlan:
         return self._xp.cuda.Device(self.device_index)
 
 
+
+
+_NO_OUT = (None,) * 4  # every run has four results
+
+
+def _byte_range(array) -> tuple[int, int]:
+    """The bytes an array may touch, ``[low, high)`` (its strides' extent)."""
+    start = array.data.ptr if hasattr(array.data, "ptr") else array.ctypes.data
+    low = high = start
+    for n, stride in zip(array.shape, array.strides):
+        if n == 0:
+            return start, start
+        (low, high) = (low + stride * (n - 1), high) if stride < 0 else \
+            (low, high + stride * (n - 1))
+    return low, high + array.itemsize
+
+
+def _refuse_overlaps(results, out, workspace, inputs):
+    """A caller buffer that shares bytes with another, or with an input, would have one
+    result written over another (or over what is still being read): a ValueError naming
+    both. Checked by address range, which is exact for the contiguous buffers."""
+    buffers = [(f"out {name}", b) for (name, _, _), b in zip(results, out) if b is not None]
+    buffers += [("workspace", workspace)] if workspace is not None else []
+    given = buffers + [(name, a) for name, a in inputs.items() if a is not None]
+    ranges = [(name, _byte_range(dtypes.storage(a))) for name, a in given]
+    for i, (name, (low, high)) in enumerate(ranges[:len(buffers)]):
+        for other, (other_low, other_high) in ranges[i + 1:]:
+            if low < other_high and other_low < high:
+                raise ValueError(f"{name}: shares memory with {other}; each result needs a "
+                                 f"buffer of its own")
 
 
 class _NumpyExecutor:

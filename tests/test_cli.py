@@ -350,8 +350,10 @@ def test_the_core_needs_no_gpu_package_and_the_gpu_packages_are_extras():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
-    # NumPy, and ml_dtypes for its bfloat16 dtype: no GPU package.
-    assert sorted(d.split(">")[0] for d in project["dependencies"]) == ["ml_dtypes", "numpy"]
+    # NumPy, ml_dtypes for its bfloat16 dtype, threadpoolctl to find NumPy's BLAS (pure
+    # Python): no GPU package.
+    assert sorted(d.split(">")[0] for d in project["dependencies"]) == [
+        "ml_dtypes", "numpy", "threadpoolctl"]
     extras = project["optional-dependencies"]
     names = lambda extra: sorted(d.split(">")[0] for d in extras[extra])
     assert names("cuda12") == ["cupy-cuda12x", "nvidia-cudnn-cu12"]

@@ -90,6 +90,13 @@ def test_forward_errors(name, call, error, message):
     ([1, -1, 2], ValueError, r"got -1 at index 1"),
     ([1.0, 2.0, 3.0], TypeError, r"sequence_lengths: expected integers, got dtype float64"),
     ([[1, 2, 3]], ValueError, r"sequence_lengths: expected shape \(3,\)"),
+    # NumPy reads True as 1: refused like any non-integer.
+    ([True, 2, 3], TypeError, r"sequence_lengths: expected integers, got True \(a bool\) at index 0"),
+    ((1, np.bool_(False), 3), TypeError, r"got False \(a bool\) at index 1"),
+    # Beyond int64 NumPy gives dtype object: a value error like any other out of range.
+    ([1, 2 ** 64, 2], ValueError, r"expected values in \[0, 4\] \(max_time\), got 18446744073709551616 at index 1"),
+    (np.ma.array([1, 2, 3], mask=[0, 1, 0]), TypeError,
+     r"sequence_lengths: got a NumPy masked array, whose mask would be ignored"),
 ])
 def test_sequence_length_errors(lengths, error, message):
     case = _lstm()
@@ -377,3 +384,78 @@ def test_a_plan_reads_torch_tensors_that_require_grad():
     assert isinstance(got, pycudnnrnn.ForwardResult)
     for a, b in zip(expected[:3], got[:3]):
         np.testing.assert_array_equal(a, b.numpy())
+
+
+@pytest.mark.parametrize("name", ["input", "input_h", "input_c", "params"])
+def test_masked_arrays_are_refused_not_read_without_their_mask(name):
+    case = _lstm()
+    with pytest.raises(TypeError, match=rf"^{name}: got a NumPy masked array, whose mask would "
+                                        rf"be ignored; pass plain data"):
+        case.forward(**{name: np.ma.array(getattr(case, name))})
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=4, input_size=3, max_time=4,
+                              batch_size=3, dtype="float64", direction="bidirectional")
+    arrays = dict(input=case.input, input_h=case.input_h, input_c=case.input_c,
+                  params=case.params)
+    arrays[name] = np.ma.array(arrays[name])
+    with pytest.raises(TypeError, match=rf"^{name}: got a NumPy masked array"):
+        plan.forward(**arrays)
+
+
+def _plan_and_args():
+    case = _lstm()
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=4, input_size=3, max_time=4,
+                              batch_size=3, dtype="float64", direction="bidirectional")
+    return plan, [case.input, case.input_h, case.input_c, case.params]
+
+
+def test_out_buffers_that_share_memory_are_refused_naming_both():
+    """One buffer for output_h and output_c ran, and output_h came back holding output_c."""
+    plan, args = _plan_and_args()
+    state = np.empty(plan.output_h_shape)
+    with pytest.raises(ValueError, match=r"out output_h: shares memory with out output_c"):
+        plan.forward(*args, out=(None, state, state, None))
+    size = int(np.prod(plan.output_h_shape))
+    flat = np.empty(2 * size)  # two views, overlapping by half
+    first, second = (flat[k:k + size].reshape(plan.output_h_shape) for k in (0, size // 2))
+    with pytest.raises(ValueError, match=r"out output_h: shares memory with out output_c"):
+        plan.forward(*args, out=(None, first, second.reshape(plan.output_c_shape), None))
+    with pytest.raises(ValueError, match=r"out output_h: shares memory with input_h"):
+        plan.forward(*args, out=(None, args[1], None, None))  # written while it is read
+    reserve = np.empty(plan.reserve_nbytes, np.uint8)
+    with pytest.raises(ValueError, match=r"out reserve_space: shares memory with workspace"):
+        plan.forward(*args, out=(None, None, None, reserve), workspace=reserve)
+    # Neighbours in one allocation are fine: only shared bytes are refused.
+    apart = flat.reshape((2,) + plan.output_h_shape)
+    got = plan.forward(*args, out=(None, apart[0], apart[1], None))
+    want = plan.forward(*args)
+    np.testing.assert_array_equal(got.output_h, want.output_h)
+    np.testing.assert_array_equal(got.output_c, want.output_c)
+
+
+def test_out_of_the_wrong_kind_or_read_only_is_refused_before_any_work(monkeypatch):
+    from pycudnnrnn import numpy_backend
+    plan, args = _plan_and_args()
+    monkeypatch.setattr(numpy_backend, "forward", None)  # any computation would fail
+    for out, given in ((np.empty(plan.output_shape), "numpy.ndarray"), (5, "builtins.int")):
+        with pytest.raises(TypeError, match=rf"out: expected a tuple of 4 buffers \(output, "
+                                            rf"output_h, output_c, reserve_space\) or None, "
+                                            rf"got {given}"):
+            plan.forward(*args, out=out)
+    read_only = np.empty(plan.output_shape)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match=r"out output: expected a writable buffer, got a "
+                                         r"read-only one"):
+        plan.forward(*args, out=(read_only, None, None, None))
+    with pytest.raises(TypeError, match=r"workspace: expected dtype uint8, got float32"):
+        plan.forward(*args, workspace=np.empty(8, np.float32))
+
+
+def test_read_only_jax_array_as_out_is_refused():
+    jnp = pytest.importorskip("jax.numpy")
+    case = _lstm(dtype=np.float32)
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=4, input_size=3, max_time=4,
+                              batch_size=3, direction="bidirectional")
+    with pytest.raises(ValueError, match=r"out output: expected a writable buffer, got a "
+                                         r"read-only one"):
+        plan.forward(case.input, case.input_h, case.input_c, case.params,
+                     out=(jnp.zeros(plan.output_shape), None, None, None))

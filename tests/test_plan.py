@@ -116,9 +116,11 @@ def test_caller_buffers_are_used_and_nothing_else_is_copied(device):
                 device.put(np.empty(p.output_c_shape)), device.put(np.empty(p.params_size)))
     back = p.backprop(*args, *got[:3], *grads, got[3], out=grad_out, workspace=workspace)
     assert all(g is o for g, o in zip(back, grad_out))
-    with pytest.raises(ValueError, match=r"workspace: expected a contiguous 1-D uint8 buffer"):
-        p.forward(*args, workspace=device.put(np.empty(0, np.uint8)) if p.workspace_nbytes
-                  else device.put(np.empty(3)))
+    with pytest.raises(TypeError, match=r"workspace: expected dtype uint8, got float64"):
+        p.forward(*args, workspace=device.put(np.empty(3)))
+    with pytest.raises(ValueError, match=r"workspace: expected a writable, contiguous 1-D "
+                                         r"uint8 buffer of at least \d+ bytes, got shape"):
+        p.forward(*args, workspace=device.put(np.empty((2, p.workspace_nbytes + 1), np.uint8)))
 
 
 def test_padding_is_zeroed_only_when_lengths_are_ragged(device):

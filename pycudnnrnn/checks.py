@@ -193,17 +193,88 @@ def _input_size_for(config: RNNConfig, n: int, input_mode: str) -> int | None:
     return size
 
 
-def _explain_params_length(params, config: RNNConfig, input_mode, input_shape):
-    """A params length that fits another input_size: say the input's last dimension is
-    what differs (the params themselves look right)."""
+def _layer_counts_fitting(config: RNNConfig, n: int) -> list:
+    """``(num_layers, bidirectional)`` pairs other than `config`'s whose params_size is `n`,
+    all else equal (params_size grows with the layer count: the search stops past `n`)."""
+    fits = []
+    for bidirectional in (config.bidirectional, not config.bidirectional):
+        for layers in range(1, 1 << 16):
+            size = layout.params_size(dataclasses.replace(
+                config, num_layers=layers, bidirectional=bidirectional))
+            if size > n:
+                break
+            if size == n and (layers, bidirectional) != (config.num_layers,
+                                                         config.bidirectional):
+                fits.append((layers, bidirectional))
+    return fits
+
+
+def _explain_params_length(params, config: RNNConfig, input_mode, input_shape, state_shape):
+    """A params length that fits another layer count, direction or input_size: say which
+    argument differs, and how the shapes were read (the params themselves look right)."""
     if params is None or getattr(params, "ndim", None) != 1:
         return  # check_params reports it
     n, expected = params.shape[0], layout.params_size(config)
-    implied = None if n == expected else _input_size_for(config, n, input_mode)
+    if n == expected:
+        return
+    L, D = config.num_layers, config.num_dirs
+    read = (f"the shapes give num_layers={L} (input_h {state_shape}, L·D={L * D} with D={D}) "
+            f"and input_size={config.input_size} (input {input_shape}), which need {expected}")
+    for layers, bidirectional in _layer_counts_fitting(config, n):
+        if bidirectional != config.bidirectional and layers * (2 if bidirectional else 1) == L * D:
+            wanted = "bidirectional" if bidirectional else "unidirectional"
+            raise ValueError(f"direction: params has {n} elements, params_size for "
+                             f"direction={wanted!r} with num_layers={layers}; {read}: pass "
+                             f"direction={wanted!r}")
+        if bidirectional == config.bidirectional:
+            raise ValueError(f"input_h: expected L·D={layers * D} (params has {n} elements, "
+                             f"params_size for num_layers={layers}), got shape {state_shape}; "
+                             f"{read}")
+    implied = _input_size_for(config, n, input_mode)
     if implied is not None:
         raise ValueError(f"input: expected last dimension {implied} (params has {n} elements, "
                          f"params_size for input_size={implied}), got shape {input_shape} "
                          f"(input_size={config.input_size} needs {expected} elements)")
+
+
+def _blame_state_layers(input_h, input_c, time_major, D, params, rnn_mode, input_size,
+                        input_mode, direction, num_proj):
+    """input_h and input_c give different layer counts: when params fits input_c's and not
+    input_h's, input_h is the one to name (the check reads L·D from input_h first)."""
+    axis = 0 if time_major else 1
+    h_layers, c_layers = input_h.shape[axis] // D, input_c.shape[axis] // D
+    n = getattr(params, "shape", (None,))[0] if getattr(params, "ndim", None) == 1 else None
+    if h_layers == c_layers or n is None or c_layers == 0 or input_c.shape[axis] % D:
+        return
+
+    def size(layers):
+        try:
+            return layout.params_size(make_config(
+                rnn_mode=rnn_mode, num_layers=layers, num_units=input_c.shape[2],
+                input_size=input_size, input_mode=input_mode, direction=direction,
+                num_proj=num_proj, dropout=0.0, seed=0, seed2=0))
+        except (TypeError, ValueError):
+            return None
+    if size(c_layers) == n != size(h_layers):
+        raise ValueError(f"input_h: expected L·D={input_c.shape[axis]} as in input_c and params "
+                         f"(params has {n} elements, params_size for num_layers={c_layers}), "
+                         f"got shape {tuple(input_h.shape)}")
+
+
+def _state_mismatch(name, given, expected, what, other, time_major, input_shape):
+    """The ValueError for a state whose shape disagrees with input_h's or input's, saying
+    where L·D and B were read from (and the likely cause: batch-major data read as
+    time-major)."""
+    message = (f"{name}: expected shape {tuple(expected)} {what} (L·D from {other}'s shape, B "
+               f"from input's), got {tuple(given)}")
+    b_axis = 1 if time_major else 0
+    if len(given) == 3 and given[b_axis] == input_shape[1 - b_axis] != input_shape[b_axis]:
+        layout_name, flag = ("[T, B, input_size]", "False") if time_major else \
+            ("[B, T, input_size]", "True")
+        message += (f"; input {tuple(input_shape)} reads as {layout_name} (time_major="
+                    f"{time_major}) with B={input_shape[b_axis]}, but {name}'s batch "
+                    f"matches its other dimension: for that layout pass time_major={flag}")
+    return ValueError(message)
 
 
 def _describe(piece: layout.Piece) -> str:
@@ -274,7 +345,9 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
                          f"multiple of D={D} and P > 0, got {tuple(input_h.shape)}")
     num_layers = LD // D
     state = (LD, B) if time_major else (B, LD)
-    _shape("input_h", input_h, state + (P,), state_name.format("P"))
+    if tuple(input_h.shape) != state + (P,):
+        raise _state_mismatch("input_h", input_h.shape, state + (P,), state_name.format("P"),
+                              "input_h", time_major, tuple(input.shape))
 
     if lstm:
         if input_c is None:
@@ -282,7 +355,12 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
         _dtype("input_c", input_c, dtype)
         _ndim("input_c", input_c, 3, state_name.format("H"))
         H = input_c.shape[2]
-        _shape("input_c", input_c, state + (H,), state_name.format("H"))
+        if tuple(input_c.shape) != state + (H,):
+            _blame_state_layers(input_h, input_c, time_major, D, params, rnn_mode,
+                                input_size, input_mode, direction, num_proj)
+            raise _state_mismatch("input_c", input_c.shape, state + (H,),
+                                  state_name.format("H"), "input_h", time_major,
+                                  tuple(input.shape))
     else:
         H = P
     num_proj = _integer("num_proj", num_proj, 0)
@@ -304,7 +382,8 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
                          input_size=input_size, input_mode=input_mode, direction=direction,
                          num_proj=num_proj, dropout=dropout, seed=seed, seed2=seed2)
 
-    _explain_params_length(params, config, input_mode, tuple(input.shape))
+    _explain_params_length(params, config, input_mode, tuple(input.shape),
+                           tuple(input_h.shape))
     check_params(params, config, dtype)
     lengths = check_lengths(sequence_lengths, B, T)
     return Problem(config, T, B, time_major, dtype, lengths, is_training)

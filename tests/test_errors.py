@@ -51,12 +51,14 @@ FORWARD_ERRORS = [
     ("T = 0", _fwd(C, input=C.input[:0]), ValueError, r"input: expected non-empty .*got shape \(0, 3, 3\)"),
     ("B = 0", _fwd(C, input=C.input[:, :0]), ValueError, r"input: expected non-empty .*got shape \(4, 0, 3\)"),
     ("input_h batch", _fwd(C, input_h=C.input_h[:, :2]), ValueError,
-     r"input_h: expected shape \(4, 3, 4\) \[L·D, B, P\], got \(4, 2, 4\)"),
+     r"input_h: expected shape \(4, 3, 4\) \[L·D, B, P\] \(L·D from input_h's shape, B from "
+     r"input's\), got \(4, 2, 4\)$"),
     ("input_h odd L·D", _fwd(C, input_h=C.input_h[:3]), ValueError,
      r"input_h: expected shape \[L·D, B, P\] with L·D a positive multiple of D=2.*got \(3, 3, 4\)"),
     ("input_c missing", _fwd(C, input_c=None), TypeError, r"input_c: expected an array for rnn_mode='lstm', got None"),
     ("input_c shape", _fwd(C, input_c=C.input_c[:2]), ValueError,
-     r"input_c: expected shape \(4, 3, 4\) \[L·D, B, H\], got \(2, 3, 4\)"),
+     r"input_c: expected shape \(4, 3, 4\) \[L·D, B, H\] \(L·D from input_h's shape, B from "
+     r"input's\), got \(2, 3, 4\)$"),
     ("P vs H", _fwd(C, input_h=C.input_h[..., :3]), ValueError,
      r"input_h: expected last dimension num_units=4 .*got shape \(4, 3, 3\)"),
     ("P vs num_proj", _fwd(C, num_proj=2), ValueError,
@@ -459,3 +461,42 @@ def test_read_only_jax_array_as_out_is_refused():
                                          r"read-only one"):
         plan.forward(case.input, case.input_h, case.input_c, case.params,
                      out=(jnp.zeros(plan.output_shape), None, None, None))
+
+
+def _zeros(*shape):
+    return np.zeros(shape)
+
+
+BI_LSTM_2 = pycudnnrnn.params_size(num_layers=2, num_units=4, input_size=3,
+                                   direction="bidirectional")
+
+
+@pytest.mark.parametrize("call,message", [
+    # GRU params of 2 bidirectional layers, input_h of 1: input_h, not an invented input_size=17.
+    (lambda: pycudnnrnn.forward(_zeros(5, 3, 3), _zeros(2, 3, 4), None, _zeros(552),
+                                rnn_mode="gru", direction="bidirectional"),
+     r"^input_h: expected L·D=4 \(params has 552 elements, params_size for num_layers=2\), got "
+     r"shape \(2, 3, 4\); the shapes give num_layers=1 \(input_h \(2, 3, 4\), L·D=2 with D=2\)"),
+    # direction= forgotten: input_h's 4 read as 4 layers.
+    (lambda: pycudnnrnn.forward(_zeros(5, 3, 3), _zeros(4, 3, 4), _zeros(4, 3, 4),
+                                _zeros(BI_LSTM_2)),
+     r"^direction: params has 736 elements, params_size for direction='bidirectional' with "
+     r"num_layers=2; the shapes give num_layers=4 .*: pass direction='bidirectional'$"),
+    # LSTM with input_h of the wrong layer count: input_h is named, not input_c.
+    (lambda: pycudnnrnn.forward(_zeros(5, 3, 3), _zeros(2, 3, 4), _zeros(4, 3, 4),
+                                _zeros(BI_LSTM_2), direction="bidirectional"),
+     r"^input_h: expected L·D=4 as in input_c and params \(params has 736 elements, params_size "
+     r"for num_layers=2\), got shape \(2, 3, 4\)$"),
+    # Batch-major input with the default time_major=True: say so, not just "input_h".
+    (lambda: pycudnnrnn.forward(_zeros(3, 5, 3), _zeros(4, 3, 4), _zeros(4, 3, 4),
+                                _zeros(BI_LSTM_2), direction="bidirectional"),
+     r"input \(3, 5, 3\) reads as \[T, B, input_size\] \(time_major=True\) with B=5, but "
+     r"input_h's batch matches its other dimension: for that layout pass time_major=False$"),
+    (lambda: pycudnnrnn.forward(_zeros(5, 3, 3), _zeros(3, 4, 4), _zeros(3, 4, 4),
+                                _zeros(BI_LSTM_2), direction="bidirectional", time_major=False),
+     r"input \(5, 3, 3\) reads as \[B, T, input_size\] \(time_major=False\) with B=5, but "
+     r"input_h's batch matches its other dimension: for that layout pass time_major=True$"),
+], ids=["gru-layers", "direction", "lstm-input_h-layers", "batch-major", "time-major"])
+def test_a_wrong_layer_count_or_layout_names_the_argument_that_differs(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -25,7 +25,7 @@ $(TESTED): $(STAMP)
 	touch $(TESTED)
 
 demo: $(STAMP)
-	$(PY) -m pycudnnrnn check
+	$(PY) -m pycudnnrnn check --direction bidirectional
 
 test: $(TESTED)
 	$(PY) -m pytest -q

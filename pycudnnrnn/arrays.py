@@ -6,6 +6,8 @@ arrays on cuDNN; results go back to the library of the call's first array.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import dtypes
@@ -43,8 +45,11 @@ def device_kind(name, array, strict=True):
 
 def refuse_masked(name, array):
     """A NumPy masked array is an ndarray whose mask every computation here would ignore:
-    a TypeError, rather than a result computed from the masked values."""
-    if isinstance(array, np.ma.MaskedArray):
+    a TypeError, rather than a result computed from the masked values. (NumPy imports
+    numpy.ma lazily: where it is not imported, no masked array exists, and we do not pay
+    for the import.)"""
+    ma = sys.modules.get("numpy.ma")
+    if ma is not None and isinstance(array, ma.MaskedArray):
         steps = ", and sequence_lengths to leave padded steps out" if name == "input" else ""
         raise TypeError(f"{name}: got a NumPy masked array, whose mask would be ignored; "
                         f"pass plain data (for example a.filled(0)){steps}")

@@ -232,7 +232,8 @@ def format_table(results) -> str:
 
 
 def plot(results, path: str):
-    """Time against sequence length, one line per device, metric and library (PNG)."""
+    """Time against sequence length, one line per device, metric and library, with bars
+    from the fastest to the slowest run (PNG)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -245,16 +246,20 @@ def plot(results, path: str):
                            ("torch_fwd_ms", "PyTorch forward"),
                            ("torch_fwd_bwd_ms", "PyTorch forward+backward")):
             if key in r:
-                series.setdefault((r["device"], label), []).append((r["max_time"], r[key]))
+                series.setdefault((r["device"], label), []).append(
+                    (r["max_time"], r[key], r.get(f"{key}_min", r[key]),
+                     r.get(f"{key}_max", r[key])))
     for (device, label), points in sorted(series.items()):
-        points.sort()
-        ax.plot(*zip(*points), marker="o", linestyle="--" if "PyTorch" in label else "-",
-                label=f"{label} ({device})")
+        T, median, low, high = map(np.asarray, zip(*sorted(points)))
+        # The bars span the fastest and slowest run: a spread that is large against the
+        # median says the machine was busy, and the medians alone would hide it.
+        ax.errorbar(T, median, yerr=(median - low, high - median), marker="o", capsize=3,
+                    linestyle="--" if "PyTorch" in label else "-", label=f"{label} ({device})")
     first = results[0]
     ax.set_title(f"{first['rnn_mode']}, {first['num_layers']} layers, batch {first['batch_size']}, "
                  f"{first['input_size']}->{first['hidden_size']}, {first['dtype']}")
     ax.set_xlabel("sequence length T")
-    ax.set_ylabel("median time (ms)")
+    ax.set_ylabel("time (ms): median, bars from min to max")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     lengths = sorted({r["max_time"] for r in results})

@@ -2,8 +2,9 @@
 
 Exit status: 0 success; 1 a check that failed; 2 a usage error (a bad option, a
 configuration the library refuses, sizes too large for memory, an output folder that does
-not exist), said in one line with no traceback and before any work; 3 an unexpected error
-(a bug: the traceback is printed).
+not exist), said in one line with no traceback and before any work, or an output file
+that could not be written (said in one line, after the run); 3 an unexpected error (a
+bug: the traceback is printed).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import sys
 import traceback
 
@@ -61,11 +63,10 @@ def _int_list(minimum):
     return parse
 
 
-def _add_network_options(p, *, layers, input_size, hidden_size, bidirectional):
+def _add_network_options(p, *, layers, input_size, hidden_size):
     p.add_argument("--mode", choices=RNN_MODES, default="lstm", help="cell (default: lstm)")
-    direction = "bidirectional" if bidirectional else "unidirectional"
-    p.add_argument("--direction", choices=DIRECTIONS, default=direction,
-                   help=f"default: {direction}")
+    p.add_argument("--direction", choices=DIRECTIONS, default="unidirectional",
+                   help="default: unidirectional (the library's)")
     p.add_argument("--layers", type=_positive, default=layers, help=f"default: {layers}")
     p.add_argument("--input-size", type=_positive, default=input_size, help=f"default: {input_size}")
     p.add_argument("--hidden-size", type=_positive, default=hidden_size,
@@ -76,6 +77,8 @@ def _parser():
     parser = argparse.ArgumentParser(
         prog="pycudnnrnn", description="cuDNN's RNNs (TensorFlow's CudnnRNNV3 op pair) with a "
                                        "NumPy twin: environment, self-check, benchmark.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"pycudnnrnn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{info,check,bench}", required=True)
 
     sub.add_parser("info", help="versions, cuDNN, GPUs and backends (paste into bug reports)",
@@ -89,8 +92,9 @@ def _parser():
                            description="Run forward and backprop once and verify them: against "
                                        "central finite differences on the CPU, against the "
                                        "NumPy backend on a GPU. Exits 1 on a mismatch.")
-    _add_network_options(check, layers=2, input_size=5, hidden_size=6, bidirectional=True)
-    check.add_argument("--input-mode", choices=INPUT_MODES, default="linear_input")
+    _add_network_options(check, layers=2, input_size=5, hidden_size=6)
+    check.add_argument("--input-mode", choices=INPUT_MODES, default="linear_input",
+                       help="default: linear_input")
     check.add_argument("--num-proj", type=_non_negative, default=0, help="LSTM projection (default: 0)")
     check.add_argument("--lengths", type=_int_list(0), default=[7, 3, 0, 5],
                        help="sequence lengths, comma-separated; the batch size is their count "
@@ -98,7 +102,7 @@ def _parser():
     check.add_argument("--max-time", type=_positive, default=None,
                        help="T (default: the longest length, at least 1)")
     check.add_argument("--batch-major", action="store_true", help="time_major=False")
-    check.add_argument("--dtype", choices=DTYPES, default="float64")
+    check.add_argument("--dtype", choices=DTYPES, default="float64", help="default: float64")
     check.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto",
                        help="auto: the GPU when one is usable (default)")
     check.add_argument("--seed", type=_non_negative, default=0, help="for the random problem")
@@ -108,12 +112,12 @@ def _parser():
                                        "on the chosen backend(s), after warm-up: the median "
                                        "of the timed runs with their minimum and maximum; "
                                        "compares with PyTorch when it is installed.")
-    _add_network_options(bench, layers=2, input_size=256, hidden_size=256, bidirectional=False)
+    _add_network_options(bench, layers=2, input_size=256, hidden_size=256)
     bench.add_argument("--batch", type=_positive, default=32, help="default: 32")
     bench.add_argument("--seq-lengths", type=_int_list(1), default=[16, 32, 64],
                        help="T values, comma-separated (default: 16,32,64)")
     bench.add_argument("--ragged", action="store_true", help="lengths drawn from [T/2, T]")
-    bench.add_argument("--dtype", choices=DTYPES, default="float32")
+    bench.add_argument("--dtype", choices=DTYPES, default="float32", help="default: float32")
     bench.add_argument("--backend", choices=("auto", "cpu", "gpu", "all"), default="auto",
                        help="auto: the GPU when usable, else the CPU; all: every usable one")
     bench.add_argument("--repeat", type=_positive, default=10, help="timed runs (default: 10)")
@@ -153,7 +157,23 @@ def estimated_bytes(args, *, max_time, batch, itemsize, params_copies, input_mod
     io = max_time * batch * (args.input_size + D * P)
     states = args.layers * D * batch * (H + P)
     kept = max_time * batch * args.layers * D * ((G + 2) * H + P)
-    return itemsize * ((2 + params_copies) * params + 3 * io + 4 * states + 2 * kept)
+    arrays = itemsize * ((2 + params_copies) * params + 3 * io + 4 * states + 2 * kept)
+    return max(arrays, _library_bytes(args, max_time, batch, itemsize, input_mode))
+
+
+def _library_bytes(args, max_time, batch, itemsize, input_mode):
+    """What the NumPy backend's own estimates ask of a plan, a forward and a backprop
+    (Python objects per layer included): a run this lets through is not refused later."""
+    from . import checks, numpy_backend
+    problem = checks.make_problem(
+        max_time=max_time, batch_size=batch, sequence_lengths=None,
+        dtype={2: "float16", 4: "float32", 8: "float64"}[itemsize], time_major=True,
+        is_training=True, rnn_mode=args.mode, num_layers=args.layers,
+        num_units=args.hidden_size, input_size=args.input_size, input_mode=input_mode,
+        direction=args.direction, num_proj=getattr(args, "num_proj", 0), dropout=0.0,
+        seed=0, seed2=0)
+    return numpy_backend.plan_nbytes(problem) + numpy_backend.forward_nbytes(problem) + \
+        numpy_backend.backprop_nbytes(problem)
 
 
 def _available_bytes(device):
@@ -194,6 +214,8 @@ def _writable_path(parser, option, path):
     """Usage error unless `path` can be written (checked before the run, not after it)."""
     if path is None:
         return
+    if not path:
+        parser.error(f"{option}: expected a file path, got ''")
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         parser.error(f"{option} {path}: is a folder, expected a file path")
@@ -298,22 +320,55 @@ def _bench(args, parser):
     print(bench.format_table(results))
     if args.json:
         from .environment import collect
-        with open(args.json, "w") as f:
-            json.dump({"environment": collect(), "results": results}, f, indent=2)
+        text = json.dumps({"environment": collect(), "results": results}, indent=2)
+        _write_output(parser, "--json", args.json, lambda: _write_text(args.json, text))
     if args.plot:
-        bench.plot(results, args.plot)
+        _write_output(parser, "--plot", args.plot, lambda: bench.plot(results, args.plot))
     return 0
+
+
+def _write_text(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _write_output(parser, option, path, write):
+    """Write an output file; a failure (a full disk, /dev/full) is said in one line."""
+    try:
+        write()
+    except OSError as exc:
+        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {option} {path}: could not write it: "
+                                f"{exc.strerror or exc}\n")
+
+
+#: Options whose value is a list of integers: a value that starts with "-" (``-1,2``)
+#: would otherwise be read by argparse as another option ("expected one argument").
+_LIST_OPTIONS = ("--lengths", "--seq-lengths")
+
+
+def _join_negative_lists(argv):
+    joined, tokens = [], iter(argv)
+    for token in tokens:
+        if token in _LIST_OPTIONS:
+            value = next(tokens, None)
+            if value is not None and re.fullmatch(r"-[\d,\s-]*", value):
+                joined.append(f"{token}={value}")
+                continue
+            joined += [token] + ([] if value is None else [value])
+            continue
+        joined.append(token)
+    return joined
 
 
 def main(argv=None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_negative_lists(sys.argv[1:] if argv is None else argv))
     command = {"info": _info, "check": _check, "bench": _bench}[args.command]
     sub = _subparser(parser, args.command)
     try:
         return command(args, sub)
     except MemoryError as exc:  # an allocation the up-front estimate let through
-        sub.error(f"not enough memory for these sizes: {exc or 'MemoryError'}")
+        sub.error(f"not enough memory for these sizes: {str(exc) or 'an allocation failed'}")
     except KeyboardInterrupt:
         print("pycudnnrnn: interrupted", file=sys.stderr)
         return 130

@@ -34,15 +34,18 @@ def _reason(exc) -> str:
     return text.splitlines()[0]
 
 
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                     "NUMEXPR_NUM_THREADS")
+#: Environment variables that steer BLAS and OpenMP thread pools (and OpenBLAS's kernel
+#: choice: OPENBLAS_CORETYPE): every one set is reported.
+_THREAD_PREFIXES = ("OPENBLAS_", "GOTO_", "OMP_", "KMP_", "MKL_", "BLIS_", "NUMEXPR_")
 
 
 def collect() -> dict:
     """Everything a bug report needs, as plain strings (as ``torch.utils.collect_env``)."""
+    settings = _thread_settings()  # before threadpoolctl's import sets KMP_DUPLICATE_LIB_OK
     info = {"pycudnnrnn": __version__, "python": platform.python_version(),
             "platform": platform.platform(), "numpy": np.__version__,
-            "blas": _blas(), "cpus": _cpus(), "thread settings": _thread_settings()}
+            "blas": _blas(), "blas threads": _blas_threads(), "cpus": _cpus(),
+            "thread settings": settings}
     try:
         import cupy
         info["cupy"] = cupy.__version__
@@ -100,8 +103,21 @@ def _cpus() -> str:
 
 
 def _thread_settings() -> str:
-    settings = [f"{name}={os.environ[name]}" for name in _THREAD_VARIABLES if name in os.environ]
-    return ", ".join(settings) or f"none of {', '.join(_THREAD_VARIABLES)} set"
+    settings = sorted(f"{name}={value}" for name, value in os.environ.items()
+                      if name.startswith(_THREAD_PREFIXES))
+    return ", ".join(settings) or f"no {'*, '.join(_THREAD_PREFIXES)}* variable set"
+
+
+def _blas_threads() -> str:
+    """Each BLAS library loaded, with the thread count it uses now (threadpoolctl)."""
+    from . import blas
+    try:
+        counts = blas.thread_counts()
+    except Exception as exc:  # threadpoolctl missing or failing: say so, do not fail
+        return f"unknown ({_reason(exc)})"
+    return "; ".join(f"{c['library']} {c['version']} ({c['threading']}): {c['threads']} "
+                     f"thread{'s' if c['threads'] != 1 else ''}, {c['path']}"
+                     for c in counts) or "none found"
 
 
 def _nvidia_driver(path="/proc/driver/nvidia/version") -> str:

@@ -4,7 +4,8 @@ A backend estimates the bytes a call will allocate (outputs, reserve space, scra
 calls ``ensure_available`` before allocating. An estimate under ``CHECK_ABOVE`` passes
 without a look (a failure there is cheap and unlikely); a larger one is compared with the
 host memory available now: ``MemAvailable`` from ``/proc/meminfo``, lowered to what the
-process's cgroup (v2 or v1) still allows, or ``FALLBACK_BYTES`` where neither is known.
+process's cgroup (v2 or v1) and its address-space limit (``ulimit -v``) still allow, or
+``FALLBACK_BYTES`` where none is known.
 """
 
 from __future__ import annotations
@@ -41,6 +42,23 @@ def _mem_available() -> int | None:
     return None
 
 
+def _address_space_left() -> int | None:
+    """What ``RLIMIT_AS`` (``ulimit -v``) leaves of the address space, when one is set."""
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    if limit == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/status") as f:
+            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return max(limit - size, 0)
+
+
 def available_bytes() -> tuple[int, str]:
     """Host memory a call may still allocate, and where that figure comes from."""
     found = []
@@ -52,6 +70,9 @@ def available_bytes() -> tuple[int, str]:
         if limit is not None and usage is not None:
             found.append((max(limit - usage, 0), f"the cgroup limit {limit_path}"))
             break
+    address_space = _address_space_left()
+    if address_space is not None:
+        found.append((address_space, "the address-space limit (ulimit -v)"))
     if not found:
         return FALLBACK_BYTES, "no figure from the system: a fallback of 1 TiB"
     return min(found)

@@ -55,10 +55,12 @@ class _Batch:
             ended = np.searchsorted(self.lengths[::-1], np.arange(T), side="right")
             self.active = (B - ended).tolist()
         else:
-            self.active = [B] * T
+            self.active = _EveryRow(B, T)
 
     def padding(self):
         """(t, k) for every step at which rows ``[k:]`` do not run."""
+        if not self.ragged:
+            return iter(())
         B = len(self.order)
         return ((t, k) for t, k in enumerate(self.active) if k < B)
 
@@ -98,6 +100,41 @@ class _Batch:
             # hold anything) cannot reach the weight gradients.
             prev[t, k:] = 0
         return prev
+
+
+class _EveryRow:
+    """``active`` when every sequence runs every step: B at each of T steps, without a
+    list of T entries (a plan for T = 10**9 would build 8 GB before any size check)."""
+
+    def __init__(self, batch_size: int, max_time: int):
+        self._B, self._T = batch_size, max_time
+
+    def __len__(self):
+        return self._T
+
+    def __getitem__(self, t: int) -> int:
+        if not -self._T <= t < self._T:
+            raise IndexError(t)
+        return self._B
+
+
+# --------------------------------------------------------------------------- memory
+
+#: Python objects per pseudo-layer: the layout table, reserve-space views, weight views
+#: (about 6 KiB measured in a forward or backprop, 1 KiB kept by a plan).
+_RUN_BYTES_PER_PSEUDO_LAYER = 8 << 10
+_PLAN_BYTES_PER_PSEUDO_LAYER = 2 << 10
+#: A ragged batch's per-step table (a Python int per step, and the arrays it is made of).
+_PLAN_BYTES_PER_RAGGED_STEP = 64
+
+
+def plan_nbytes(problem: Problem) -> int:
+    """An upper estimate of what a plan keeps: the batch order (five [B] int64 arrays),
+    the per-step table of a ragged batch and the per-pseudo-layer tables; checked before
+    the plan builds any of it."""
+    ragged = problem.lengths is not None
+    return (40 * problem.batch_size + _PLAN_BYTES_PER_RAGGED_STEP * problem.max_time * ragged
+            + _PLAN_BYTES_PER_PSEUDO_LAYER * problem.config.num_pseudo_layers)
 
 
 # --------------------------------------------------------------------------- reserve space
@@ -175,7 +212,7 @@ def forward_nbytes(problem: Problem) -> int:
               TB * width * (4 + 1 + 1 + 8 + cs) if dropout else 0,
               2 * layer,
               (TB * width + LDB * (c.state_size + c.num_units)) * (cs + s))
-    return lasting + max(phases)
+    return lasting + max(phases) + _RUN_BYTES_PER_PSEUDO_LAYER * c.num_pseudo_layers
 
 
 def backprop_nbytes(problem: Problem) -> int:
@@ -199,7 +236,7 @@ def backprop_nbytes(problem: Problem) -> int:
     phases = (TB * in_width * s,
               2 * layer,
               (TB * c.input_size + 2 * LDB * (P + H)) * (cs + s) + n * s)
-    return lasting + max(phases)
+    return lasting + max(phases) + _RUN_BYTES_PER_PSEUDO_LAYER * c.num_pseudo_layers
 
 
 def _carve(buffer, problem):

@@ -345,6 +345,7 @@ class _NumpyExecutor:
 
     def __init__(self, problem: Problem):
         self.problem = problem
+        memory.ensure_available(numpy_backend.plan_nbytes(problem), "a plan")
         self.batch = numpy_backend._Batch(problem)
         self.reserve_nbytes = numpy_backend.reserve_nbytes(problem) if problem.is_training else 0
         self.workspace_nbytes = 0

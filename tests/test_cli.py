@@ -158,6 +158,18 @@ def test_info_gives_frameworks_driver_cuda_blas_and_threads():
     for field in ("nvidia driver", "cuda driver api", "cuda runtime (cupy)", "cpus"):
         assert info.get(field), field
     assert "OMP_NUM_THREADS=3" in info["thread settings"]
+    # Every OpenBLAS, OpenMP and MKL variable set, and the BLAS threads in use.
+    proc = _run("info", env={"OPENBLAS_CORETYPE": "Haswell", "MKL_DYNAMIC": "FALSE",
+                             "OMP_WAIT_POLICY": "passive", "OPENBLAS_NUM_THREADS": "1"})
+    lines = {key.strip(): value.strip() for key, _, value in
+             (line.partition("  ") for line in proc.stdout.splitlines())}
+    for setting in ("OPENBLAS_CORETYPE=Haswell", "MKL_DYNAMIC=FALSE", "OMP_WAIT_POLICY=passive"):
+        assert setting in lines["thread settings"], lines["thread settings"]
+    # threadpoolctl sets KMP_DUPLICATE_LIB_OK when imported: reported only if it was set
+    # before (here: if this test process imported threadpoolctl, its children inherit it).
+    assert ("KMP_DUPLICATE_LIB_OK" in lines["thread settings"]) == (
+        "KMP_DUPLICATE_LIB_OK" in os.environ)
+    assert "openblas" not in info["blas threads"] or ": 1 thread," in lines["blas threads"]
     blas = __import__("numpy").show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
     assert info["blas"].startswith(blas)
 
@@ -276,6 +288,11 @@ def test_gpu_test_skip_reason_says_no_gpu_or_driver_was_found():
     (["bench", "--warmup=-1"], "argument --warmup: expected a non-negative integer, got -1"),
     (["check", "--num-proj=-1"], "argument --num-proj: expected a non-negative integer"),
     (["check", "--lengths=-1,3"], "argument --lengths: expected non-negative integers"),
+    # A value that starts with "-" was read as another option: "expected one argument".
+    (["check", "--lengths", "-1,2"], "argument --lengths: expected non-negative integers, got -1,2"),
+    (["bench", "--seq-lengths", "-4"], "argument --seq-lengths: expected positive integers, got -4"),
+    (["bench", "--json", ""], "--json: expected a file path, got ''"),  # ran, wrote nothing, 0
+    (["bench", "--plot", ""], "--plot: expected a file path, got ''"),
 ])
 def test_bad_command_lines_exit_2_at_once_naming_the_option(args, named):
     # The timeout is the bound: without the up-front checks these ran a whole benchmark
@@ -449,3 +466,59 @@ def test_cli_sizes_runs_against_the_librarys_memory_figure(monkeypatch, capsys):
         cli.main(["bench", "--repeat", "1"])
     assert info.value.code == 2
     assert "too large" in capsys.readouterr().err
+
+
+def test_version_and_one_default_direction_and_defaults_in_help():
+    from pycudnnrnn import __version__
+    proc = _run("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"pycudnnrnn {__version__}"
+    from pycudnnrnn import cli
+    for command in ("check", "bench"):
+        args = cli._parser().parse_args([command])
+        assert args.direction == "unidirectional"  # check was bidirectional, bench not
+        help_text = " ".join(_run(command, "--help").stdout.split())
+        assert f"default: {args.dtype}" in help_text
+    assert "default: linear_input" in " ".join(_run("check", "--help").stdout.split())
+
+
+def test_an_output_that_cannot_be_written_is_one_line_after_the_run(tmp_path):
+    """bench --json /dev/full finished, then exited 3 with a traceback."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "2", "--layers", "1",
+                "--input-size", "2", "--hidden-size", "2", "--batch", "2", "--repeat", "1",
+                "--warmup", "0", "--no-torch", "--json", "/dev/full")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "pycudnnrnn bench: error: --json /dev/full: could not write it: No space left on device")
+    assert "lstm 1L uni T2 B2" in proc.stdout  # the figures were printed first
+
+
+def test_the_size_check_asks_for_at_least_what_the_library_will():
+    """--layers 300000 passed the CLI's size check, then failed inside the run: the
+    CLI's figure left out the per-layer Python objects the library counts."""
+    from pycudnnrnn import checks, cli, numpy_backend
+    args = cli._parser().parse_args(["bench", "--layers", "300000", "--input-size", "1",
+                                     "--hidden-size", "1", "--batch", "1"])
+    problem = checks.make_problem(max_time=64, batch_size=1, sequence_lengths=None,
+                                  dtype="float32", time_major=True, is_training=True,
+                                  rnn_mode="lstm", num_layers=300000, num_units=1,
+                                  input_size=1, input_mode="linear_input",
+                                  direction="unidirectional", num_proj=0, dropout=0.0,
+                                  seed=0, seed2=0)
+    library = numpy_backend.forward_nbytes(problem) + numpy_backend.backprop_nbytes(problem)
+    assert cli.estimated_bytes(args, max_time=64, batch=1, itemsize=4, params_copies=0) >= \
+        library
+
+
+def test_a_memory_error_without_a_message_still_says_why(monkeypatch, capsys):
+    from pycudnnrnn import cli, selfcheck
+
+    def fail(config):
+        raise MemoryError()
+    monkeypatch.setattr(selfcheck, "run", fail)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["check", "--backend", "cpu"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "not enough memory for these sizes: an allocation failed")

@@ -127,4 +127,54 @@ def test_batch_order_builds_nothing_of_size_t_by_b(lengths):
     batch, peak = _peak(lambda: numpy_backend._Batch(problem))
     assert peak < T * B / 20, peak
     full = problem.full_lengths
-    assert batch.active == [int(np.count_nonzero(full > t)) for t in range(T)]
+    assert list(batch.active) == [int(np.count_nonzero(full > t)) for t in range(T)]
+
+
+def test_a_plan_of_a_billion_steps_builds_no_per_step_list():
+    """RNNPlan(max_time=10**9) built a list of 10**9 entries (8 GB) before any estimate."""
+    plan, peak = _peak(lambda: pycudnnrnn.RNNPlan(num_layers=1, num_units=1, input_size=1,
+                                                  max_time=10 ** 9, batch_size=1))
+    assert peak < 1 << 20, peak
+    x = np.broadcast_to(np.float32(1), (10 ** 9, 1, 1))  # no memory behind it
+    with pytest.raises(pycudnnrnn.InsufficientMemoryError, match=r"^forward: needs about"):
+        plan.forward(x, *[np.zeros((1, 1, 1), np.float32)] * 2,
+                     np.zeros(plan.params_size, np.float32))
+
+
+@pytest.mark.parametrize("sizes", [dict(batch_size=2 ** 62, max_time=1),
+                                   dict(batch_size=1, max_time=2 ** 62, sequence_lengths=[1])])
+def test_absurd_sizes_are_refused_before_the_plan_allocates(sizes):
+    """batch_size=2**62 gave NumPy's "array is too big" from inside the plan."""
+    with pytest.raises(pycudnnrnn.InsufficientMemoryError, match=r"^a plan: needs about"):
+        pycudnnrnn.RNNPlan(num_layers=1, num_units=1, input_size=1, **sizes)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_estimates_count_the_python_objects_of_many_layers(mode):
+    """A 100 000-layer network of one unit estimated 5.6 MB for a forward that peaks near
+    0.7 GB: the layout table and views per layer (about 6 KB) were not counted."""
+    L = 1500
+    plan = pycudnnrnn.RNNPlan(num_layers=L, num_units=1, input_size=1, max_time=1,
+                              batch_size=1, rnn_mode=mode, direction="bidirectional")
+    args = [np.ones((1, 1, 1), np.float32), np.zeros((2 * L, 1, 1), np.float32),
+            np.zeros((2 * L, 1, 1), np.float32) if mode == "lstm" else None,
+            np.zeros(plan.params_size, np.float32)]
+    fwd, forward_peak = _peak(lambda: plan.forward(*args))
+    _, backprop_peak = _peak(lambda: plan.backprop(*args, *fwd[:3], *fwd[:3], fwd[3]))
+    assert forward_peak <= plan._executor.forward_nbytes, (forward_peak, plan._executor.forward_nbytes)
+    assert backprop_peak <= plan._executor.backprop_nbytes
+    _, build_peak = _peak(lambda: pycudnnrnn.RNNPlan(
+        num_layers=L, num_units=1, input_size=1, max_time=1, batch_size=1, rnn_mode=mode,
+        direction="bidirectional"))
+    assert build_peak <= numpy_backend.plan_nbytes(plan.problem)
+
+
+def test_the_address_space_limit_counts_as_available_memory(monkeypatch):
+    """Under ``ulimit -v`` a forward too large for the address space died after seconds
+    of chained MemoryErrors; the limit is now one of the figures the estimate meets."""
+    import resource
+    limit = 1 << 30
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
+    monkeypatch.setattr(memory, "_mem_available", lambda: 1 << 40)
+    available, source = memory.available_bytes()
+    assert source == "the address-space limit (ulimit -v)" and available < limit

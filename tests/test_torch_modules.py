@@ -345,3 +345,119 @@ def test_a_module_is_freed_on_del_after_its_first_call_in_a_fresh_process():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+# --------------------------------------------------------------------------- torch.nn's parameters
+
+def test_the_weights_are_views_of_one_buffer_that_the_op_gets_without_a_copy(monkeypatch):
+    from pycudnnrnn.torch import kernels
+    seen = []
+    real = kernels.run_forward
+
+    def spy(input, input_h, input_c, params, *args):
+        seen.append(params.data_ptr())
+        return real(input, input_h, input_c, params, *args)
+
+    monkeypatch.setattr(kernels, "run_forward", spy)
+    reference, ours = _pair("LSTM", {"proj_size": 2}, bidirectional=True)
+    buffer = ours.params
+    assert all(p.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+               for p in ours.parameters())
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    ours(x)[0].sum().backward()
+    assert seen == [buffer.data_ptr()]
+    grads = [p.grad for p in ours.parameters()]  # each a view of one flat gradient
+    assert len({g.untyped_storage().data_ptr() for g in grads}) == 1
+    assert ours.params_grad.data_ptr() == grads[0].untyped_storage().data_ptr()
+    with torch.no_grad():  # the buffer writes through to the named weights
+        ours.params.mul_(0.5)
+    torch.testing.assert_close(ours.weight_hh_l1_reverse, reference.weight_hh_l1_reverse * 0.5)
+    ours.double()  # a conversion lays them out again
+    assert ours.params.untyped_storage().data_ptr() == \
+        ours.weight_ih_l0.untyped_storage().data_ptr()
+
+
+def test_name_based_init_parametrizations_and_pruning_apply_as_on_torch_nn():
+    from torch.nn.utils import parametrizations, prune
+    reference, ours = _pair("GRU", {}, bidirectional=True)
+    for module in (reference, ours):
+        torch.manual_seed(3)
+        for name, p in module.named_parameters():
+            if "weight_hh" in name:
+                torch.nn.init.orthogonal_(p)
+        parametrizations.weight_norm(module, "weight_ih_l0")
+        prune.l1_unstructured(module, "weight_hh_l1", amount=0.5)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    results = []
+    for module in (reference, ours):
+        out = module(x)[0]
+        leaves = [p for p in module.parameters()]
+        results.append((out, torch.autograd.grad(out.square().sum(), leaves)))
+    torch.testing.assert_close(results[1], results[0], rtol=1e-10, atol=1e-12)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in reference.named_parameters()]
+
+
+def test_an_empty_batch_gives_empty_results_as_torch_nn():
+    reference, ours = _pair("LSTM", {"proj_size": 2}, bidirectional=True, batch_first=True)
+    x = torch.randn(0, T, I, dtype=torch.float64)
+    out_ref, (h_ref, c_ref) = reference(x)
+    out, (h, c) = ours(x)
+    assert (out.shape, h.shape, c.shape) == (out_ref.shape, h_ref.shape, c_ref.shape)
+    out.sum().backward()  # connected to the weights, whose gradients are zero
+    assert all(p.grad is not None and not p.grad.any() for p in ours.parameters())
+
+
+@pytest.mark.parametrize("kind", ["GRU", "RNN"])
+def test_unbatched_input_of_gru_and_rnn(kind):
+    reference, ours = _pair(kind, {})
+    x = torch.randn(T, I, dtype=torch.float64)
+    for hx in (None, torch.randn(L, H, dtype=torch.float64)):
+        out_ref, h_ref = reference(x, hx)
+        out, h = ours(x, hx)
+        assert out.shape == out_ref.shape == (T, H) and h.shape == h_ref.shape == (L, H)
+        torch.testing.assert_close((out, h), (out_ref, h_ref), rtol=1e-12, atol=1e-12)
+
+
+def test_bad_calls_raise_what_torch_nn_raises_and_the_librarys_types():
+    ours = prt.LSTM(3, 4)
+    for bad in (lambda: ours(torch.randn(5, 2, 4)),
+                lambda: ours(torch.randn(5, 2, 3), (torch.zeros(1, 3, 4), torch.zeros(1, 2, 4)))):
+        with pytest.raises(RuntimeError) as caught:  # as nn.LSTM
+            bad()
+        assert isinstance(caught.value, ValueError)  # the library's contract
+    with pytest.raises(RuntimeError) as caught:
+        ours(torch.randn(5, 2, 3), torch.zeros(1, 2, 4))  # not a pair
+    assert isinstance(caught.value, TypeError)
+    with pytest.raises(ValueError, match="proj_size argument is only supported for LSTM"):
+        prt.GRU(3, 4, proj_size=0)
+    with pytest.raises(ValueError, match="hidden_size must be greater than zero"):
+        prt.LSTM(10, 0)
+    with pytest.raises(TypeError, match="hidden_size should be of type int, got: float"):
+        prt.LSTM(3, 5.0)
+    with pytest.raises(TypeError, match="batch_first should be of type bool, got: str"):
+        prt.GRU(3, 4, batch_first="False")
+
+
+@pytest.mark.parametrize("lengths", [[1.5, 2], "np-float", [True, 2], "ab", [float("nan"), 2],
+                                     "tensor-float"])
+def test_sequence_lengths_that_are_not_integers_are_refused(lengths):
+    import numpy as np
+    lengths = {"np-float": np.array([1.5, 2.0]),
+               "tensor-float": torch.tensor([1.5, 2.0])}.get(
+        lengths if isinstance(lengths, str) else None, lengths)
+    gru = prt.GRU(3, 4)
+    with pytest.raises(TypeError, match="sequence_lengths: expected integers"):
+        gru(torch.randn(5, 2, 3), sequence_lengths=lengths)
+
+
+def test_meta_tensors_are_refused_naming_the_argument():
+    gru = prt.GRU(3, 4)
+    x = torch.randn(5, 2, 3)
+    with pytest.raises(TypeError, match="sequence_lengths: .*meta"):
+        gru(x, sequence_lengths=torch.tensor([1, 2], device="meta"))
+    with pytest.raises(TypeError, match="hx: .*meta"):
+        gru(x, torch.zeros(1, 2, 4, device="meta"))
+    with pytest.raises(TypeError, match="weight_ih_l0: .*meta"):
+        prt.GRU(3, 4, device="meta")(x)
+    with pytest.raises(TypeError, match="input: .*meta"):
+        prt.GRU(3, 4, device="meta")(x.to("meta"))

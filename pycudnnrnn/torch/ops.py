@@ -520,9 +520,12 @@ def lengths_tensor(sequence_lengths):
     except (TypeError, ValueError, OverflowError) as error:
         raise TypeError(f"sequence_lengths: expected integers, got {sequence_lengths!r}") \
             from error
-    if lengths.dtype.kind not in "iu":
+    # NumPy reads [True, 2] as integers; a bool is no length.
+    has_bool = isinstance(sequence_lengths, (list, tuple)) and any(
+        isinstance(v, (bool, np.bool_)) for v in np.asarray(sequence_lengths, dtype=object).flat)
+    if lengths.dtype.kind not in "iu" or has_bool:
         raise TypeError(f"sequence_lengths: expected integers, got {sequence_lengths!r} (dtype "
-                        f"{lengths.dtype})")
+                        f"{'bool' if has_bool else lengths.dtype})")
     if lengths.dtype.kind == "u" and lengths.size and int(lengths.max()) >= 2 ** 63:
         raise ValueError(f"sequence_lengths: expected values in [0, max_time], got "
                          f"{int(lengths.max())}")

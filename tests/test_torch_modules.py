@@ -285,7 +285,8 @@ def test_only_the_gradients_needed_are_computed(monkeypatch):
 
 
 def test_the_pytorch_page_examples_run():
-    """docs/pytorch.md: the module example gives the shapes it states; the conversion is exact."""
+    """docs/pytorch.md: the module example gives the shapes it states; the conversion is
+    exact; the params layout, torch.func and autocast examples run (their asserts hold)."""
     import os
     import re
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -295,9 +296,12 @@ def test_the_pytorch_page_examples_run():
     exec(compile(blocks[0], "pytorch.md", "exec"), namespace)
     shapes = [tuple(namespace[n].shape) for n in ("output", "h_n", "c_n")]
     assert shapes == [(4, 7, 16), (4, 4, 8), (4, 4, 20)]
-    exec(compile(blocks[1], "pytorch.md", "exec"), namespace)
+    for marker in ("params_to_canonical", "from_torch(theirs)", "functional_call", "GradScaler"):
+        (block,) = [b for b in blocks if marker in b]
+        exec(compile(block, "pytorch.md", "exec"), namespace)
     theirs, back = namespace["theirs"].state_dict(), namespace["back"].state_dict()
     assert list(theirs) == list(back) and all(torch.equal(theirs[k], back[k]) for k in theirs)
+    assert namespace["output"].dtype in (torch.bfloat16, torch.float16)  # the autocast step
 
 
 def test_bfloat16_module_follows_the_float32_network():

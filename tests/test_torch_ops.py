@@ -114,6 +114,10 @@ def _loss_and_grads(model, function, x):
 
 def test_compile_fullgraph_aot_eager_equals_eager_and_takes_a_new_mask_without_recompiling():
     from torch._dynamo.testing import CompileCounterWithBackend
+    # Dynamo's default, which graph-breaks on nn.LSTM itself; the drop-in (an RNNBase
+    # subclass) traces with it.
+    assert torch._dynamo.config.allow_rnn is False
+    assert isinstance(_Tagger().rnn, torch.nn.RNNBase)
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = _Tagger()

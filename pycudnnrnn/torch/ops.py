@@ -274,8 +274,10 @@ def _tensors(*tensors):
 def _fresh(result, inputs):
     # A custom op may not return an input or a view of one. The backends return new
     # arrays today; this keeps the op's contract whatever a backend or plan returns.
-    if any(result.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
-           for t in inputs if t.numel() and result.numel()):
+    if not result.numel():
+        return result
+    pointer = result.untyped_storage().data_ptr()
+    if any(pointer == t.untyped_storage().data_ptr() for t in inputs if t.numel()):
         return result.clone()
     return result
 

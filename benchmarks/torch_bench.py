@@ -12,7 +12,8 @@ turns (so that load on the machine falls on all alike), the medians in ms of:
 * the RNN alone (forward and backward): the drop-in module against a bare
   ``pycudnnrnn.torch.rnn`` call on the same flat buffer, i.e. what the module adds.
 
-Asserts nothing. On a GPU the times are synchronised (torch.cuda.synchronize) per step.
+Medians and minima (the minimum is the least disturbed by other load). Asserts nothing.
+On a GPU the times are synchronised (torch.cuda.synchronize) per step.
 """
 
 import argparse
@@ -80,20 +81,22 @@ def _rnn_steppers(module, x):
 
 
 def _time(steps, device, repeat, warmup=2):
-    """Median ms of each step; the steps take turns."""
+    """(median, min) ms of each step; the steps take turns, starting each round with
+    another one (so that none always runs right after another's allocations)."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for step in steps:
         for _ in range(warmup):
             step()
     sync()
     times = [[] for _ in steps]
-    for _ in range(repeat):
-        for step, samples in zip(steps, times):
+    for round_ in range(repeat):
+        for k in range(len(steps)):
+            k = (k + round_) % len(steps)
             start = time.perf_counter()
-            step()
+            steps[k]()
             sync()
-            samples.append(time.perf_counter() - start)
-    return [1e3 * statistics.median(samples) for samples in times]
+            times[k].append(time.perf_counter() - start)
+    return [(1e3 * statistics.median(t), 1e3 * min(t)) for t in times]
 
 
 def main():
@@ -137,12 +140,17 @@ def main():
           f"LSTM {size['hidden']} hidden → linear {size['vocab']}, T={size['T']} B={size['B']}, "
           f"float32; median of {args.repeat}; compile took {compile_s:.1f} s")
     width = max(len(name) for name in names)
-    for name, ms in zip(names[:3], times[:3]):
-        print(f"  {name:<{width}}  {ms:9.2f} ms  {ms / times[0]:5.2f}x nn.LSTM")
+    print(f"  {'':<{width}}  {'median':>9}     {'min':>9}")
+    row = lambda name, t, base, what: print(
+        f"  {name:<{width}}  {t[0]:9.2f} ms  {t[1]:9.2f} ms  {t[0] / base[0]:5.3f}x "
+        f"(min {t[1] / base[1]:5.3f}x) {what}")
+    for name, t in zip(names[:3], times[:3]):
+        row(name, t, times[0], "nn.LSTM")
     print("the module's own overhead (forward + backward of the RNN, same flat buffer):")
-    for name, ms in zip(names[3:], times[3:]):
-        print(f"  {name:<{width}}  {ms:9.2f} ms  {ms / times[4]:5.3f}x the bare call")
-    print(f"  the module adds {100 * (times[3] / times[4] - 1):+.1f} %")
+    for name, t in zip(names[3:], times[3:]):
+        row(name, t, times[4], "the bare call")
+    print(f"  the module adds {100 * (times[3][0] / times[4][0] - 1):+.1f} % (median), "
+          f"{100 * (times[3][1] / times[4][1] - 1):+.1f} % (min)")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ copies. Importing this package imports torch (``import pycudnnrnn`` does not).
 
 from .cudnn_rnn import CudnnRNN, CudnnRNNFunction
 from .modules import GRU, LSTM, RNN, InputTypeError, InputValueError
-from .ops import rnn
+from .functional import rnn
 
 __all__ = ["LSTM", "GRU", "RNN", "CudnnRNN", "CudnnRNNFunction", "rnn", "InputValueError",
            "InputTypeError"]

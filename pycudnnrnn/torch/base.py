@@ -31,7 +31,9 @@ import torch
 
 from .. import layout
 from ..checks import make_config
-from . import kernels, ops
+from . import kernels
+from .autograd import apply
+from .functional import check_devices, lengths_tensor
 
 _SEED_BOUND = 2 ** 62
 
@@ -73,14 +75,14 @@ class SeededRNN:
     def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attrs, num_layers):
         """``(output, h_n, c_n)`` of the op on checked arguments, c_n empty unless LSTM.
 
-        `weights` and `has_biases` as for ``ops.apply``; `attrs` the op's attributes but
+        `weights` and `has_biases` as for ``autograd.apply``; `attrs` the op's attributes but
         dropout, which this picks from the mode.
         """
         grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
         dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
         attrs = dict(attrs, dropout=dropout)
-        return ops.apply(input, h0, c0, weights, sequence_lengths, self._seed(input, dropout),
+        return apply(input, h0, c0, weights, sequence_lengths, self._seed(input, dropout),
                          attrs, has_biases, self.training or grad)
 
     def _seed(self, input, dropout):
@@ -150,11 +152,11 @@ class FlatRNN(SeededRNN, torch.nn.Module):
 
         Every tensor is checked to be on the device of `input` (meta refused).
         """
-        ops.check_devices(input.device, [("input", input), ("hx (h_0)", h0), ("hx (c_0)", c0),
+        check_devices(input.device, [("input", input), ("hx (h_0)", h0), ("hx (c_0)", c0),
                                          ("params", self.params)])
         if input.device.type == "meta":
             raise TypeError("input: expected a tensor with data, got a tensor on the meta "
                             "device (it has no values to compute with)")
         attrs = dict(self.layer_attrs, time_major=time_major)
-        return self._run(input, h0, c0, [self.params], None, ops.lengths_tensor(sequence_lengths),
+        return self._run(input, h0, c0, [self.params], None, lengths_tensor(sequence_lengths),
                          attrs, self.config.num_layers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .base import FlatRNN
-from .ops import rnn
+from .functional import rnn
 
 
 class CudnnRNN(FlatRNN):

@@ -79,7 +79,8 @@ def weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_trai
                          f"with 3-D input and input_h, got shapes {tuple(first.shape)}, "
                          f"{tuple(input.shape)} and {tuple(input_h.shape)}")
     config = checks.make_config(
-        rnn_mode=attrs["rnn_mode"], num_layers=max(1, int(input_h.shape[layers_axis]) // directions),
+        rnn_mode=attrs["rnn_mode"],
+        num_layers=max(1, int(input_h.shape[layers_axis]) // directions),
         num_units=max(1, int(first.shape[0]) // gates), input_size=int(input.shape[2]),
         input_mode="linear_input", direction=attrs["direction"], num_proj=attrs["num_proj"])
     expected = _layout_slots(config, has_biases)

@@ -26,7 +26,9 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from .. import layout
 from ..checks import make_config
-from . import flat_weights, ops
+from . import flat_weights
+from .functional import check_devices, lengths_tensor
+from .ops import autocast_dtype
 from .base import SeededRNN
 
 
@@ -101,7 +103,8 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         if any(w.dtype != first.dtype or w.device != first.device for w in weights):
             return
         slots, size = self._layout()
-        flat = None if first.device.type == "meta" else flat_weights.one_buffer(weights, slots, size)
+        on_meta = first.device.type == "meta"  # no storage to compare: lay out again
+        flat = None if on_meta else flat_weights.one_buffer(weights, slots, size)
         if flat is not None:
             self._flat_buffer = flat
             return
@@ -227,7 +230,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
             hx = None if hx is None else _map_states(hx, _unbatched_state)
         time_major = not (self.batch_first and batched)
         batch = input.shape[1] if time_major else input.shape[0]
-        output, h_n, c_n = self._call(input, hx, batch, ops.lengths_tensor(sequence_lengths),
+        output, h_n, c_n = self._call(input, hx, batch, lengths_tensor(sequence_lengths),
                                       time_major, batched)
         if not batched:
             output, h_n = output.squeeze(1), h_n.squeeze(1)
@@ -275,12 +278,12 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         if data.shape[-1] != self.input_size:
             raise InputValueError(f"input: expected size(-1) == input_size={self.input_size}, "
                                   f"got shape {tuple(data.shape)}")
-        ops.check_devices(data.device, [("input", data)] + [
+        check_devices(data.device, [("input", data)] + [
             (name, w) for name, w in zip(self._flat_weights_names, weights)])
         if data.device.type == "meta":
             raise TypeError("input: expected a tensor with data, got a tensor on the meta "
                             "device (it has no values to compute with)")
-        if ops.autocast_dtype(data.device.type) is None and data.dtype != weights[0].dtype:
+        if autocast_dtype(data.device.type) is None and data.dtype != weights[0].dtype:
             raise InputTypeError(
                 f"input: RNN input dtype ({data.dtype}) does not match weight dtype "
                 f"({weights[0].dtype}). Convert input: input.to({weights[0].dtype}), or "
@@ -302,7 +305,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                                  f"{type(hx).__qualname__}")
         states = list(hx) if lstm else [hx]
         names = ["hx[0] (h_0)", "hx[1] (c_0)"] if lstm else ["hx"]
-        autocasting = ops.autocast_dtype(data.device.type) is not None
+        autocasting = autocast_dtype(data.device.type) is not None
         for name, state, width in zip(names, states, [P, H]):
             if not isinstance(state, torch.Tensor):
                 raise InputTypeError(f"{name}: expected a tensor, got "
@@ -315,7 +318,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                     f"{'proj_size' if width != H else 'hidden_size'}]"
                     f"{'; not batch-first even with batch_first=True' if self.batch_first else ''}"
                     f"), got {shown(state.shape)}")
-            ops.check_devices(data.device, [(name, state)])
+            check_devices(data.device, [(name, state)])
             if not autocasting and state.dtype != data.dtype:
                 raise InputTypeError(f"{name}: expected dtype {data.dtype} (that of input), "
                                      f"got {state.dtype}")

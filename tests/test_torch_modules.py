@@ -465,3 +465,29 @@ def test_meta_tensors_are_refused_naming_the_argument():
         prt.GRU(3, 4, device="meta")(x)
     with pytest.raises(TypeError, match="input: .*meta"):
         prt.GRU(3, 4, device="meta")(x.to("meta"))
+
+
+@pytest.mark.parametrize("mode,bias,proj,bidirectional", [
+    ("lstm", True, 2, True), ("lstm", False, 2, False), ("gru", False, 0, True),
+    ("rnn_tanh", True, 0, False)])
+def test_weight_offsets_agree_with_the_layout_table(mode, bias, proj, bidirectional):
+    from pycudnnrnn.checks import make_config
+    from pycudnnrnn.torch import flat_weights
+    config = make_config(rnn_mode=mode, num_layers=3, num_units=5, input_size=2,
+                         input_mode="linear_input", num_proj=proj,
+                         direction="bidirectional" if bidirectional else "unidirectional")
+    slots = flat_weights._layout_slots(config, bias)
+    assert flat_weights.weight_offsets([s for _, s in slots], bias, proj > 0) == \
+        [o for o, _ in slots]
+
+
+def test_weights_that_are_not_views_are_concatenated_with_zero_biases():
+    """functional_call swaps in other tensors: one concatenation, zeros for bias=False."""
+    reference, ours = _pair("GRU", {}, bias=False, bidirectional=True)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    with torch.no_grad():
+        ours.params[-1] = 5.0  # a stray value in the buffer's bias slots is not used either
+    swapped = {k: v.detach().clone() * 0.5 for k, v in reference.named_parameters()}
+    ours_out = torch.func.functional_call(ours, swapped, (x,))
+    theirs = torch.func.functional_call(reference, swapped, (x,))
+    torch.testing.assert_close(ours_out, theirs, rtol=1e-12, atol=1e-12)

@@ -64,7 +64,8 @@ def problem(input, input_h, input_c, params, attrs, is_training):
 
     Works on fake tensors (it reads no data, and no sequence lengths: nothing the sizes
     depend on), and raises the functional API's own errors. `params` may be a tensor
-    or anything with ``shape``, ``ndim`` and a NumPy ``dtype`` (see ``weights_problem``).
+    or anything with ``shape``, ``ndim`` and a NumPy ``dtype`` (see
+    ``flat_weights.weights_problem``).
     """
     shapes = _shapes(input, input_h, input_c, params, attrs)
     return checks.check_forward(*shapes.values(), None, seed=0, seed2=0,

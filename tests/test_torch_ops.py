@@ -597,6 +597,9 @@ def test_obscure_argument_errors_are_clear():
     x = torch.randn(T, B, I)
     with pytest.raises(TypeError, match=r"hx \(h_0\): expected a torch.Tensor, got list"):
         model(x, [[0.0]])
+    for seed in (1.5, True, "1"):
+        with pytest.raises(TypeError, match="seed: expected an integer or None"):
+            prt.CudnnRNN(I, H, seed=seed)
     h = torch.zeros(1, B, H)
     for seed in (torch.zeros(2), torch.tensor(1.5), torch.tensor(True)):
         with pytest.raises(TypeError, match="seed: expected an integer or a 0-d integer tensor"):

@@ -25,6 +25,7 @@ advances it at every training call, as PyTorch's own RNNs do, instead of re-seed
 from __future__ import annotations
 
 import math
+import operator
 import weakref
 
 import torch
@@ -55,8 +56,10 @@ class SeededRNN:
 
     def _init_seed(self, seed):
         # Drawn even without dropout: `dropout` may be set later, and modules must not share.
+        if seed is not None and (isinstance(seed, bool) or not hasattr(seed, "__index__")):
+            raise TypeError(f"seed: expected an integer or None, got {seed!r}")
         self.seed_drawn = seed is None
-        self.gpu_seed = int(_draw_seed()) if seed is None else int(seed)
+        self.gpu_seed = int(_draw_seed()) if seed is None else operator.index(seed)
         self._hold_seed()
 
     def _hold_seed(self):

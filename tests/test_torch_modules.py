@@ -432,6 +432,9 @@ def test_bad_calls_raise_what_torch_nn_raises_and_the_librarys_types():
     with pytest.raises(RuntimeError) as caught:
         ours(torch.randn(5, 2, 3), torch.zeros(1, 2, 4))  # not a pair
     assert isinstance(caught.value, TypeError)
+    with pytest.raises(RuntimeError) as caught:  # a state on another device (meta here)
+        ours(torch.randn(5, 2, 3), (torch.zeros(1, 2, 4, device="meta"), torch.zeros(1, 2, 4)))
+    assert isinstance(caught.value, TypeError) and isinstance(caught.value, prt.InputTypeError)
     with pytest.raises(ValueError, match="proj_size argument is only supported for LSTM"):
         prt.GRU(3, 4, proj_size=0)
     with pytest.raises(ValueError, match="hidden_size must be greater than zero"):

@@ -13,8 +13,8 @@ copies. Importing this package imports torch (``import pycudnnrnn`` does not).
 """
 
 from .cudnn_rnn import CudnnRNN, CudnnRNNFunction
-from .modules import GRU, LSTM, RNN, InputTypeError, InputValueError
-from .functional import rnn
+from .functional import InputTypeError, InputValueError, rnn
+from .modules import GRU, LSTM, RNN
 
 __all__ = ["LSTM", "GRU", "RNN", "CudnnRNN", "CudnnRNNFunction", "rnn", "InputValueError",
            "InputTypeError"]

@@ -2,7 +2,9 @@
 
 The checks (``check_devices``, ``lengths_tensor``, ``seed_tensor``) serve the modules too:
 every tensor on the input's device (meta refused by name), lengths that are integers,
-a seed that is an integer or a 0-d integer tensor.
+a seed that is an integer or a 0-d integer tensor. ``InputValueError`` and
+``InputTypeError`` are what the modules raise for bad calls: the library's ValueError or
+TypeError and, at once, the exception torch.nn raises there.
 """
 
 from __future__ import annotations
@@ -16,18 +18,29 @@ from .autograd import apply
 from .ops import op_attrs
 
 
+class InputValueError(ValueError, RuntimeError):
+    """A bad shape or value given to a module: torch.nn raises RuntimeError there, the
+    library's contract says ValueError; this is both."""
+
+
+class InputTypeError(TypeError, ValueError, RuntimeError):
+    """A bad dtype, device or kind of argument: the library's TypeError, and what
+    torch.nn raises for it (ValueError for the input's dtype, RuntimeError otherwise)."""
+
+
 def check_devices(device, names_and_tensors):
-    """Every tensor on `device` (meta refused, naming the argument)."""
+    """Every tensor on `device`, else an ``InputTypeError`` naming it (meta refused)."""
     for name, t in names_and_tensors:
         if t is None:
             continue
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__qualname__}")
+            raise InputTypeError(f"{name}: expected a torch.Tensor, got {type(t).__qualname__}")
         if t.device.type == "meta":
-            raise TypeError(f"{name}: expected a tensor with data on {device}, got a tensor on "
-                            f"the meta device (it has no values to compute with)")
+            raise InputTypeError(f"{name}: expected a tensor with data on {device}, got a tensor "
+                                 f"on the meta device (it has no values to compute with)")
         if t.device != device:
-            raise TypeError(f"{name}: expected device {device} (that of input), got {t.device}")
+            raise InputTypeError(f"{name}: expected device {device} (that of input), got "
+                                 f"{t.device}")
 
 
 def lengths_tensor(sequence_lengths):

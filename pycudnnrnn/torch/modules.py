@@ -27,19 +27,9 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .. import layout
 from ..checks import make_config
 from . import flat_weights
-from .functional import check_devices, lengths_tensor
+from .functional import InputTypeError, InputValueError, check_devices, lengths_tensor
 from .ops import autocast_dtype
 from .base import SeededRNN
-
-
-class InputValueError(ValueError, RuntimeError):
-    """A bad shape or value given to a module: torch.nn raises RuntimeError there, the
-    library's contract says ValueError; this is both."""
-
-
-class InputTypeError(TypeError, ValueError, RuntimeError):
-    """A bad dtype, device or kind of argument: the library's TypeError, and what
-    torch.nn raises for it (ValueError for the input's dtype, RuntimeError otherwise)."""
 
 
 class _DropIn(SeededRNN, torch.nn.RNNBase):
@@ -281,8 +271,8 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         check_devices(data.device, [("input", data)] + [
             (name, w) for name, w in zip(self._flat_weights_names, weights)])
         if data.device.type == "meta":
-            raise TypeError("input: expected a tensor with data, got a tensor on the meta "
-                            "device (it has no values to compute with)")
+            raise InputTypeError("input: expected a tensor with data, got a tensor on the "
+                                 "meta device (it has no values to compute with)")
         if autocast_dtype(data.device.type) is None and data.dtype != weights[0].dtype:
             raise InputTypeError(
                 f"input: RNN input dtype ({data.dtype}) does not match weight dtype "

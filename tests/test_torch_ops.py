@@ -552,6 +552,10 @@ def test_cpu_autocast_bfloat16_behaves_as_for_torch_nn_lstm():
     torch.testing.assert_close(out_rnn, out_cudnn, rtol=0, atol=0)
     out.float().square().sum().backward()  # gradients reach the float32 weights
     assert ours.weight_ih_l0.grad.dtype == torch.float32 and ours.weight_ih_l0.grad.any()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: ours(x)[0], backend="aot_eager", fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # compiled: the same
+        assert compiled(x).dtype == torch.bfloat16
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the op, called directly
         args = list(_op_args("gru"))
         args[:4] = [None if a is None else a.detach().float() for a in args[:4]]

@@ -84,6 +84,7 @@ def test_ddp_gradients_equal_one_process_on_the_whole_batch(tmp_path):
     x, y = _data()
     (model(x) - y).square().mean().backward()
     expected = {n: p.grad for n, p in model.named_parameters()}
-    assert list(distributed) == ["rnn.params", "head.weight", "head.bias"] == list(expected)
+    assert list(distributed) == list(expected)  # torch.nn's names, views of one buffer
+    assert list(expected)[:2] == ["rnn.weight_ih_l0", "rnn.weight_hh_l0"]
     for name in expected:
         torch.testing.assert_close(distributed[name], expected[name], rtol=1e-12, atol=1e-14)

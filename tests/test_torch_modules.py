@@ -75,13 +75,11 @@ def test_equals_torch_nn_in_values_and_gradients(spec, bidirectional, batch_firs
     n_data = 1 + len(_leaves(hx))
     for g_ours, g_ref in zip(grads[:n_data], grads_ref[:n_data]):
         torch.testing.assert_close(g_ours, g_ref, rtol=1e-10, atol=1e-12)
-    # the flat gradient equals the reference's named gradients, laid out as params
-    clone = getattr(torch.nn, kind)(I, H, L, **options, dtype=torch.float64)
-    with torch.no_grad():
-        for p, gr in zip(clone.parameters(), grads_ref[n_data:]):
-            p.copy_(gr)
-    expected = getattr(prt, kind).from_torch(clone).params
-    torch.testing.assert_close(grads[n_data], expected, rtol=1e-10, atol=1e-12)
+    # torch.nn's parameters, in its order: the gradients pair up by name
+    names = [n for n, _ in ours.named_parameters()]
+    assert names == [n for n, _ in reference.named_parameters()]
+    for name, g_ours, g_ref in zip(names, grads[n_data:], grads_ref[n_data:]):
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-10, atol=1e-12, msg=name)
 
 
 def test_packed_output_keeps_the_input_order_and_indices():
@@ -126,19 +124,32 @@ def test_from_torch_and_to_torch_are_exact(kind, extra):
     assert torch.equal(again.params, ours.params)
 
 
-def test_a_torch_nn_checkpoint_loads_into_the_drop_in():
+def test_checkpoints_load_both_ways_with_torch_nns_keys():
     torch.manual_seed(0)
     theirs = torch.nn.Sequential(torch.nn.Linear(3, 3),
                                  torch.nn.LSTM(3, 4, 2, bidirectional=True, proj_size=2))
     ours = torch.nn.Sequential(torch.nn.Linear(3, 3),
                                prt.LSTM(3, 4, 2, bidirectional=True, proj_size=2))
+    assert list(ours.state_dict()) == list(theirs.state_dict())
     ours.load_state_dict(theirs.state_dict())
-    assert torch.equal(ours[1].params, prt.LSTM.from_torch(theirs[1]).params)
-    assert torch.equal(ours[0].weight, theirs[0].weight)
-    ours.load_state_dict(ours.state_dict())  # and its own checkpoint, as ever
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
+    torch.manual_seed(1)
+    back = torch.nn.Sequential(torch.nn.Linear(3, 3),
+                               torch.nn.LSTM(3, 4, 2, bidirectional=True, proj_size=2))
+    back.load_state_dict(ours.state_dict())  # and ours into torch.nn's
+    assert all(torch.equal(a, b) for a, b in zip(back.parameters(), theirs.parameters()))
     with pytest.raises(RuntimeError, match="size mismatch for weight_ih_l0"):
         prt.LSTM(5, 4, 2, bidirectional=True, proj_size=2).load_state_dict(
             theirs[1].state_dict())
+
+
+def test_a_checkpoint_of_the_earlier_flat_params_still_loads():
+    torch.manual_seed(0)
+    theirs = torch.nn.GRU(3, 4, 2, bias=False)
+    ours = prt.GRU(3, 4, 2, bias=False)
+    flat = prt.GRU.from_torch(theirs).params.clone()
+    ours.load_state_dict({"params": flat})  # what pycudnnrnn 0.1 saved
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
 
 
 def test_from_torch_refuses_another_class():
@@ -146,19 +157,20 @@ def test_from_torch_refuses_another_class():
         prt.LSTM.from_torch(torch.nn.GRU(2, 3))
 
 
-def test_bias_false_keeps_biases_at_zero_through_training():
+def test_bias_false_has_torchs_parameters_and_zero_biases_through_training():
     reference, ours = _pair("LSTM", {}, bias=False)
+    assert len(list(ours.parameters())) == len(list(reference.parameters())) == 2 * L
     x = torch.randn(T, B, I, dtype=torch.float64)
     torch.testing.assert_close(ours(x)[0], reference(x)[0], rtol=1e-12, atol=1e-12)
-    weights, biases = __import__("pycudnnrnn").params_to_canonical(
-        ours.params.detach().numpy(), **ours.attrs)
     opt = torch.optim.SGD(ours.parameters(), lr=0.5, momentum=0.9, weight_decay=0.1)
     for _ in range(3):
         opt.zero_grad()
         ours(x)[0].square().sum().backward()
         opt.step()
-    assert all((b == 0).all() for b in biases)  # views of params: still zero
-    ours.params.data[-1] = 7.0  # a bias set by hand does not enter the function either
+    _, biases = __import__("pycudnnrnn").params_to_canonical(ours.params.numpy(), **ours.attrs)
+    assert all((b == 0).all() for b in biases)
+    with torch.no_grad():
+        ours.params[-1] = 7.0  # a bias written by hand into the flat buffer does not count
     torch.testing.assert_close(ours(x)[0], ours.to_torch()(x)[0], rtol=1e-12, atol=1e-12)
 
 
@@ -174,7 +186,7 @@ def test_constructor_signature_matches_torch():
         prt.GRU(3, 4, dropout=0.5)
     with pytest.raises(ValueError, match="proj_size has to be smaller than hidden_size"):
         prt.LSTM(3, 4, proj_size=4)
-    with pytest.raises(ValueError, match="nonlinearity: expected 'tanh' or 'relu', got 'gelu'"):
+    with pytest.raises(ValueError, match="Unknown nonlinearity 'gelu'. Select from 'tanh' or"):
         prt.RNN(3, 4, nonlinearity="gelu")
 
 
@@ -213,12 +225,13 @@ def test_batch_first_states_that_happen_to_fit_are_not_misread():
 
 def test_dtype_device_and_size_errors():
     ours = prt.GRU(3, 4)
-    with pytest.raises(TypeError, match="input: expected dtype torch.float32 .*parameters.*"
-                                        "got torch.float64"):
+    with pytest.raises(TypeError, match=r"input: RNN input dtype \(torch.float64\) does not "
+                                        r"match weight dtype \(torch.float32\)"):
         ours(torch.randn(5, 2, 3, dtype=torch.float64))
     with pytest.raises(TypeError, match="hx: expected dtype torch.float32 .*input.*got torch.float64"):
         ours(torch.randn(5, 2, 3), torch.zeros(1, 2, 4, dtype=torch.float64))
-    with pytest.raises(TypeError, match="hx: expected device cpu .*got meta"):
+    with pytest.raises(TypeError, match="hx: expected a tensor with data on cpu, got a tensor "
+                                        "on the meta device"):
         ours(torch.randn(5, 2, 3), torch.zeros(1, 2, 4, device="meta"))
     with pytest.raises(ValueError, match=r"input: expected size\(-1\) == input_size=3, got shape "
                                          r"\(5, 2, 4\)"):
@@ -272,7 +285,8 @@ def test_only_the_gradients_needed_are_computed(monkeypatch):
 
 
 def test_the_pytorch_page_examples_run():
-    """docs/pytorch.md: the module example gives the shapes it states; the conversion is exact."""
+    """docs/pytorch.md: the module example gives the shapes it states; the conversion is
+    exact; the params layout, torch.func and autocast examples run (their asserts hold)."""
     import os
     import re
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -282,9 +296,12 @@ def test_the_pytorch_page_examples_run():
     exec(compile(blocks[0], "pytorch.md", "exec"), namespace)
     shapes = [tuple(namespace[n].shape) for n in ("output", "h_n", "c_n")]
     assert shapes == [(4, 7, 16), (4, 4, 8), (4, 4, 20)]
-    exec(compile(blocks[1], "pytorch.md", "exec"), namespace)
+    for marker in ("params_to_canonical", "from_torch(theirs)", "functional_call", "GradScaler"):
+        (block,) = [b for b in blocks if marker in b]
+        exec(compile(block, "pytorch.md", "exec"), namespace)
     theirs, back = namespace["theirs"].state_dict(), namespace["back"].state_dict()
     assert list(theirs) == list(back) and all(torch.equal(theirs[k], back[k]) for k in theirs)
+    assert namespace["output"].dtype in (torch.bfloat16, torch.float16)  # the autocast step
 
 
 def test_bfloat16_module_follows_the_float32_network():
@@ -298,7 +315,7 @@ def test_bfloat16_module_follows_the_float32_network():
     torch.testing.assert_close(out.float(), reference(x_bf16.detach().float())[0],
                                rtol=0, atol=2e-2)
     out.float().square().sum().backward()
-    assert x_bf16.grad.dtype == ours.params.grad.dtype == torch.bfloat16
+    assert x_bf16.grad.dtype == ours.weight_ih_l0.grad.dtype == torch.bfloat16
 
 
 def test_the_readme_torch_example_runs():
@@ -332,3 +349,148 @@ def test_a_module_is_freed_on_del_after_its_first_call_in_a_fresh_process():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+# --------------------------------------------------------------------------- torch.nn's parameters
+
+def test_the_weights_are_views_of_one_buffer_that_the_op_gets_without_a_copy(monkeypatch):
+    from pycudnnrnn.torch import kernels
+    seen = []
+    real = kernels.run_forward
+
+    def spy(input, input_h, input_c, params, *args):
+        seen.append(params.data_ptr())
+        return real(input, input_h, input_c, params, *args)
+
+    monkeypatch.setattr(kernels, "run_forward", spy)
+    reference, ours = _pair("LSTM", {"proj_size": 2}, bidirectional=True)
+    buffer = ours.params
+    assert all(p.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+               for p in ours.parameters())
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    ours(x)[0].sum().backward()
+    assert seen == [buffer.data_ptr()]
+    grads = [p.grad for p in ours.parameters()]  # each a view of one flat gradient
+    assert len({g.untyped_storage().data_ptr() for g in grads}) == 1
+    assert ours.params_grad.data_ptr() == grads[0].untyped_storage().data_ptr()
+    with torch.no_grad():  # the buffer writes through to the named weights
+        ours.params.mul_(0.5)
+    torch.testing.assert_close(ours.weight_hh_l1_reverse, reference.weight_hh_l1_reverse * 0.5)
+    ours.double()  # a conversion lays them out again
+    assert ours.params.untyped_storage().data_ptr() == \
+        ours.weight_ih_l0.untyped_storage().data_ptr()
+
+
+def test_name_based_init_parametrizations_and_pruning_apply_as_on_torch_nn():
+    from torch.nn.utils import parametrizations, prune
+    reference, ours = _pair("GRU", {}, bidirectional=True)
+    for module in (reference, ours):
+        torch.manual_seed(3)
+        for name, p in module.named_parameters():
+            if "weight_hh" in name:
+                torch.nn.init.orthogonal_(p)
+        parametrizations.weight_norm(module, "weight_ih_l0")
+        prune.l1_unstructured(module, "weight_hh_l1", amount=0.5)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    results = []
+    for module in (reference, ours):
+        out = module(x)[0]
+        leaves = [p for p in module.parameters()]
+        results.append((out, torch.autograd.grad(out.square().sum(), leaves)))
+    torch.testing.assert_close(results[1], results[0], rtol=1e-10, atol=1e-12)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in reference.named_parameters()]
+
+
+def test_an_empty_batch_gives_empty_results_as_torch_nn():
+    reference, ours = _pair("LSTM", {"proj_size": 2}, bidirectional=True, batch_first=True)
+    x = torch.randn(0, T, I, dtype=torch.float64)
+    out_ref, (h_ref, c_ref) = reference(x)
+    out, (h, c) = ours(x)
+    assert (out.shape, h.shape, c.shape) == (out_ref.shape, h_ref.shape, c_ref.shape)
+    out.sum().backward()  # connected to the weights, whose gradients are zero
+    assert all(p.grad is not None and not p.grad.any() for p in ours.parameters())
+
+
+@pytest.mark.parametrize("kind", ["GRU", "RNN"])
+def test_unbatched_input_of_gru_and_rnn(kind):
+    reference, ours = _pair(kind, {})
+    x = torch.randn(T, I, dtype=torch.float64)
+    for hx in (None, torch.randn(L, H, dtype=torch.float64)):
+        out_ref, h_ref = reference(x, hx)
+        out, h = ours(x, hx)
+        assert out.shape == out_ref.shape == (T, H) and h.shape == h_ref.shape == (L, H)
+        torch.testing.assert_close((out, h), (out_ref, h_ref), rtol=1e-12, atol=1e-12)
+
+
+def test_bad_calls_raise_what_torch_nn_raises_and_the_librarys_types():
+    ours = prt.LSTM(3, 4)
+    for bad in (lambda: ours(torch.randn(5, 2, 4)),
+                lambda: ours(torch.randn(5, 2, 3), (torch.zeros(1, 3, 4), torch.zeros(1, 2, 4)))):
+        with pytest.raises(RuntimeError) as caught:  # as nn.LSTM
+            bad()
+        assert isinstance(caught.value, ValueError)  # the library's contract
+    with pytest.raises(RuntimeError) as caught:
+        ours(torch.randn(5, 2, 3), torch.zeros(1, 2, 4))  # not a pair
+    assert isinstance(caught.value, TypeError)
+    with pytest.raises(RuntimeError) as caught:  # a state on another device (meta here)
+        ours(torch.randn(5, 2, 3), (torch.zeros(1, 2, 4, device="meta"), torch.zeros(1, 2, 4)))
+    assert isinstance(caught.value, TypeError) and isinstance(caught.value, prt.InputTypeError)
+    with pytest.raises(ValueError, match="proj_size argument is only supported for LSTM"):
+        prt.GRU(3, 4, proj_size=0)
+    with pytest.raises(ValueError, match="hidden_size must be greater than zero"):
+        prt.LSTM(10, 0)
+    with pytest.raises(TypeError, match="hidden_size should be of type int, got: float"):
+        prt.LSTM(3, 5.0)
+    with pytest.raises(TypeError, match="batch_first should be of type bool, got: str"):
+        prt.GRU(3, 4, batch_first="False")
+
+
+@pytest.mark.parametrize("lengths", [[1.5, 2], "np-float", [True, 2], "ab", [float("nan"), 2],
+                                     "tensor-float"])
+def test_sequence_lengths_that_are_not_integers_are_refused(lengths):
+    import numpy as np
+    lengths = {"np-float": np.array([1.5, 2.0]),
+               "tensor-float": torch.tensor([1.5, 2.0])}.get(
+        lengths if isinstance(lengths, str) else None, lengths)
+    gru = prt.GRU(3, 4)
+    with pytest.raises(TypeError, match="sequence_lengths: expected integers"):
+        gru(torch.randn(5, 2, 3), sequence_lengths=lengths)
+
+
+def test_meta_tensors_are_refused_naming_the_argument():
+    gru = prt.GRU(3, 4)
+    x = torch.randn(5, 2, 3)
+    with pytest.raises(TypeError, match="sequence_lengths: .*meta"):
+        gru(x, sequence_lengths=torch.tensor([1, 2], device="meta"))
+    with pytest.raises(TypeError, match="hx: .*meta"):
+        gru(x, torch.zeros(1, 2, 4, device="meta"))
+    with pytest.raises(TypeError, match="weight_ih_l0: .*meta"):
+        prt.GRU(3, 4, device="meta")(x)
+    with pytest.raises(TypeError, match="input: .*meta"):
+        prt.GRU(3, 4, device="meta")(x.to("meta"))
+
+
+@pytest.mark.parametrize("mode,bias,proj,bidirectional", [
+    ("lstm", True, 2, True), ("lstm", False, 2, False), ("gru", False, 0, True),
+    ("rnn_tanh", True, 0, False)])
+def test_weight_offsets_agree_with_the_layout_table(mode, bias, proj, bidirectional):
+    from pycudnnrnn.checks import make_config
+    from pycudnnrnn.torch import flat_weights
+    config = make_config(rnn_mode=mode, num_layers=3, num_units=5, input_size=2,
+                         input_mode="linear_input", num_proj=proj,
+                         direction="bidirectional" if bidirectional else "unidirectional")
+    slots = flat_weights._layout_slots(config, bias)
+    assert flat_weights.weight_offsets([s for _, s in slots], bias, proj > 0) == \
+        [o for o, _ in slots]
+
+
+def test_weights_that_are_not_views_are_concatenated_with_zero_biases():
+    """functional_call swaps in other tensors: one concatenation, zeros for bias=False."""
+    reference, ours = _pair("GRU", {}, bias=False, bidirectional=True)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    with torch.no_grad():
+        ours.params[-1] = 5.0  # a stray value in the buffer's bias slots is not used either
+    swapped = {k: v.detach().clone() * 0.5 for k, v in reference.named_parameters()}
+    ours_out = torch.func.functional_call(ours, swapped, (x,))
+    theirs = torch.func.functional_call(reference, swapped, (x,))
+    torch.testing.assert_close(ours_out, theirs, rtol=1e-12, atol=1e-12)

@@ -114,6 +114,10 @@ def _loss_and_grads(model, function, x):
 
 def test_compile_fullgraph_aot_eager_equals_eager_and_takes_a_new_mask_without_recompiling():
     from torch._dynamo.testing import CompileCounterWithBackend
+    # Dynamo's default, which graph-breaks on nn.LSTM itself; the drop-in (an RNNBase
+    # subclass) traces with it.
+    assert torch._dynamo.config.allow_rnn is False
+    assert isinstance(_Tagger().rnn, torch.nn.RNNBase)
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = _Tagger()
@@ -190,7 +194,7 @@ def test_export_of_a_model_runs_and_equals_eager():
     model = _Tagger().eval()
     x = torch.randn(B, T, I, dtype=torch.float64)
     program = torch.export.export(model, (x,))
-    assert "torch.ops.pycudnnrnn.forward.default" in program.graph_module.code
+    assert "torch.ops.pycudnnrnn.forward_weights.default" in program.graph_module.code
     other = torch.randn(B, T, I, dtype=torch.float64)
     torch.testing.assert_close(program.module()(other), model(other), rtol=1e-12, atol=1e-12)
 
@@ -477,3 +481,130 @@ def test_a_copied_module_holds_a_seed_of_its_own():
     del twin, given, copied
     gc.collect()
     assert seed not in holders and 77 not in holders
+
+
+# --------------------------------------------------------------------------- torch.func
+
+def _lstm_pair():
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(I, H, 2, bidirectional=True, dtype=torch.float64)
+    return reference, prt.LSTM.from_torch(reference)
+
+
+def test_torch_func_grad_vjp_jacrev_functional_call_equal_torch_nn():
+    from torch.func import functional_call, grad, jacrev, vjp
+    reference, ours = _lstm_pair()
+    x = torch.randn(T, 2, I, dtype=torch.float64)
+    results = []
+    for module in (reference, ours):
+        params = {k: v.detach() for k, v in module.named_parameters()}
+        loss = lambda p, x: functional_call(module, p, (x,))[0].square().sum()
+        g_params, g_x = grad(loss, argnums=(0, 1))(params, x)
+        out, pullback = vjp(lambda x: functional_call(module, params, (x,))[0], x)
+        (v,) = pullback(torch.ones_like(out))
+        jac = jacrev(lambda x: functional_call(module, params, (x,))[1][0].sum())(x)
+        results.append((g_params, g_x, v, jac))
+    torch.testing.assert_close(results[1], results[0], rtol=1e-10, atol=1e-12)
+
+
+def test_torch_func_through_cudnn_rnn_and_rnn_equals_autograd_and_vmap_works():
+    from torch.func import functional_call, grad, vmap
+    model = prt.CudnnRNN(I, H, 2, rnn_mode="gru", dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    flat = model.params.detach()
+    g = grad(lambda p: functional_call(model, {"params": p}, (x,))[0].square().sum())(flat)
+    model(x)[0].square().sum().backward()
+    torch.testing.assert_close(g, model.params.grad, rtol=1e-12, atol=1e-12)
+    h = torch.zeros(2, B, H, dtype=torch.float64)
+    via_rnn = grad(lambda p: prt.rnn(x, h, None, p, rnn_mode="gru")[0].square().sum())(flat)
+    torch.testing.assert_close(via_rnn, g, rtol=1e-12, atol=1e-12)
+    batched = vmap(lambda x: model(x)[0])(torch.stack([x, 2 * x]))
+    torch.testing.assert_close(batched[1], model(2 * x)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_double_backward_raises_a_clear_error():
+    _, ours = _lstm_pair()
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(ours(x)[0].sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward .* not supported: cuDNN's "
+                                                  "RNN has no second derivative"):
+        gx.square().sum().backward()
+
+
+# --------------------------------------------------------------------------- autocast
+
+def test_cpu_autocast_bfloat16_behaves_as_for_torch_nn_lstm():
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(I, H, 2)
+    ours = prt.LSTM.from_torch(reference)
+    cudnn = prt.CudnnRNN(I, H, 2)
+    linear = torch.nn.Linear(I, I)
+    x = torch.randn(T, B, I)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_ref, (h_ref, _) = reference(linear(x))
+        out, (h, _) = ours(linear(x))
+        out_cudnn = cudnn(linear(x))[0]
+        h0 = torch.zeros(2, B, H)
+        out_rnn = prt.rnn(linear(x), h0, h0, cudnn.params)[0]
+    assert out.dtype == h.dtype == out_ref.dtype == torch.bfloat16
+    assert out_cudnn.dtype == out_rnn.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), out_ref.float(), rtol=0, atol=3e-2)
+    torch.testing.assert_close(out_rnn, out_cudnn, rtol=0, atol=0)
+    out.float().square().sum().backward()  # gradients reach the float32 weights
+    assert ours.weight_ih_l0.grad.dtype == torch.float32 and ours.weight_ih_l0.grad.any()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: ours(x)[0], backend="aot_eager", fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # compiled: the same
+        assert compiled(x).dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the op, called directly
+        args = list(_op_args("gru"))
+        args[:4] = [None if a is None else a.detach().float() for a in args[:4]]
+        assert torch.ops.pycudnnrnn.forward(*args)[0].dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_autocast_runs_in_autocasts_dtype_as_torch_nn_lstm(dtype):
+    _needs_torch_cuda()
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(I, H, 2, device="cuda")
+    ours = prt.LSTM.from_torch(reference)
+    x = torch.randn(T, B, I, device="cuda")
+    with torch.autocast("cuda", dtype=dtype):
+        out_ref, out = reference(x)[0], ours(x)[0]
+    assert out.dtype == out_ref.dtype == dtype
+    torch.testing.assert_close(out.float(), out_ref.float(), rtol=0, atol=3e-2)
+    scaler = torch.amp.GradScaler("cuda")
+    scaler.scale(out.float().square().sum()).backward()
+    assert ours.weight_ih_l0.grad.dtype == torch.float32
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+def test_meta_arguments_of_the_ops_and_cudnn_rnn_are_refused():
+    args = list(_op_args("gru"))
+    args[1] = args[1].detach().to("meta")
+    with pytest.raises(TypeError, match="input_h: expected a tensor with data"):
+        torch.ops.pycudnnrnn.forward(*args)
+    x = torch.randn(T, B, I)
+    with pytest.raises(TypeError, match="input_h: .*meta"):
+        prt.rnn(x, torch.zeros(2, B, H, device="meta"), None,
+                prt.CudnnRNN(I, H, rnn_mode="gru").params, rnn_mode="gru")
+    with pytest.raises(TypeError, match="params: .*meta"):
+        prt.CudnnRNN(I, H, device="meta")(x)
+    with pytest.raises(TypeError, match=r"hx \(h_0\): .*meta"):
+        prt.CudnnRNN(I, H, rnn_mode="gru")(x, torch.zeros(1, B, H, device="meta"))
+
+
+def test_obscure_argument_errors_are_clear():
+    model = prt.CudnnRNN(I, H, rnn_mode="gru")
+    x = torch.randn(T, B, I)
+    with pytest.raises(TypeError, match=r"hx \(h_0\): expected a torch.Tensor, got list"):
+        model(x, [[0.0]])
+    for seed in (1.5, True, "1"):
+        with pytest.raises(TypeError, match="seed: expected an integer or None"):
+            prt.CudnnRNN(I, H, seed=seed)
+    h = torch.zeros(1, B, H)
+    for seed in (torch.zeros(2), torch.tensor(1.5), torch.tensor(True)):
+        with pytest.raises(TypeError, match="seed: expected an integer or a 0-d integer tensor"):
+            prt.rnn(x, h, None, model.params, rnn_mode="gru", seed=seed)

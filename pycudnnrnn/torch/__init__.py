@@ -1,7 +1,9 @@
 """PyTorch over pycudnnrnn: operators, drop-in ``nn`` modules, and ``CudnnRNN``.
 
-* ``LSTM``, ``GRU``, ``RNN``: drop-in replacements for ``torch.nn``'s, with one flat
-  cuDNN-layout parameter (``pycudnnrnn.torch.modules``);
+* ``LSTM``, ``GRU``, ``RNN``: drop-in replacements for ``torch.nn``'s, subclasses of
+  ``torch.nn.RNNBase`` whose weights are views of one cuDNN-layout buffer
+  (``pycudnnrnn.torch.modules``); ``InputValueError`` and ``InputTypeError``, what they
+  raise for bad calls (both the library's and torch.nn's exception types);
 * ``CudnnRNN``: the same network with TensorFlow's attributes (``cudnn_rnn``);
 * ``rnn`` and ``torch.ops.pycudnnrnn.forward`` / ``backprop``: the operators, which
   ``torch.compile``, ``torch.export`` and CUDA graphs accept (``ops``).
@@ -11,7 +13,8 @@ copies. Importing this package imports torch (``import pycudnnrnn`` does not).
 """
 
 from .cudnn_rnn import CudnnRNN, CudnnRNNFunction
+from .functional import InputTypeError, InputValueError, rnn
 from .modules import GRU, LSTM, RNN
-from .ops import rnn
 
-__all__ = ["LSTM", "GRU", "RNN", "CudnnRNN", "CudnnRNNFunction", "rnn"]
+__all__ = ["LSTM", "GRU", "RNN", "CudnnRNN", "CudnnRNNFunction", "rnn", "InputValueError",
+           "InputTypeError"]

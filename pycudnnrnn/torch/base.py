@@ -1,8 +1,9 @@
-"""What every pycudnnrnn module shares: one flat parameter, dropout seeds, the op call.
+"""What every pycudnnrnn module shares: dropout seeds, the choice of forward, the op call.
 
-``FlatRNN`` holds the cuDNN-layout ``params`` and calls ``pycudnnrnn.torch.ops`` with the
-right mode. The drop-in ``LSTM``/``GRU``/``RNN`` and TensorFlow-flavoured ``CudnnRNN``
-differ only in how they read their arguments and shape their results.
+``SeededRNN`` is a mixin of the drop-in ``LSTM``/``GRU``/``RNN`` (over ``torch.nn.RNNBase``
+and its named weights) and of ``FlatRNN``, the base of the TensorFlow-flavoured
+``CudnnRNN`` (one flat cuDNN-layout ``params``). They differ only in how they hold their
+weights, read their arguments and shape their results.
 
 When it runs which forward:
 
@@ -24,23 +25,78 @@ advances it at every training call, as PyTorch's own RNNs do, instead of re-seed
 from __future__ import annotations
 
 import math
+import operator
 import weakref
 
 import torch
 
 from .. import layout
 from ..checks import make_config
-from . import kernels, ops
+from . import kernels
+from .autograd import apply
+from .functional import check_devices, lengths_tensor
 
 _SEED_BOUND = 2 ** 62
 
 
-def _draw_seed() -> int:
-    """A dropout seed from PyTorch's default generator (so torch.manual_seed fixes it)."""
-    return int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64))
+def _draw_seed(shape=()):
+    """A dropout seed tensor from PyTorch's default generator (torch.manual_seed fixes it).
+
+    On the CPU always (also under ``with torch.device("meta")``: a seed needs a value).
+    """
+    return torch.randint(0, _SEED_BOUND, shape, dtype=torch.int64, device="cpu")
 
 
-class FlatRNN(torch.nn.Module):
+class SeededRNN:
+    """Mixin: the module's dropout seed, and one op call with the right forward.
+
+    The class using it sets ``dropout``, ``training`` (as any module) and calls
+    ``_init_seed`` in its constructor.
+    """
+
+    def _init_seed(self, seed):
+        # Drawn even without dropout: `dropout` may be set later, and modules must not share.
+        if seed is not None and (isinstance(seed, bool) or not hasattr(seed, "__index__")):
+            raise TypeError(f"seed: expected an integer or None, got {seed!r}")
+        self.seed_drawn = seed is None
+        self.gpu_seed = int(_draw_seed()) if seed is None else operator.index(seed)
+        self._hold_seed()
+
+    def _hold_seed(self):
+        # The seed's CUDA plan and dropout state live as long as the module, not longer.
+        kernels.acquire_seed(self.gpu_seed)
+        weakref.finalize(self, kernels.release_seed, self.gpu_seed)
+
+    def __setstate__(self, state):
+        # A copy (copy.deepcopy, pickle) is a module of its own: a drawn seed is drawn
+        # again (modules must not share dropout states), and the copy holds its seed.
+        super().__setstate__(state)
+        if getattr(self, "seed_drawn", True):
+            self.gpu_seed = int(_draw_seed())
+        self._hold_seed()
+
+    def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attrs, num_layers):
+        """``(output, h_n, c_n)`` of the op on checked arguments, c_n empty unless LSTM.
+
+        `weights` and `has_biases` as for ``autograd.apply``; `attrs` the op's attributes but
+        dropout, which this picks from the mode.
+        """
+        grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (input, h0, c0, *weights))
+        dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
+        attrs = dict(attrs, dropout=dropout)
+        return apply(input, h0, c0, weights, sequence_lengths, self._seed(input, dropout),
+                         attrs, has_biases, self.training or grad)
+
+    def _seed(self, input, dropout):
+        if dropout == 0:
+            return torch.zeros((), dtype=torch.int64)
+        if input.device.type == "cpu":  # a fresh mask per step, from PyTorch's generator
+            return _draw_seed()
+        return torch.tensor(self.gpu_seed, dtype=torch.int64)  # cuDNN advances its state
+
+
+class FlatRNN(SeededRNN, torch.nn.Module):
     """A multi-layer RNN over one flat cuDNN-layout ``params`` parameter.
 
     Parameters
@@ -53,9 +109,6 @@ class FlatRNN(torch.nn.Module):
         LSTM projection size (0 = none).
     dropout : float
         Between layers, in training mode only.
-    bias : bool
-        False fixes every bias at zero: the biases stay in ``params`` (cuDNN always has
-        them) but the forward multiplies them by zero, so they get zero gradients.
     seed : int or None
         The cuDNN dropout state's seed on CUDA; None draws one from PyTorch's generator.
     device, dtype
@@ -63,7 +116,7 @@ class FlatRNN(torch.nn.Module):
     """
 
     def __init__(self, rnn_mode, input_size, hidden_size, num_layers=1, *, bidirectional=False,
-                 input_mode="linear_input", num_proj=0, dropout=0.0, bias=True, seed=None,
+                 input_mode="linear_input", num_proj=0, dropout=0.0, seed=None,
                  device=None, dtype=None):
         super().__init__()
         direction = "bidirectional" if bidirectional else "unidirectional"
@@ -74,38 +127,16 @@ class FlatRNN(torch.nn.Module):
         self.layer_attrs = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
                                 num_proj=num_proj)
         self.dropout = float(dropout)
-        self.bias = bool(bias)
-        # Drawn even without dropout: `dropout` may be set later, and modules must not share.
-        self.seed_drawn = seed is None
-        self.gpu_seed = _draw_seed() if seed is None else int(seed)
-        self._hold_seed()
+        self._init_seed(seed)
         n = layout.params_size(self.config)
         self.params = torch.nn.Parameter(torch.empty(n, device=device, dtype=dtype))
-        if not self.bias:
-            self.register_buffer("bias_mask", _bias_mask(self.config, self.params),
-                                 persistent=False)
         self.reset_parameters()
 
-    def _hold_seed(self):
-        # The seed's CUDA plan and dropout state live as long as the module, not longer.
-        kernels.acquire_seed(self.gpu_seed)
-        weakref.finalize(self, kernels.release_seed, self.gpu_seed)
-
-    def __setstate__(self, state):
-        # A copy (copy.deepcopy, pickle) is a module of its own: a drawn seed is drawn
-        # again (modules must not share dropout states), and the copy holds its seed.
-        super().__setstate__(state)
-        if getattr(self, "seed_drawn", True):
-            self.gpu_seed = _draw_seed()
-        self._hold_seed()
-
     def reset_parameters(self):
-        """Uniform in ±1/√hidden_size, as PyTorch's RNNs (biases zero when bias=False)."""
+        """Uniform in ±1/√hidden_size, as PyTorch's RNNs."""
         bound = 1.0 / math.sqrt(self.config.num_units)
         with torch.no_grad():
             self.params.uniform_(-bound, bound)
-            if not self.bias:
-                self.params.mul_(self.bias_mask)
 
     @property
     def attrs(self) -> dict:
@@ -120,28 +151,15 @@ class FlatRNN(torch.nn.Module):
         return self.config.num_dirs
 
     def run(self, input, h0, c0, sequence_lengths, time_major):
-        """The op on validated arguments: ``(output, h_n, c_n)``, c_n empty unless LSTM."""
-        params = self.params if self.bias else self.params * self.bias_mask
-        grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (input, h0, c0, params))
-        dropout = self.dropout if self.training and self.config.num_layers > 1 else 0.0
-        return ops.rnn(input, h0, c0, params, sequence_lengths, seed=self._seed(input, dropout),
-                       dropout=dropout, time_major=time_major,
-                       is_training=self.training or grad, **self.layer_attrs)
+        """The op on `params`: ``(output, h_n, c_n)``, c_n empty unless LSTM.
 
-    def _seed(self, input, dropout):
-        if dropout == 0:
-            return torch.zeros((), dtype=torch.int64)
-        if input.device.type == "cpu":  # a fresh mask per step, from PyTorch's generator
-            return torch.randint(0, _SEED_BOUND, (), dtype=torch.int64)
-        return torch.tensor(self.gpu_seed, dtype=torch.int64)  # cuDNN advances its state
-
-
-def _bias_mask(config, params):
-    """1 over the matrices of `params`, 0 over the biases."""
-    mask = torch.ones(params.shape, dtype=params.dtype, device=params.device)
-    for piece in layout.pieces(config):
-        if piece.kind == "bias":
-            mask[piece.offset:piece.offset + piece.size] = 0
-    return mask
-
+        Every tensor is checked to be on the device of `input` (meta refused).
+        """
+        check_devices(input.device, [("input", input), ("hx (h_0)", h0), ("hx (c_0)", c0),
+                                         ("params", self.params)])
+        if input.device.type == "meta":
+            raise TypeError("input: expected a tensor with data, got a tensor on the meta "
+                            "device (it has no values to compute with)")
+        attrs = dict(self.layer_attrs, time_major=time_major)
+        return self._run(input, h0, c0, [self.params], None, lengths_tensor(sequence_lengths),
+                         attrs, self.config.num_layers)

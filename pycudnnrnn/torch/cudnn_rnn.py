@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .base import FlatRNN
-from .ops import rnn
+from .functional import rnn
 
 
 class CudnnRNN(FlatRNN):
@@ -75,15 +75,22 @@ class CudnnRNN(FlatRNN):
         """
         lstm = self.config.is_lstm
         P = self.config.state_size
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"input: expected a torch.Tensor, got {type(input).__qualname__}")
+        if input.dim() != 3:
+            axes = "[T, B, input_size]" if self.time_major else "[B, T, input_size]"
+            raise ValueError(f"input: expected a 3-D tensor {axes}, got shape "
+                             f"{tuple(input.shape)}")
         if hx is None:
             h0 = self._zero_state(input, P)
             c0 = self._zero_state(input, self.hidden_size) if lstm else None
         elif lstm:
+            if not (isinstance(hx, (tuple, list)) and len(hx) == 2):
+                raise TypeError(f"hx: expected a pair (h0, c0) of tensors for an LSTM, got "
+                                f"{type(hx).__qualname__}")
             h0, c0 = hx
         else:
             h0, c0 = hx, None
-        if sequence_lengths is not None and not isinstance(sequence_lengths, torch.Tensor):
-            sequence_lengths = torch.as_tensor(sequence_lengths, dtype=torch.int64)
         output, h_n, c_n = self.run(input, h0, c0, sequence_lengths, self.time_major)
         return (output, h_n, c_n) if lstm else (output, h_n)
 

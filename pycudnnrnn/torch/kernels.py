@@ -29,7 +29,7 @@ _NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np
                  torch.float64: np.dtype(np.float64)}
 
 
-def _numpy_dtype(dtype: torch.dtype):
+def numpy_dtype(dtype: torch.dtype):
     if dtype == torch.bfloat16:
         try:
             import ml_dtypes
@@ -48,7 +48,7 @@ class _Shape:
 
     def __init__(self, tensor, static=()):
         self.shape = tuple(int(d) if axis in static else d for axis, d in enumerate(tensor.shape))
-        self.ndim, self.dtype = tensor.dim(), _numpy_dtype(tensor.dtype)
+        self.ndim, self.dtype = tensor.dim(), numpy_dtype(tensor.dtype)
 
 
 def _shapes(input, input_h, input_c, params, attrs):
@@ -56,14 +56,16 @@ def _shapes(input, input_h, input_c, params, attrs):
     state_axes = (0 if attrs["time_major"] else 1, 2)
     return dict(input=_Shape(input, (2,)), input_h=_Shape(input_h, state_axes),
                 input_c=_Shape(input_c, state_axes) if lstm and input_c is not None else None,
-                params=_Shape(params, (0,)))
+                params=params if not isinstance(params, torch.Tensor) else _Shape(params, (0,)))
 
 
 def problem(input, input_h, input_c, params, attrs, is_training):
     """The validated ``Problem`` of a forward call, from shapes and dtypes alone.
 
     Works on fake tensors (it reads no data, and no sequence lengths: nothing the sizes
-    depend on), and raises the functional API's own errors.
+    depend on), and raises the functional API's own errors. `params` may be a tensor
+    or anything with ``shape``, ``ndim`` and a NumPy ``dtype`` (see
+    ``flat_weights.weights_problem``).
     """
     shapes = _shapes(input, input_h, input_c, params, attrs)
     return checks.check_forward(*shapes.values(), None, seed=0, seed2=0,

@@ -1,9 +1,17 @@
-"""Drop-in ``torch.nn.LSTM``, ``GRU`` and ``RNN``: same constructor, same call, one flat param.
+"""Drop-in ``torch.nn.LSTM``, ``GRU`` and ``RNN``, subclasses of ``torch.nn.RNNBase``.
 
-``LSTM(10, 20, num_layers=2, batch_first=True)`` is called as ``model(input, hx)`` and
-returns ``(output, (h_n, c_n))`` (``(output, h_n)`` for GRU and RNN), exactly as
-PyTorch's, PackedSequence in giving PackedSequence out. Underneath is one parameter,
-``params``, in cuDNN's layout; ``from_torch`` and ``to_torch`` convert exactly both ways.
+``LSTM(10, 20, num_layers=2, batch_first=True)`` is built and called as PyTorch's and
+carries exactly its parameters (``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``, …, in
+``_flat_weights`` order), so state dicts go both ways, name-based initialisation,
+parameter groups, parametrizations and pruning apply, and ``isinstance(m, RNNBase)``
+holds. Only ``forward`` is ours: one ``pycudnnrnn`` op per call (``torch.compile`` with
+``fullgraph=True`` traces it; ``torch.nn``'s own RNNs graph-break there).
+
+The weights are views of one flat buffer in cuDNN's layout (``flatten_parameters``, on
+every device, as PyTorch does on CUDA only), so a call passes that buffer to the op
+without a copy and each weight's ``.grad`` is a view of one flat gradient. ``params`` is
+that buffer (read and write) and ``params_grad`` the flat gradient, for work in
+TensorFlow's layout; ``from_torch`` and ``to_torch`` convert exactly both ways.
 
 As in PyTorch, ``h_0``/``c_0`` and ``h_n``/``c_n`` are ``[num_layers·D, batch, ·]`` even
 when ``batch_first=True`` (the module transposes them for the batch-major op).
@@ -11,44 +19,130 @@ when ``batch_first=True`` (the module transposes them for the batch-major op).
 
 from __future__ import annotations
 
-import warnings
+import math
 
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .. import convert
-from .base import FlatRNN
+from .. import layout
+from ..checks import make_config
+from . import flat_weights
+from .functional import InputTypeError, InputValueError, check_devices, lengths_tensor
+from .ops import autocast_dtype
+from .base import SeededRNN
 
 
-class _DropIn(FlatRNN):
+class _DropIn(SeededRNN, torch.nn.RNNBase):
     """What LSTM, GRU and RNN share; `_kind` is the ``torch.nn`` class name."""
 
     _kind = ""
 
-    def __init__(self, rnn_mode, input_size, hidden_size, num_layers=1, bias=True,
+    def __init__(self, mode, input_size, hidden_size, num_layers=1, bias=True,
                  batch_first=False, dropout=0.0, bidirectional=False, proj_size=0,
                  device=None, dtype=None):
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or \
-                not 0 <= dropout <= 1:
-            raise ValueError("dropout should be a number in range [0, 1] representing the "
-                             f"probability of an element being zeroed, got {dropout!r}")
-        if dropout == 1:
+        # RNNBase checks the arguments as torch.nn does, makes the named parameters, lays
+        # them out in one buffer (our flatten_parameters) and initialises them.
+        super().__init__(mode, input_size, hidden_size, num_layers, bias, batch_first,
+                         dropout, bidirectional, proj_size, device, dtype)
+        if self.dropout == 1:
             raise ValueError("dropout: cuDNN needs dropout < 1, got 1")
-        if dropout > 0 and num_layers == 1:
-            warnings.warn("dropout option adds dropout after all but last recurrent layer, so "
-                          "non-zero dropout expects num_layers greater than 1, but got "
-                          f"dropout={dropout} and num_layers={num_layers}", stacklevel=3)
-        if proj_size < 0:
-            raise ValueError("proj_size should be a positive integer or zero to disable "
-                             f"projections, got {proj_size}")
-        if proj_size >= hidden_size:
-            raise ValueError(f"proj_size has to be smaller than hidden_size, got proj_size="
-                             f"{proj_size} and hidden_size={hidden_size}")
-        super().__init__(rnn_mode, input_size, hidden_size, num_layers,
-                         bidirectional=bidirectional, num_proj=proj_size, dropout=dropout,
-                         bias=bias, device=device, dtype=dtype)
-        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
-        self.batch_first, self.bidirectional, self.proj_size = batch_first, bidirectional, proj_size
+        self._init_seed(None)
+        self.register_load_state_dict_post_hook(_flatten_after_load)
+
+    # ------------------------------------------------------------------ the flat buffer
+
+    @property
+    def rnn_mode(self) -> str:
+        """The op's ``rnn_mode``: "lstm", "gru", "rnn_tanh" or "rnn_relu"."""
+        return self.mode.lower()
+
+    @property
+    def attrs(self) -> dict:
+        """``rnn_mode, num_layers, num_units, input_size, direction, num_proj`` of
+        ``params``, as ``pycudnnrnn.params_to_canonical`` and ``convert`` take them."""
+        return dict(rnn_mode=self.rnn_mode, num_layers=self.num_layers,
+                    num_units=self.hidden_size, input_size=self.input_size,
+                    direction="bidirectional" if self.bidirectional else "unidirectional",
+                    num_proj=self.proj_size)
+
+    def _layout(self):
+        """((offset, shape) of each weight, size) of the flat params, in cuDNN's layout."""
+        config = make_config(input_mode="linear_input", **self.attrs)
+        shapes = [tuple(w.shape) for w in self._weights()]
+        offsets = flat_weights.weight_offsets(shapes, self.bias, self.proj_size > 0)
+        return list(zip(offsets, shapes)), layout.params_size(config)
+
+    def _weights(self):
+        # Looked up at each call: torch.func.functional_call, parametrizations and
+        # weight_norm give other tensors than the registered parameters.
+        return [getattr(self, name) for name in self._flat_weights_names]
+
+    def flatten_parameters(self):
+        """Make the weights views of one flat buffer in cuDNN's layout (any device).
+
+        As PyTorch's ``flatten_parameters`` does on CUDA; here on every device. A call
+        then passes the buffer to the op without a copy. Nothing to do when the weights
+        are such views already, or are not all plain parameters of one dtype and device
+        (a parametrization: each call then concatenates them once).
+        """
+        names = getattr(self, "_flat_weights_names", ())
+        weights = [self._parameters.get(name) for name in names]
+        if not weights or not all(isinstance(w, torch.nn.Parameter) for w in weights):
+            return
+        first = weights[0]
+        if any(w.dtype != first.dtype or w.device != first.device for w in weights):
+            return
+        slots, size = self._layout()
+        on_meta = first.device.type == "meta"  # no storage to compare: lay out again
+        flat = None if on_meta else flat_weights.one_buffer(weights, slots, size)
+        if flat is not None:
+            self._flat_buffer = flat
+            return
+        # Zeros: with bias=False the biases cuDNN always has stay zero.
+        buffer = torch.zeros(size, dtype=first.dtype, device=first.device)
+        with torch.no_grad():
+            for w, (offset, shape) in zip(weights, slots):
+                buffer[offset:offset + w.numel()].view(shape).copy_(w)
+                w.set_(buffer.untyped_storage(), offset, shape)
+        self._flat_buffer = buffer
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        # A weight replaced by a new Parameter (m.weight_hh_l0 = Parameter(...)) joins the
+        # buffer again; functional_call swaps _parameters directly and is not caught here.
+        if isinstance(value, torch.nn.Parameter) and "_flat_buffer" in self.__dict__ and \
+                name in self._flat_weights_names:
+            self.flatten_parameters()
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.flatten_parameters()
+
+    @property
+    def params(self) -> torch.Tensor:
+        """The weights as one flat tensor in cuDNN's (and TensorFlow's) params layout.
+
+        The weights are views of it: writing into it (under ``torch.no_grad()``) writes
+        the weights. With ``bias=False`` its bias slots are zero (and a call zeroes them
+        again). When the weights cannot be views (a parametrization) this is a copy.
+        """
+        self.flatten_parameters()
+        slots, size = self._layout()
+        return flat_weights.flat_params([w.detach() for w in self._weights()], slots, size)
+
+    @property
+    def params_grad(self):
+        """The weights' gradients as one flat tensor laid out as ``params``, or None.
+
+        The ``.grad`` of each weight is a view of one flat gradient after a backward, and
+        this is that tensor (without a copy); split it per gate with
+        ``pycudnnrnn.params_to_canonical(module.params_grad, **module.attrs)``.
+        """
+        grads = [getattr(w, "grad", None) for w in self._weights()]
+        if any(g is None for g in grads):
+            return None
+        slots, size = self._layout()
+        return flat_weights.flat_params(grads, slots, size)
 
     # ------------------------------------------------------------------ conversion
 
@@ -64,21 +158,17 @@ class _DropIn(FlatRNN):
         if type(module).__name__ != cls._kind or not isinstance(module, torch.nn.RNNBase):
             raise TypeError(f"module: expected torch.nn.{cls._kind}, got "
                             f"{type(module).__module__}.{type(module).__qualname__}")
-        params, _ = convert.from_torch(module)
         first = next(module.parameters())
         ours = cls(*cls._constructor_args(module), device=first.device, dtype=first.dtype)
-        with torch.no_grad():
-            ours.params.copy_(params)
+        ours.load_state_dict(module.state_dict())
         return ours.train(module.training)
 
     def to_torch(self):
         """The PyTorch module computing the same function (weights copied exactly)."""
-        reference = convert.to_torch(self.params.detach(), **self.attrs)
-        first = self.params
-        module = getattr(torch.nn, self._kind)(*self._constructor_args(self), device=first.device,
-                                               dtype=first.dtype)
-        state = {k: v for k, v in reference.state_dict().items() if self.bias or "bias" not in k}
-        module.load_state_dict(state)
+        first = self._weights()[0]
+        module = getattr(torch.nn, self._kind)(*self._constructor_args(self),
+                                               device=first.device, dtype=first.dtype)
+        module.load_state_dict(self.state_dict())
         return module.train(self.training)
 
     @staticmethod
@@ -87,19 +177,18 @@ class _DropIn(FlatRNN):
                 module.batch_first, float(module.dropout), module.bidirectional)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # A checkpoint of the torch.nn module (weight_ih_l0, ...) loads too: converted here.
-        names = [k for k in state_dict if k.startswith(prefix)
-                 and k[len(prefix):].startswith(("weight_ih_l", "weight_hh_l", "weight_hr_l",
-                                                 "bias_ih_l", "bias_hh_l"))]
-        if names and prefix + "params" not in state_dict:
-            reference = getattr(torch.nn, self._kind)(*self._constructor_args(self),
-                                                      dtype=self.params.dtype)
-            reference.load_state_dict({k[len(prefix):]: state_dict.pop(k) for k in names})
-            state_dict[prefix + "params"] = convert.from_torch(reference)[0]
+        # A checkpoint of an earlier pycudnnrnn (one flat `params`) loads too: split here.
+        flat = state_dict.get(prefix + "params")
+        if flat is not None and prefix + self._flat_weights_names[0] not in state_dict:
+            del state_dict[prefix + "params"]
+            slots, size = self._layout()
+            if flat.shape != (size,):
+                raise RuntimeError(f"size mismatch for {prefix}params: expected ({size},) "
+                                   f"(params_size for this configuration), got "
+                                   f"{tuple(flat.shape)}")
+            for name, (offset, shape) in zip(self._flat_weights_names, slots):
+                state_dict[prefix + name] = flat[offset:offset + math.prod(shape)].view(shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def flatten_parameters(self):
-        """Nothing to do: the weights are one flat buffer already (for nn.LSTM code)."""
 
     # ------------------------------------------------------------------ the call
 
@@ -124,19 +213,18 @@ class _DropIn(FlatRNN):
                              f"{input.dim()}-D of shape {tuple(input.shape)}")
         batched = input.dim() == 3
         if not batched:  # [T, I]: a batch of one, states without a batch axis
+            if sequence_lengths is not None:
+                raise InputValueError("sequence_lengths: expected with 3-D (batched) input "
+                                      "only, got unbatched 2-D input")
             input = input.unsqueeze(1)
             hx = None if hx is None else _map_states(hx, _unbatched_state)
         time_major = not (self.batch_first and batched)
         batch = input.shape[1] if time_major else input.shape[0]
-        if sequence_lengths is not None:
-            if not batched:
-                raise ValueError("sequence_lengths: expected with 3-D (batched) input only, "
-                                 "got unbatched 2-D input")
-            if not isinstance(sequence_lengths, torch.Tensor):
-                sequence_lengths = torch.as_tensor(sequence_lengths, dtype=torch.int64)
-        output, h_n, c_n = self._call(input, hx, batch, sequence_lengths, time_major, batched)
+        output, h_n, c_n = self._call(input, hx, batch, lengths_tensor(sequence_lengths),
+                                      time_major, batched)
         if not batched:
-            output, h_n, c_n = output.squeeze(1), h_n.squeeze(1), c_n.squeeze(1)
+            output, h_n = output.squeeze(1), h_n.squeeze(1)
+            c_n = c_n.squeeze(1) if self._kind == "LSTM" else c_n
         return output, self._state_result(h_n, c_n)
 
     def _forward_packed(self, packed, hx):
@@ -152,24 +240,47 @@ class _DropIn(FlatRNN):
         return result, self._state_result(h_n, c_n)
 
     def _call(self, data, hx, batch, lengths, time_major, batched):
-        self._check_data(data)
+        weights = self._weights()
+        self._check_data(data, weights)
         h0, c0 = self._initial_states(data, hx, batch, batched)
+        if data.shape[0 if time_major else 1] == 0:
+            raise InputValueError(f"input: expected a sequence length (max_time) > 0, as "
+                                  f"torch.nn does, got shape {tuple(data.shape)}")
+        if batch == 0:  # nothing to run (the op needs a batch): empty results, as torch.nn
+            return _empty_batch(data, h0, c0, weights, time_major,
+                                self._num_directions() * (self.proj_size or self.hidden_size))
         if not time_major:  # the op's batch-major states are [B, L·D, ·]
             h0, c0 = h0.transpose(0, 1), None if c0 is None else c0.transpose(0, 1)
-        output, h_n, c_n = self.run(data, h0, c0, lengths, time_major)
+        attrs = dict(rnn_mode=self.rnn_mode, input_mode="linear_input",
+                     direction=self.attrs["direction"], num_proj=self.proj_size,
+                     time_major=time_major)
+        output, h_n, c_n = self._run(data, h0, c0, weights, bool(self.bias), lengths, attrs,
+                                     self.num_layers)
         if not time_major:
             h_n = h_n.transpose(0, 1).contiguous()
             c_n = c_n.transpose(0, 1).contiguous() if c0 is not None else c_n
         return output, h_n, c_n
 
-    def _check_data(self, data):
+    def _num_directions(self):
+        return 2 if self.bidirectional else 1
+
+    def _check_data(self, data, weights):
         if data.shape[-1] != self.input_size:
-            raise ValueError(f"input: expected size(-1) == input_size={self.input_size}, got "
-                             f"shape {tuple(data.shape)}")
-        _same_kind("input", data, self.params, "the module's parameters")
+            raise InputValueError(f"input: expected size(-1) == input_size={self.input_size}, "
+                                  f"got shape {tuple(data.shape)}")
+        check_devices(data.device, [("input", data)] + [
+            (name, w) for name, w in zip(self._flat_weights_names, weights)])
+        if data.device.type == "meta":
+            raise InputTypeError("input: expected a tensor with data, got a tensor on the "
+                                 "meta device (it has no values to compute with)")
+        if autocast_dtype(data.device.type) is None and data.dtype != weights[0].dtype:
+            raise InputTypeError(
+                f"input: RNN input dtype ({data.dtype}) does not match weight dtype "
+                f"({weights[0].dtype}). Convert input: input.to({weights[0].dtype}), or "
+                f"convert model: model.to({data.dtype})")
 
     def _initial_states(self, data, hx, batch, batched):
-        LD, H = self.num_layers * self.num_directions, self.hidden_size
+        LD, H = self.num_layers * self._num_directions(), self.hidden_size
         P = self.proj_size or H
         lstm = self._kind == "LSTM"
         if hx is None:
@@ -177,38 +288,49 @@ class _DropIn(FlatRNN):
                                               device=data.device)
             return zeros(P), zeros(H) if lstm else None
         if lstm and not (isinstance(hx, (tuple, list)) and len(hx) == 2):
-            raise TypeError(f"hx: expected a tuple (h_0, c_0) of tensors for an LSTM, got "
-                            f"{type(hx).__qualname__}")
+            raise InputTypeError(f"hx: expected a tuple (h_0, c_0) of tensors for an LSTM, "
+                                 f"got {type(hx).__qualname__}")
         if not lstm and not isinstance(hx, torch.Tensor):
-            raise TypeError(f"hx: expected a tensor for {self._kind}, got {type(hx).__qualname__}")
+            raise InputTypeError(f"hx: expected a tensor for {self._kind}, got "
+                                 f"{type(hx).__qualname__}")
         states = list(hx) if lstm else [hx]
         names = ["hx[0] (h_0)", "hx[1] (c_0)"] if lstm else ["hx"]
+        autocasting = autocast_dtype(data.device.type) is not None
         for name, state, width in zip(names, states, [P, H]):
             if not isinstance(state, torch.Tensor):
-                raise TypeError(f"{name}: expected a tensor, got {type(state).__qualname__}")
+                raise InputTypeError(f"{name}: expected a tensor, got "
+                                     f"{type(state).__qualname__}")
             if tuple(state.shape) != (LD, batch, width):
                 shown = lambda shape: tuple(shape) if batched else tuple(shape)[::2]
-                raise ValueError(
+                raise InputValueError(
                     f"{name}: expected shape {shown((LD, batch, width))} ([num_layers·"
                     f"num_directions, {'batch, ' if batched else ''}"
                     f"{'proj_size' if width != H else 'hidden_size'}]"
                     f"{'; not batch-first even with batch_first=True' if self.batch_first else ''}"
                     f"), got {shown(state.shape)}")
-            _same_kind(name, state, data, "input")
+            check_devices(data.device, [(name, state)])
+            if not autocasting and state.dtype != data.dtype:
+                raise InputTypeError(f"{name}: expected dtype {data.dtype} (that of input), "
+                                     f"got {state.dtype}")
         return states[0], states[1] if lstm else None
 
     def _state_result(self, h_n, c_n):
         return (h_n, c_n) if self._kind == "LSTM" else h_n
 
-    def extra_repr(self):
-        text = f"{self.input_size}, {self.hidden_size}"
-        if self.num_layers != 1:
-            text += f", num_layers={self.num_layers}"
-        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
-                              ("bidirectional", False), ("proj_size", 0)):
-            if getattr(self, name) != default:
-                text += f", {name}={getattr(self, name)}"
-        return text
+
+def _flatten_after_load(module, incompatible_keys):
+    # load_state_dict(assign=True) puts new parameters in: one buffer again.
+    module.flatten_parameters()
+
+
+def _empty_batch(data, h0, c0, weights, time_major, width):
+    """The results for a batch of 0 sequences, connected to every argument for autograd
+    (their gradients are zeros, as torch.nn's)."""
+    anchor = sum(t.reshape(-1)[:0].sum() for t in [data, *weights])
+    T = data.shape[0] if time_major else data.shape[1]
+    shape = (T, 0, width) if time_major else (0, T, width)
+    output = data.new_zeros(shape) + anchor
+    return output, h0 + anchor, data.new_empty((0,)) if c0 is None else c0 + anchor
 
 
 def _map_states(hx, function):
@@ -219,29 +341,19 @@ def _map_states(hx, function):
 
 def _unbatched_state(state):
     if state.dim() != 2:
-        raise ValueError(f"hx: for unbatched (2-D) input, expected 2-D states [num_layers·"
-                         f"num_directions, hidden_size], got shape {tuple(state.shape)}")
+        raise InputValueError(f"hx: for unbatched (2-D) input, expected 2-D states [num_layers·"
+                              f"num_directions, hidden_size], got shape {tuple(state.shape)}")
     return state.unsqueeze(1)
 
 
-def _same_kind(name, tensor, reference, what):
-    if tensor.dtype != reference.dtype:
-        raise TypeError(f"{name}: expected dtype {reference.dtype} (that of {what}), got "
-                        f"{tensor.dtype}")
-    if tensor.device != reference.device:
-        raise TypeError(f"{name}: expected device {reference.device} (that of {what}), got "
-                        f"{tensor.device}")
-
-
 class LSTM(_DropIn):
-    """Drop-in ``torch.nn.LSTM`` (same arguments, same call and results).
+    """Drop-in ``torch.nn.LSTM`` (same arguments, parameters, call and results).
 
     Parameters
     ----------
     input_size, hidden_size : int
     num_layers : int, default 1
     bias : bool, default True
-        False keeps every bias at zero (cuDNN always has biases; they get no gradient).
     batch_first : bool, default False
         ``[B, T, ·]`` input and output; states stay ``[num_layers·D, B, ·]``.
     dropout : float, default 0.0
@@ -255,12 +367,20 @@ class LSTM(_DropIn):
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None):
-        super().__init__("lstm", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, proj_size, device, dtype)
+        super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first,
+                         dropout, bidirectional, proj_size, device, dtype)
 
     @staticmethod
     def _constructor_args(module):
         return _DropIn._constructor_args(module) + (module.proj_size,)
+
+
+def _no_projection(kind, options):
+    if "proj_size" in options:
+        raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
+    if options:
+        raise TypeError(f"{kind}.__init__() got an unexpected keyword argument "
+                        f"{next(iter(options))!r}")
 
 
 class GRU(_DropIn):
@@ -269,9 +389,10 @@ class GRU(_DropIn):
     _kind = "GRU"
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, device=None, dtype=None):
-        super().__init__("gru", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype)
+                 dropout=0.0, bidirectional=False, device=None, dtype=None, **unsupported):
+        _no_projection("GRU", unsupported)
+        super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first,
+                         dropout, bidirectional, 0, device, dtype)
 
 
 class RNN(_DropIn):
@@ -280,12 +401,15 @@ class RNN(_DropIn):
     _kind = "RNN"
 
     def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
-                 batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None):
+                 batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None,
+                 **unsupported):
+        _no_projection("RNN", unsupported)
         if nonlinearity not in ("tanh", "relu"):
-            raise ValueError(f"nonlinearity: expected 'tanh' or 'relu', got {nonlinearity!r}")
-        super().__init__("rnn_" + nonlinearity, input_size, hidden_size, num_layers, bias,
-                         batch_first, dropout, bidirectional, 0, device, dtype)
+            raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or "
+                             f"'relu'.")
         self.nonlinearity = nonlinearity
+        super().__init__("RNN_" + nonlinearity.upper(), input_size, hidden_size, num_layers,
+                         bias, batch_first, dropout, bidirectional, 0, device, dtype)
 
     @staticmethod
     def _constructor_args(module):

@@ -2,8 +2,10 @@
 
 Both are ``torch.library.custom_op`` s, so ``torch.compile(fullgraph=True)``, ``torch.export``
 and CUDA graphs see one opaque node per call rather than Python they cannot trace. Each
-has a fake (shapes, dtypes and the reserve space's size without running anything) and the
-forward has an autograd formula that calls the backprop op for just the gradients needed.
+has a fake (shapes, dtypes and the reserve space's size without running anything), a vmap
+rule and, for the forwards, an autocast rule; ``pycudnnrnn.torch.autograd`` gives the
+forwards their autograd formulas. ``forward_weights`` and ``backprop_weights`` take
+torch.nn's list of weights (the drop-in modules' parameters) in place of ``params``.
 
 Arguments are the functional API's, with two changes for tracing: the dropout seed is a
 0-d int64 tensor (a Python int would be baked into a compiled graph, so a fresh seed per
@@ -19,8 +21,8 @@ import torch
 import torch._dynamo  # noqa: F401  (see below)
 from torch import Tensor
 
-from ..checks import dropout_seed
-from . import kernels
+from .. import layout
+from . import flat_weights, kernels
 
 _LIB = "pycudnnrnn"
 
@@ -39,7 +41,7 @@ def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: T
             direction: str, dropout: float, num_proj: int, time_major: bool,
             is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.forward``: (output, output_h, output_c, reserve_space)."""
-    attrs = _attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
+    attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
     outputs = kernels.run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs,
                                   is_training)
     return tuple(_fresh(o, list(_tensors(input, input_h, input_c, params))) for o in outputs)
@@ -48,8 +50,43 @@ def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: T
 @forward.register_fake
 def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_mode, input_mode,
                   direction, dropout, num_proj, time_major, is_training):
-    attrs = _attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
+                 sequence_lengths=sequence_lengths, seed=seed)
+    attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
     problem = kernels.problem(input, input_h, input_c, params, attrs, is_training)
+    return _forward_results(problem, input, input_h, input_c)
+
+
+@torch.library.custom_op(f"{_LIB}::forward_weights", mutates_args=())
+def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
+                    weights: list[Tensor], has_biases: bool, sequence_lengths: Optional[Tensor],
+                    seed: Tensor, rnn_mode: str, direction: str, dropout: float, num_proj: int,
+                    time_major: bool, is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``forward`` with torch.nn's weights (``_flat_weights`` order) for ``params``.
+
+    When the weights are views of one cuDNN-layout buffer (the modules make them so) that
+    buffer is the params, without a copy; otherwise they are concatenated once.
+    """
+    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
+    params = _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training)
+    outputs = kernels.run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs,
+                                  is_training)
+    return tuple(_fresh(o, list(_tensors(input, input_h, input_c, *weights))) for o in outputs)
+
+
+@forward_weights.register_fake
+def _forward_weights_fake(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
+                          rnn_mode, direction, dropout, num_proj, time_major, is_training):
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, sequence_lengths=sequence_lengths,
+                 seed=seed, **{f"weights[{k}]": w for k, w in enumerate(weights)})
+    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
+    problem, _ = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
+                                              attrs, is_training)
+    return _forward_results(problem, input, input_h, input_c)
+
+
+def _forward_results(problem, input, input_h, input_c):
+    """Fake (output, output_h, output_c, reserve) of a validated forward `problem`."""
     c = problem.config
     output = input.new_empty(problem.data_shape(c.num_dirs * c.state_size))
     output_c = input_c.new_empty(input_c.shape) if c.is_lstm else input.new_empty((0,))
@@ -60,6 +97,13 @@ def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_m
     return output, input_h.new_empty(input_h.shape), output_c, reserve
 
 
+def _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training):
+    problem, slots = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
+                                                  attrs, is_training)
+    size = layout.params_size(problem.config)
+    return flat_weights.flat_params([w.detach() for w in weights], slots, size)
+
+
 @torch.library.custom_op(f"{_LIB}::backprop", mutates_args=())
 def backprop(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: Tensor,
              sequence_lengths: Optional[Tensor], seed: Tensor, output: Tensor, output_h: Tensor,
@@ -68,30 +112,116 @@ def backprop(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: 
              direction: str, dropout: float, num_proj: int, time_major: bool,
              gradients: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.backprop``; the gradients `gradients` leaves out are empty ``(0,)``."""
-    attrs = _attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
-    lstm = rnn_mode == "lstm"
-    grads = kernels.run_backprop(input, input_h, input_c if lstm else None, params,
-                                 sequence_lengths, seed, output, output_h,
-                                 output_c if lstm else None, output_backprop, output_h_backprop,
-                                 output_c_backprop if lstm else None, reserve_space, attrs,
-                                 gradients)
-    given = list(_tensors(input, input_h, input_c, params, output, output_h, output_c,
-                          output_backprop, output_h_backprop, output_c_backprop, reserve_space))
-    return tuple(input.new_empty((0,)) if g is None else _fresh(g, given) for g in grads)
+    attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
+    return _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
+                         output_c, output_backprop, output_h_backprop, output_c_backprop,
+                         reserve_space, attrs, gradients, [params])
 
 
 @backprop.register_fake
 def _backprop_fake(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                    output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                    rnn_mode, input_mode, direction, dropout, num_proj, time_major, gradients):
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
+                 sequence_lengths=sequence_lengths, seed=seed, output=output,
+                 output_backprop=output_backprop, reserve_space=reserve_space)
+    return _backprop_results(input, input_h, input_c, params.shape, rnn_mode, gradients)
+
+
+@torch.library.custom_op(f"{_LIB}::backprop_weights", mutates_args=())
+def backprop_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
+                     weights: list[Tensor], has_biases: bool, sequence_lengths: Optional[Tensor],
+                     seed: Tensor, output: Tensor, output_h: Tensor, output_c: Tensor,
+                     output_backprop: Tensor, output_h_backprop: Tensor,
+                     output_c_backprop: Tensor, reserve_space: Tensor, rnn_mode: str,
+                     direction: str, dropout: float, num_proj: int, time_major: bool,
+                     gradients: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``backprop`` with torch.nn's weights; the params gradient is flat (cuDNN's layout)."""
+    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
+    params = _weights_params(input, input_h, input_c, weights, has_biases, attrs, True)
+    return _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
+                         output_c, output_backprop, output_h_backprop, output_c_backprop,
+                         reserve_space, attrs, gradients, weights)
+
+
+@backprop_weights.register_fake
+def _backprop_weights_fake(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
+                           output, output_h, output_c, output_backprop, output_h_backprop,
+                           output_c_backprop, reserve_space, rnn_mode, direction, dropout,
+                           num_proj, time_major, gradients):
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, sequence_lengths=sequence_lengths,
+                 seed=seed, output=output, output_backprop=output_backprop,
+                 reserve_space=reserve_space, **{f"weights[{k}]": w for k, w in enumerate(weights)})
+    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
+    problem, _ = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
+                                              attrs, True)
+    size = (layout.params_size(problem.config),)
+    return _backprop_results(input, input_h, input_c, size, rnn_mode, gradients)
+
+
+def _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
+                  output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+                  attrs, gradients, weights):
+    lstm = attrs["rnn_mode"] == "lstm"
+    grads = kernels.run_backprop(input, input_h, input_c if lstm else None, params,
+                                 sequence_lengths, seed, output, output_h,
+                                 output_c if lstm else None, output_backprop, output_h_backprop,
+                                 output_c_backprop if lstm else None, reserve_space, attrs,
+                                 gradients)
+    given = list(_tensors(input, input_h, input_c, *weights, output, output_h, output_c,
+                          output_backprop, output_h_backprop, output_c_backprop, reserve_space))
+    return tuple(input.new_empty((0,)) if g is None else _fresh(g, given) for g in grads)
+
+
+def _backprop_results(input, input_h, input_c, params_shape, rnn_mode, gradients):
     data, weights = gradients in ("all", "data"), gradients in ("all", "weights")
     lstm = rnn_mode == "lstm"
     like = lambda t, wanted: t.new_empty(t.shape) if wanted else input.new_empty((0,))
     return (like(input, data), like(input_h, data),
-            like(input_c, data) if lstm else input.new_empty((0,)), like(params, weights))
+            like(input_c, data) if lstm else input.new_empty((0,)),
+            input.new_empty(params_shape) if weights else input.new_empty((0,)))
 
 
-def _attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major):
+def _vmap_by_loop(op):
+    """A vmap rule for `op`: one call per batch element, results stacked on axis 0.
+
+    What PyTorch's fallback does for ops it can batch, which it cannot for ops with a
+    list of tensors (the weights); registered for all four ops alike.
+    """
+    def select(value, dim, k):
+        if isinstance(value, list):
+            dims = dim if isinstance(dim, (list, tuple)) else [dim] * len(value)
+            return [select(v, d, k) for v, d in zip(value, dims)]
+        return value if dim is None or value is None else value.select(dim, k)
+
+    def rule(info, in_dims, *args):
+        calls = [op(*(select(a, d, k) for a, d in zip(args, in_dims)))
+                 for k in range(info.batch_size)]
+        return tuple(torch.stack(parts) for parts in zip(*calls)), (0,) * len(calls[0])
+
+    torch.library.register_vmap(op, rule)
+
+
+for _op in (forward, forward_weights, backprop, backprop_weights):
+    _vmap_by_loop(_op)
+
+
+def _refuse_meta(**tensors):
+    """Refuse meta tensors: PyTorch runs the fake on them, whose results hold no values.
+
+    Fake tensors (tracing) are not refused: they report the device they stand for.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device.type == "meta" and \
+                not isinstance(t, FakeTensor):
+            raise TypeError(f"{name}: expected a tensor with data (CPU or CUDA), got a tensor on "
+                            f"the meta device; a meta tensor has no values to compute with "
+                            f"(for shapes alone use torch.export or FakeTensorMode)")
+
+
+def op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major):
+    """The op's attributes as the functional API's keyword arguments."""
     return dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction, dropout=dropout,
                 num_proj=num_proj, time_major=time_major)
 
@@ -103,93 +233,49 @@ def _tensors(*tensors):
 def _fresh(result, inputs):
     # A custom op may not return an input or a view of one. The backends return new
     # arrays today; this keeps the op's contract whatever a backend or plan returns.
-    if any(result.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
-           for t in inputs if t.numel() and result.numel()):
+    if not result.numel():
+        return result
+    pointer = result.untyped_storage().data_ptr()
+    if any(pointer == t.untyped_storage().data_ptr() for t in inputs if t.numel()):
         return result.clone()
     return result
 
 
-# --------------------------------------------------------------------------- autograd
+# --------------------------------------------------------------------------- autocast
 
-_INPUTS = ("input", "input_h", "input_c", "params")
-
-
-def _setup_context(ctx, inputs, output):
-    (input, input_h, input_c, params, sequence_lengths, seed, rnn_mode, input_mode, direction,
-     dropout, num_proj, time_major, is_training) = inputs
-    out, out_h, out_c, reserve = output
-    ctx.attrs = _attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
-    ctx.is_training = is_training
-    ctx.lstm = rnn_mode == "lstm"
-    ctx.save_for_backward(input, input_h, input_c, params, sequence_lengths, seed, out, out_h,
-                          out_c, reserve)
+def autocast_dtype(device_type):
+    """The dtype autocast runs RNNs in on `device_type`, or None when it is off there."""
+    if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
 
 
-def _backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
-    (input, input_h, input_c, params, sequence_lengths, seed, out, out_h, out_c,
-     reserve) = ctx.saved_tensors
-    if not ctx.is_training:
-        raise RuntimeError("pycudnnrnn: backward needs forward with is_training=True (the "
-                           "modules do this by themselves when a gradient is needed)")
-    needs = dict(zip(_INPUTS, ctx.needs_input_grad[:4]))
-    data = needs["input"] or needs["input_h"] or needs["input_c"]
-    gradients = "all" if data and needs["params"] else "data" if data else "weights"
-    zeros = lambda grad, like: torch.zeros_like(like) if grad is None else grad.contiguous()
-    d_output_c = zeros(d_output_c, out_c) if ctx.lstm else out_c
-    dx, dh, dc, dparams = backprop(input, input_h, input_c, params, sequence_lengths, seed, out,
-                                   out_h, out_c, zeros(d_output, out), zeros(d_output_h, out_h),
-                                   d_output_c, reserve, **ctx.attrs, gradients=gradients)
-    keep = lambda grad, name: grad if needs[name] else None
-    return (keep(dx, "input"), keep(dh, "input_h"), keep(dc, "input_c") if ctx.lstm else None,
-            keep(dparams, "params")) + (None,) * 9
+def autocast(tensor, dtype):
+    """`tensor` as autocast casts an RNN's inputs: floating tensors (not float64) to `dtype`."""
+    if dtype is None or not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() \
+            or tensor.dtype in (torch.float64, dtype):
+        return tensor
+    return tensor.to(dtype)
 
 
-forward.register_autograd(_backward, setup_context=_setup_context)
+def _register_autocast(op_name):
+    """Run the op in autocast's dtype, as autocast runs ``aten::lstm``: every floating
+    argument (weights included) cast to ``torch.get_autocast_dtype`` of the device."""
+    for device_type in ("cpu", "cuda"):
+        key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+        keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+        op = getattr(torch.ops.pycudnnrnn, op_name).default
+
+        def kernel(_keys, *args, op=op, keyset=keyset, device_type=device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            cast = lambda a: [autocast(t, dtype) for t in a] if isinstance(a, list) \
+                else autocast(a, dtype)
+            with torch._C._ExcludeDispatchKeyGuard(keyset):
+                return op(*(cast(a) for a in args))
+
+        _AUTOCAST_LIBRARY.impl(op_name, kernel, key, with_keyset=True)
 
 
-# --------------------------------------------------------------------------- one call
-
-def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
-        input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0,
-        num_proj=0, time_major=True, is_training=True, num_layers=None, num_units=None,
-        input_size=None):
-    """Differentiable ``pycudnnrnn.forward`` on tensors: ``(output, output_h, output_c)``.
-
-    Parameters
-    ----------
-    input, input_h, input_c, params : torch.Tensor
-        As for ``pycudnnrnn.forward`` (input_c None unless LSTM).
-    sequence_lengths : tensor or list of int, optional
-    rnn_mode, input_mode, direction, dropout, num_proj, time_major
-        The op's attributes, see ``pycudnnrnn.forward``.
-    seed, seed2 : int
-        The dropout seed, as for ``pycudnnrnn.forward``; or `seed` a 0-d int64 tensor
-        holding the combined 64-bit seed (what the modules pass: a traced graph then
-        takes a new seed per call without recompiling).
-    is_training : bool
-        False runs inference: no reserve space, and no backward.
-    num_layers, num_units, input_size : int, optional
-        As for ``pycudnnrnn.forward``: checked against the shapes when given (the
-        attribute dicts of ``pycudnnrnn.convert`` carry them).
-
-    Returns
-    -------
-    output, output_h, output_c : torch.Tensor
-        output_c is empty ``(0,)`` unless LSTM. Gradients flow to every tensor argument,
-        computed only for those that require them.
-    """
-    sizes = {name: value for name, value in (("num_layers", num_layers), ("num_units", num_units),
-                                             ("input_size", input_size)) if value is not None}
-    if sizes:
-        attrs = _attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
-        kernels.problem(input, input_h, input_c, params, {**attrs, **sizes}, is_training)
-    if sequence_lengths is not None and not isinstance(sequence_lengths, torch.Tensor):
-        sequence_lengths = torch.as_tensor(sequence_lengths, dtype=torch.int64)
-    if not isinstance(seed, torch.Tensor):
-        combined = dropout_seed(seed, seed2)
-        seed = torch.tensor(combined - (1 << 64) if combined >> 63 else combined, dtype=torch.int64)
-    output, output_h, output_c, _ = forward(
-        input, input_h, input_c if rnn_mode == "lstm" else None, params, sequence_lengths, seed,
-        rnn_mode, input_mode, direction, float(dropout), int(num_proj), bool(time_major),
-        bool(is_training))
-    return output, output_h, output_c
+_AUTOCAST_LIBRARY = torch.library.Library(_LIB, "FRAGMENT")
+_register_autocast("forward")
+_register_autocast("forward_weights")

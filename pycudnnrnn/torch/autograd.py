@@ -1,0 +1,222 @@
+"""Gradients of the forward ops: one backward behind three doors.
+
+``_backward_core`` calls the backprop op for just the gradients needed. It serves the
+autograd formulas of ``forward`` and ``forward_weights`` (what ``torch.compile`` and
+``torch.export`` trace, and what direct callers of the ops get) and ``_RNN``, an
+``autograd.Function`` with ``setup_context`` that eager calls go through: torch.func's
+transforms (``grad``, ``vjp``, ``jacrev``) need one, a custom op's autograd formula does
+not compose with them, and Dynamo does not trace this kind of Function. ``apply`` picks
+the door. Double backward is refused with a clear error (``_NoDoubleBackward``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import flat_weights
+from .ops import autocast, autocast_dtype, backprop, backprop_weights, forward, forward_weights
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """Identity on a gradient, tied to what it was computed from; its gradient is refused.
+
+    The backprop ops run without autograd (a custom op under torch.func's grad transform
+    needs an autograd formula that composes with it, and there is none to give): where
+    backward runs with grad mode on (``create_graph=True``, torch.func) the results are
+    tied back to the tensors that required grad, so that a double backward raises this
+    clear error instead of silently treating the gradients as constants.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(grad, *sources):
+        return grad.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError(
+            "pycudnnrnn: double backward (the gradient of a gradient: create_graph=True then "
+            "backward again, gradient penalties, MAML) is not supported: cuDNN's RNN has no "
+            "second derivative, and this library's gradients come from its backprop, which "
+            "has none (as PyTorch's cuDNN RNNs). First-order gradients work")
+
+
+def _backprop_without_autograd(op, *args):
+    """`op` (a backprop op) on `args`, its results tied by ``_NoDoubleBackward``."""
+    with torch.no_grad():
+        results = op(*args)
+    if not torch.is_grad_enabled():
+        return results
+    flat = [t for a in args for t in (a if isinstance(a, list) else [a])]
+    sources = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not sources:
+        return results
+    return tuple(r if r.numel() == 0 else _NoDoubleBackward.apply(r, *sources) for r in results)
+
+
+# One backward (``_backward_core``) behind three doors: the autograd formulas of the two
+# forward ops (what torch.compile and torch.export trace, and direct callers of the ops
+# get), and ``_RNN``, an autograd.Function for eager calls, which torch.func's transforms
+# need (a custom op's autograd formula does not compose with them, and Dynamo does not
+# trace this kind of Function).
+
+class _Saved:
+    """What backward needs of one forward call."""
+
+    def __init__(self, options, tensors, output, weights):
+        (self.rnn_mode, self.input_mode, self.direction, self.dropout, self.num_proj,
+         self.time_major, self.has_biases, self.is_training) = options
+        self.slots = None
+        if self.has_biases is not None:  # where each weight's gradient lies in the flat one
+            shapes = [tuple(w.shape) for w in weights]
+            offsets = flat_weights.weight_offsets(shapes, self.has_biases, self.num_proj > 0)
+            self.slots = list(zip(offsets, shapes))
+        self.num_weights = len(weights)
+        self.tensors = (*tensors, *output, *weights)
+
+
+def _save(ctx, options, tensors, output, weights):
+    saved = _Saved(options, tensors, output, weights)
+    ctx.save_for_backward(*saved.tensors)
+    saved.tensors = None
+    ctx.pycudnnrnn = saved
+
+
+def _backward_core(ctx, needs_data, needs_weights, d_output, d_output_h, d_output_c):
+    """``(dx, dh, dc, weight gradients)`` for the forward saved by ``_save``."""
+    s = ctx.pycudnnrnn
+    if not s.is_training:
+        raise RuntimeError("pycudnnrnn: backward needs forward with is_training=True (the "
+                           "modules do this by themselves when a gradient is needed)")
+    saved = ctx.saved_tensors
+    input, input_h, input_c, sequence_lengths, seed, out, out_h, out_c, reserve = saved[:9]
+    weights = list(saved[9:])
+    lstm = s.rnn_mode == "lstm"
+    zeros = lambda grad, like: torch.zeros_like(like) if grad is None else grad.contiguous()
+    grads = (zeros(d_output, out), zeros(d_output_h, out_h),
+             zeros(d_output_c, out_c) if lstm else out_c)
+    gradients = "all" if needs_data and needs_weights else "data" if needs_data else "weights"
+    if s.has_biases is None:
+        dx, dh, dc, dparams = _backprop_without_autograd(
+            backprop, input, input_h, input_c, weights[0], sequence_lengths, seed, out, out_h,
+            out_c, *grads, reserve, s.rnn_mode, s.input_mode, s.direction, s.dropout,
+            s.num_proj, s.time_major, gradients)
+        return dx, dh, dc if lstm else None, [dparams]
+    dx, dh, dc, dparams = _backprop_without_autograd(
+        backprop_weights, input, input_h, input_c, weights, s.has_biases, sequence_lengths, seed,
+        out, out_h, out_c, *grads, reserve, s.rnn_mode, s.direction, s.dropout, s.num_proj,
+        s.time_major, gradients)
+    # Views of the one flat gradient, so that each weight's .grad is one too.
+    weight_grads = [dparams[o:o + math.prod(shape)].view(shape) for o, shape in s.slots] \
+        if needs_weights else [None] * s.num_weights
+    return dx, dh, dc if lstm else None, weight_grads
+
+
+def _keep(grads, needs):
+    return [g if need else None for g, need in zip(grads, needs)]
+
+
+def _forward_setup(ctx, inputs, output):
+    (input, input_h, input_c, params, sequence_lengths, seed, rnn_mode, input_mode, direction,
+     dropout, num_proj, time_major, is_training) = inputs
+    options = (rnn_mode, input_mode, direction, dropout, num_proj, time_major, None, is_training)
+    _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output, [params])
+
+
+def _forward_backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
+    needs = ctx.needs_input_grad
+    dx, dh, dc, (dparams,) = _backward_core(ctx, any(needs[:3]), needs[3], d_output, d_output_h,
+                                            d_output_c)
+    return (*_keep([dx, dh, dc, dparams], needs[:4]),) + (None,) * 9
+
+
+def _forward_weights_setup(ctx, inputs, output):
+    (input, input_h, input_c, weights, has_biases, sequence_lengths, seed, rnn_mode, direction,
+     dropout, num_proj, time_major, is_training) = inputs
+    options = (rnn_mode, "linear_input", direction, dropout, num_proj, time_major, has_biases,
+               is_training)
+    _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output, weights)
+
+
+def _forward_weights_backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
+    needs = ctx.needs_input_grad  # needs[3]: one flag per weight
+    weights_needed = list(needs[3]) if isinstance(needs[3], (list, tuple)) else \
+        [needs[3]] * ctx.pycudnnrnn.num_weights
+    dx, dh, dc, weight_grads = _backward_core(ctx, any(needs[:3]), any(weights_needed),
+                                              d_output, d_output_h, d_output_c)
+    return (*_keep([dx, dh, dc], needs[:3]), _keep(weight_grads, weights_needed)) + (None,) * 9
+
+
+forward.register_autograd(_forward_backward, setup_context=_forward_setup)
+forward_weights.register_autograd(_forward_weights_backward, setup_context=_forward_weights_setup)
+
+
+class _RNN(torch.autograd.Function):
+    """Either forward op as an autograd.Function with ``setup_context``, for torch.func.
+
+    ``vmap`` runs the ops once per batch element (``generate_vmap_rule``). `options` is
+    ``(rnn_mode, input_mode, direction, dropout, num_proj, time_major, has_biases,
+    is_training)``; `weights` ``(params,)`` with `has_biases` None, or torch.nn's
+    ``_flat_weights``.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(options, input, input_h, input_c, sequence_lengths, seed, *weights):
+        return _call_op(options, input, input_h, input_c, sequence_lengths, seed, weights)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        options, input, input_h, input_c, sequence_lengths, seed = inputs[:6]
+        _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output,
+              inputs[6:])
+
+    @staticmethod
+    def backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
+        needs = ctx.needs_input_grad  # options, input, input_h, input_c, lengths, seed, weights
+        dx, dh, dc, weight_grads = _backward_core(ctx, any(needs[1:4]), any(needs[6:]),
+                                                  d_output, d_output_h, d_output_c)
+        return (None, *_keep([dx, dh, dc], needs[1:4]), None, None,
+                *_keep(weight_grads, needs[6:]))
+
+
+def _call_op(options, input, input_h, input_c, sequence_lengths, seed, weights):
+    (rnn_mode, input_mode, direction, dropout, num_proj, time_major, has_biases,
+     is_training) = options
+    if has_biases is None:
+        return forward(input, input_h, input_c, weights[0], sequence_lengths, seed, rnn_mode,
+                       input_mode, direction, dropout, num_proj, time_major, is_training)
+    return forward_weights(input, input_h, input_c, list(weights), has_biases, sequence_lengths,
+                           seed, rnn_mode, direction, dropout, num_proj, time_major, is_training)
+
+
+def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_biases,
+          is_training):
+    """The differentiable forward on checked arguments: ``(output, output_h, output_c)``.
+
+    What ``rnn`` and the modules call: under autocast every floating argument is cast to
+    autocast's dtype first (the casts are differentiable, so gradients reach float32
+    weights), then ``_RNN`` runs the op. `weights` as for ``_RNN``.
+    """
+    dtype = autocast_dtype(input.device.type)
+    if dtype is not None:
+        input, input_h, input_c = (autocast(t, dtype) for t in (input, input_h, input_c))
+        weights = [autocast(w, dtype) for w in weights]
+    options = (attrs["rnn_mode"], attrs["input_mode"], attrs["direction"],
+               float(attrs["dropout"]), int(attrs["num_proj"]), bool(attrs["time_major"]),
+               has_biases, bool(is_training))
+    if torch.compiler.is_compiling():  # the ops' own autograd formulas: Dynamo traces them
+        output, output_h, output_c, _ = _call_op(options, input, input_h, input_c,
+                                                 sequence_lengths, seed, weights)
+    else:
+        output, output_h, output_c, _ = _RNN.apply(options, input, input_h, input_c,
+                                                   sequence_lengths, seed, *weights)
+    return output, output_h, output_c

@@ -1,0 +1,147 @@
+"""torch.nn's weights (``_flat_weights``) as the op's one flat cuDNN-layout params.
+
+The drop-in modules hand the ops torch.nn's list of weights; here is where each lies in
+the flat params (``weight_offsets``), the shape checks of such a list
+(``weights_problem``), and the flat params itself (``flat_params``): the weights' own
+buffer when they are views of one (no copy), else one concatenation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import checks, layout
+from ..config import GATES
+from . import kernels
+
+
+class _FlatShape:
+    """The shape, rank and dtype of the flat params that a list of weights makes."""
+
+    def __init__(self, size, dtype):
+        self.shape, self.ndim, self.dtype = (size,), 1, kernels.numpy_dtype(dtype)
+
+
+def weight_offsets(shapes, has_biases: bool, projection: bool):
+    """Where each of torch.nn's weights starts in the flat params, from their shapes alone.
+
+    `shapes` in ``_flat_weights`` order: per pseudo-layer (layer by layer, forward
+    direction first) ``weight_ih``, ``weight_hh``, then ``bias_ih`` and ``bias_hh`` when
+    `has_biases`, then ``weight_hr`` when `projection`. cuDNN's buffer holds the matrices
+    of every pseudo-layer (input, recurrent, projection), then their biases (input,
+    recurrent), each role's gates stacked as torch.nn stacks them; ``weights_problem``
+    checks these offsets against ``pycudnnrnn.layout`` at every call. Plain integer
+    arithmetic, so that ``torch.compile`` traces it where autograd splits the gradient.
+    """
+    per_layer = 2 + 2 * has_biases + projection
+    matrices, biases = [], []
+    for first in range(0, len(shapes), per_layer):
+        matrices += [first, first + 1] + ([first + per_layer - 1] if projection else [])
+        biases += [first + 2, first + 3] if has_biases else []
+    offsets, offset = [0] * len(shapes), 0
+    for k in matrices + biases:
+        offsets[k] = offset
+        offset += math.prod(shapes[k])
+    return offsets
+
+
+def _layout_slots(config, has_biases):
+    """(offset, shape) of each of torch.nn's weights by ``pycudnnrnn.layout``'s blocks."""
+    slots = []
+    for blocks in layout.pseudo_layer_blocks(config):
+        chosen = [blocks.w_input, blocks.w_recurrent]
+        chosen += [blocks.b_input, blocks.b_recurrent] if has_biases else []
+        chosen += [blocks.w_projection] if blocks.w_projection is not None else []
+        slots += [(b.offset, b.shape) for b in chosen]
+    return slots
+
+
+def weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_training):
+    """``(problem, slots)`` of a forward call whose parameters are torch.nn's `weights`.
+
+    The sizes come from `input`, `input_h` and ``weights[0]`` (``weight_ih_l0``,
+    ``[gates·hidden_size, input_size]``); each weight's shape is checked against its
+    slot. Reads no data: works on fake tensors.
+    """
+    if attrs["input_mode"] != "linear_input":
+        raise ValueError(f"input_mode: torch.nn's weights have input matrices, so expected "
+                         f"'linear_input', got {attrs['input_mode']!r}")
+    if not weights or any(not isinstance(w, torch.Tensor) for w in weights):
+        raise TypeError("weights: expected a non-empty list of tensors")
+    first = weights[0]
+    gates = len(GATES[attrs["rnn_mode"]])
+    directions = 2 if attrs["direction"] == "bidirectional" else 1
+    layers_axis = 0 if attrs["time_major"] else 1
+    if first.dim() != 2 or input_h.dim() != 3 or input.dim() != 3:
+        raise ValueError(f"weights[0]: expected weight_ih_l0 [gates·hidden_size, input_size] "
+                         f"with 3-D input and input_h, got shapes {tuple(first.shape)}, "
+                         f"{tuple(input.shape)} and {tuple(input_h.shape)}")
+    config = checks.make_config(
+        rnn_mode=attrs["rnn_mode"],
+        num_layers=max(1, int(input_h.shape[layers_axis]) // directions),
+        num_units=max(1, int(first.shape[0]) // gates), input_size=int(input.shape[2]),
+        input_mode="linear_input", direction=attrs["direction"], num_proj=attrs["num_proj"])
+    expected = _layout_slots(config, has_biases)
+    if len(weights) != len(expected):
+        raise ValueError(f"weights: expected {len(expected)} tensors for this configuration, "
+                         f"got {len(weights)}")
+    for k, (w, (_, shape)) in enumerate(zip(weights, expected)):
+        if tuple(w.shape) != shape:
+            raise ValueError(f"weights[{k}]: expected shape {shape}, got {tuple(w.shape)}")
+        if w.dtype != first.dtype or w.device != first.device:
+            raise TypeError(f"weights[{k}]: expected dtype {first.dtype} on {first.device} (that "
+                            f"of weights[0]), got {w.dtype} on {w.device}")
+    offsets = weight_offsets([shape for _, shape in expected], has_biases, config.num_proj > 0)
+    assert offsets == [offset for offset, _ in expected], "weight_offsets disagrees with layout"
+    slots = list(zip(offsets, (shape for _, shape in expected)))
+    params = _FlatShape(layout.params_size(config), first.dtype)
+    return kernels.problem(input, input_h, input_c, params, attrs, is_training), slots
+
+
+def flat_params(weights, slots, size):
+    """The flat cuDNN-layout params holding `weights` at `slots`: without a copy when it can.
+
+    `slots` are ``(offset, shape)`` pairs. When the weights are contiguous views at their
+    slots of one buffer of `size` elements (as the modules' ``flatten_parameters`` lays
+    them out), that buffer itself; a bias region no weight covers (``bias=False``) is
+    zeroed in it first (it is the module's and is zero by contract). Otherwise (a
+    parametrization, ``weight_norm``, ``torch.func.functional_call``, autocast) one
+    concatenation, zeros where no weight is.
+    """
+    base = one_buffer(weights, slots, size)
+    if base is not None:
+        for start, stop in _gaps(slots, size):
+            base[start:stop].zero_()
+        return base
+    parts, offset = [], 0
+    for (start, shape), w in sorted(zip(slots, weights), key=lambda pair: pair[0][0]):
+        if start > offset:
+            parts.append(w.new_zeros(start - offset))
+        parts.append(w.reshape(-1))
+        offset = start + math.prod(shape)
+    if size > offset:
+        parts.append(weights[0].new_zeros(size - offset))
+    return torch.cat(parts)
+
+
+def _gaps(slots, size):
+    offset = 0
+    for start, stop in sorted((o, o + math.prod(s)) for o, s in slots) + [(size, size)]:
+        if start > offset:
+            yield offset, start
+        offset = max(offset, stop)
+
+
+def one_buffer(weights, slots, size):
+    """The whole buffer `weights` are views of at `slots`, or None if they are not."""
+    first = weights[0]
+    storage = first.untyped_storage()
+    if first.storage_offset() != slots[0][0] or storage.nbytes() != size * first.element_size():
+        return None  # exactly one buffer, all of it
+    for w, (offset, _) in zip(weights, slots):
+        if not (w.untyped_storage().data_ptr() == storage.data_ptr() and
+                w.storage_offset() == offset and w.is_contiguous()):
+            return None
+    return first.new_empty(0).set_(storage, 0, (size,), (1,))

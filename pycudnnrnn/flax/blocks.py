@@ -41,6 +41,10 @@ class Blocks:
     bias_i: jax.Array
     bias_h: jax.Array
 
+    def astype(self, dtype) -> "Blocks":
+        cast = lambda a: None if a is None else jnp.asarray(a, dtype)
+        return Blocks(*(cast(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
 
 @functools.lru_cache(maxsize=256)
 def config(rnn_mode: str, num_layers: int, num_units: int, input_size: int,

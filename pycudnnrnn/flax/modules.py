@@ -370,13 +370,16 @@ class _RNN(nnx.Module):
         blocks = [_cells.cell_blocks(c) for c in cells]
         param_dtype = jnp.result_type(*[b.kernel_i for b in blocks])
         options = dict(num_layers=len(layers), bidirectional=D == 2, dropout_rate=dropout_rate,
-                       dtype=first.dtype, param_dtype=param_dtype,
-                       rngs=rngs if rngs is not None else nnx.Rngs(0))
+                       dtype=first.dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
         if mode.startswith("rnn_"):
             options["activation"] = mode[4:]
-        module = cls(first.in_features, H, **options)
+        module = cls(first.in_features, H, **options)  # weights drawn, then overwritten
+        # The dropout stream is the caller's, as nnx.Dropout(rngs=...) takes it (none
+        # without rngs: the call must then bring one, or be deterministic).
+        module.rngs = rngs["dropout"].fork() if dropout_rate and rngs is not None \
+            else nnx.data(None)
         module.params[...] = _blocks.pack(
-            [jax.tree.map(lambda a: jnp.asarray(a, param_dtype), b) for b in blocks],
+            [b.astype(param_dtype) for b in blocks],
             module._config())
         return module
 

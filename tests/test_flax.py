@@ -482,3 +482,13 @@ def test_docs_examples_run():
     for block in blocks:
         exec(compile(block, path, "exec"), namespace)
     assert namespace["losses"][-1] < namespace["losses"][0]
+
+
+def test_benchmark_runs():
+    """benchmarks/flax_bench.py times both implementations (a tiny case, one round)."""
+    pytest.importorskip("optax")
+    from conftest import benchmark_script
+    bench = benchmark_script("flax_bench")
+    times = bench.bench_case(*bench.CASES["tiny"][0], jax.devices("cpu")[0], 1)
+    assert set(times) == {"pycudnnrnn.flax.LSTM", "nnx.RNN(OptimizedLSTMCell)"}
+    assert all(len(t) == 1 and t[0] > 0 for t in times.values())

@@ -109,38 +109,38 @@ def make_cell(blocks: Blocks, rnn_mode: str, *, cell_type=None, dtype=None, para
         raise ValueError(f"cell_type: a {rnn_mode} layer converts to "
                          f"{' or '.join(c.__name__ for c in allowed)}, got {cell_type!r}")
     in_features, H = blocks.kernel_i.shape[0], blocks.kernel_h.shape[0]
-    options = dict(dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
+    options = dict(dtype=dtype, param_dtype=param_dtype)
     if rnn_mode.startswith("rnn_"):
         options["activation_fn"] = nnx.relu if rnn_mode == "rnn_relu" else nnx.tanh
-    cell = cell_type(in_features, H, **options)
-    cast = lambda a: jnp.asarray(a, param_dtype)
+    # Built abstract (shapes only: no initializer runs), then every Param is set.
+    cell = nnx.eval_shape(lambda: cell_type(in_features, H, rngs=nnx.Rngs(0), **options))
+    put = lambda variable, array: variable.set_value(jnp.asarray(array, param_dtype))
     if rnn_mode == "lstm":
         bias = blocks.bias_i + blocks.bias_h  # Flax's LSTM has one bias per gate
         if cell_type is nnx.LSTMCell:
             for g, k_i, k_h, b in zip(_LSTM_GATES, jnp.split(blocks.kernel_i, 4, -1),
                                       jnp.split(blocks.kernel_h, 4, -1), jnp.split(bias, 4)):
-                getattr(cell, "i" + g + ("_" if g == "f" else "")).kernel[...] = cast(k_i)
-                getattr(cell, "h" + g).kernel[...] = cast(k_h)
-                getattr(cell, "h" + g).bias[...] = cast(b)
+                put(getattr(cell, "i" + g + ("_" if g == "f" else "")).kernel, k_i)
+                put(getattr(cell, "h" + g).kernel, k_h)
+                put(getattr(cell, "h" + g).bias, b)
         else:
-            cell.dense_i.kernel[...] = cast(blocks.kernel_i)
-            cell.dense_h.kernel[...] = cast(blocks.kernel_h)
-            cell.dense_h.bias[...] = cast(bias)
+            put(cell.dense_i.kernel, blocks.kernel_i)
+            put(cell.dense_h.kernel, blocks.kernel_h)
+            put(cell.dense_h.bias, bias)
         return cell
-    cell.dense_i.kernel[...] = cast(blocks.kernel_i)
-    cell.dense_h.kernel[...] = cast(blocks.kernel_h)
+    put(cell.dense_i.kernel, blocks.kernel_i)
+    put(cell.dense_h.kernel, blocks.kernel_h)
     if rnn_mode == "gru":
         H3 = blocks.bias_h.shape[0]
         b_rh = blocks.bias_h[2 * H3 // 3:]
         if np.any(np.asarray(b_rh, np.float32) != 0):  # see the module docstring
-            cell.dense_h = nnx.Linear(H, H3, use_bias=True, dtype=dtype,
-                                      param_dtype=param_dtype, rngs=nnx.Rngs(0))
-            cell.dense_h.kernel[...] = cast(blocks.kernel_h)
-            cell.dense_h.bias[...] = cast(blocks.bias_h)
-            cell.dense_i.bias[...] = cast(blocks.bias_i)
+            cell.dense_h = nnx.eval_shape(lambda: nnx.Linear(
+                H, H3, use_bias=True, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0)))
+            put(cell.dense_h.kernel, blocks.kernel_h)
+            put(cell.dense_h.bias, blocks.bias_h)
+            put(cell.dense_i.bias, blocks.bias_i)
         else:
-            folded = blocks.bias_h.at[2 * H3 // 3:].set(0)
-            cell.dense_i.bias[...] = cast(blocks.bias_i + folded)
+            put(cell.dense_i.bias, blocks.bias_i + blocks.bias_h.at[2 * H3 // 3:].set(0))
         return cell
-    cell.dense_i.bias[...] = cast(blocks.bias_i + blocks.bias_h)
+    put(cell.dense_i.bias, blocks.bias_i + blocks.bias_h)
     return cell

@@ -40,6 +40,9 @@ class _RNN(nnx.Module):
 
     def __init__(self, in_features, hidden_features, *, num_layers=1, bidirectional=False,
                  dropout_rate=0.0, num_proj=0, dtype=None, param_dtype=jnp.float32, rngs):
+        if not isinstance(rngs, nnx.Rngs):
+            raise TypeError(f"rngs: expected nnx.Rngs (its params stream draws the weights), "
+                            f"got {type(rngs).__name__}")
         self.in_features = _positive_int("in_features", in_features)
         self.hidden_features = _positive_int("hidden_features", hidden_features)
         self.num_layers = _positive_int("num_layers", num_layers)
@@ -65,8 +68,7 @@ class _RNN(nnx.Module):
         # Like nnx.Dropout: training unless told otherwise (model.eval(), nnx.view or the
         # call's deterministic=True); the stream is forked so the module owns its count.
         self.deterministic = False
-        self.rngs = rngs["dropout"].fork() if self.dropout_rate and rngs is not None \
-            else nnx.data(None)
+        self.rngs = rngs["dropout"].fork() if self.dropout_rate else nnx.data(None)
         self.params = nnx.Param(_blocks.initialize(rngs, self._config(), param_dtype))
 
     # ------------------------------------------------------------------ sizes
@@ -129,19 +131,19 @@ class _RNN(nnx.Module):
         L, D, B = self.num_layers, self._num_dirs, math.prod(batch_shape)
         where = "initial_carry"
 
-        def pieces(node, count, path):
+        def pieces(node, count, path, what):
             if count == 1:
                 return [(node, path)]
             if not isinstance(node, (tuple, list)) or len(node) != count:
+                got = f"{type(node).__name__} of {len(node)}" \
+                    if isinstance(node, (tuple, list)) else type(node).__name__
                 raise ValueError(f"{where}{path}: expected a tuple of {count} (one per "
-                                 f"{'layer' if count == L and path == '' else 'direction'}), "
-                                 f"got {type(node).__name__}"
-                                 f"{'' if not isinstance(node, (tuple, list)) else ' of ' + str(len(node))}")
+                                 f"{what}), got {got}")
             return [(n, f"{path}[{i}]") for i, n in enumerate(node)]
 
         hs, cs = [], []
-        for layer, path in pieces(carry, L, ""):
-            for cell_carry, cell_path in pieces(layer, D, path):
+        for layer, path in pieces(carry, L, "", "layer"):
+            for cell_carry, cell_path in pieces(layer, D, path, "direction"):
                 if self._lstm:
                     if not isinstance(cell_carry, (tuple, list)) or len(cell_carry) != 2:
                         raise ValueError(f"{where}{cell_path}: an LSTM carry is Flax's (c, h), "
@@ -370,17 +372,17 @@ class _RNN(nnx.Module):
         blocks = [_cells.cell_blocks(c) for c in cells]
         param_dtype = jnp.result_type(*[b.kernel_i for b in blocks])
         options = dict(num_layers=len(layers), bidirectional=D == 2, dropout_rate=dropout_rate,
-                       dtype=first.dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
+                       dtype=first.dtype, param_dtype=param_dtype)
         if mode.startswith("rnn_"):
             options["activation"] = mode[4:]
-        module = cls(first.in_features, H, **options)  # weights drawn, then overwritten
+        # Built abstract (no initializer runs), then given the cells' weights.
+        module = nnx.eval_shape(lambda: cls(first.in_features, H, rngs=nnx.Rngs(0), **options))
         # The dropout stream is the caller's, as nnx.Dropout(rngs=...) takes it (none
         # without rngs: the call must then bring one, or be deterministic).
         module.rngs = rngs["dropout"].fork() if dropout_rate and rngs is not None \
             else nnx.data(None)
-        module.params[...] = _blocks.pack(
-            [b.astype(param_dtype) for b in blocks],
-            module._config())
+        module.params.set_value(_blocks.pack([b.astype(param_dtype) for b in blocks],
+                                             module._config()))
         return module
 
     def to_flax(self, *, cell_type=None):

@@ -478,6 +478,33 @@ def test_from_flax_refuses_what_cudnn_does_not_compute():
         rnn_flax.GRU.from_flax([nnx.Linear(I, H, rngs=rngs)])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_gpu_module_equals_the_cpu_module(mode):
+    """On a CUDA device (cuDNN) the module gives the CPU's outputs, carry and gradients
+    (no TF32: float32 throughout)."""
+    try:
+        gpu = jax.devices("cuda")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no CUDA device")
+    model = CLASSES[mode].from_flax(flax_layers(mode, 2, True))
+    x = jax.random.normal(jax.random.PRNGKey(1), (B, T, I))
+    seq = jnp.asarray(LENGTHS["zero"], jnp.int32)
+
+    def loss(model, x, seq):
+        carry, y = model(x, seq_lengths=seq, return_carry=True)
+        return jnp.sum(y ** 2) + sum(jnp.sum(c ** 2) for c in jax.tree.leaves(carry)), (carry, y)
+
+    step = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    (_, cpu_aux), cpu_grads = step(model, x, seq)
+    graphdef, state = nnx.split(model)
+    on_gpu = nnx.merge(graphdef, jax.device_put(state, gpu))
+    (_, gpu_aux), gpu_grads = step(on_gpu, jax.device_put(x, gpu), jax.device_put(seq, gpu))
+    assert list(gpu_aux[1].devices())[0].platform == "gpu"
+    for a, b in zip(jax.tree.leaves((gpu_aux, gpu_grads)), jax.tree.leaves((cpu_aux, cpu_grads))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-4)
+
+
 def test_docs_examples_run():
     """The Python examples of docs/flax.md run, in order, as shown."""
     pytest.importorskip("optax")

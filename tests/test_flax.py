@@ -92,10 +92,8 @@ def our_carry_to_flax(carry, num_layers):
 
 
 def random_carry(module, key):
-    zeros = module.initialize_carry((B,))
-    leaves, tree = jax.tree.flatten(zeros)
-    keys = jax.random.split(key, len(leaves))
-    return jax.tree.unflatten(tree, [jax.random.normal(k, z.shape) for k, z in zip(keys, leaves)])
+    return module.initialize_carry((B, module.in_features), rngs=nnx.Rngs(carry=key),
+                                   carry_init=jax.nn.initializers.normal(1.0))
 
 
 def valid_mask(lengths):
@@ -282,7 +280,7 @@ def test_vmap_and_scan_over_batches():
 
     x = xs[0]
     chunks = jnp.stack([x[:, :2], x[:, 2:4]])  # two chunks of 2 steps
-    carry, ys = chunk(model, model.initialize_carry((B,)), chunks)
+    carry, ys = chunk(model, model.initialize_carry((B, I)), chunks)
     carry_whole, y_whole = model(x[:, :4], return_carry=True)
     np.testing.assert_allclose(jnp.concatenate(list(ys), axis=1), y_whole, **TOL)
     for a, b in zip(jax.tree.leaves(carry), jax.tree.leaves(carry_whole)):
@@ -434,7 +432,7 @@ def test_bad_arguments_name_themselves():
         model(x, seq_lengths=jnp.array([1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match="sequence_lengths"):
         model(x, seq_lengths=jnp.array([1, 9, 3]))
-    carry = model.initialize_carry((B,))
+    carry = model.initialize_carry((B, I))
     with pytest.raises(ValueError, match=r"initial_carry: expected a tuple of 2 \(one per layer"):
         model(x, initial_carry=(carry[0],))
     with pytest.raises(ValueError, match=r"initial_carry\[0\]\[1\]: an LSTM carry is Flax's"):

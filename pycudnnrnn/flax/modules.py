@@ -101,18 +101,29 @@ class _RNN(nnx.Module):
 
     # ------------------------------------------------------------------ carry
 
-    def initialize_carry(self, batch_shape=(), dtype=None):
-        """A zero carry for inputs of batch shape `batch_shape` (see the class docstring).
+    def initialize_carry(self, input_shape, rngs=None, carry_init=None):
+        """The initial carry, as Flax's cells make theirs (see the class docstring).
 
         Parameters
         ----------
-        batch_shape : tuple of int
-            The batch dimensions of the inputs (``inputs.shape[:-2]``, batch-major).
-        dtype : dtype, optional
-            Default: ``param_dtype``, as Flax's cells.
+        input_shape : tuple of int
+            The shape of one time step of the input, ``(*batch, in_features)``, as
+            ``nnx.RNN`` gives it to its cell.
+        rngs : nnx.Rngs or nnx.RngStream, optional
+            For `carry_init` (the ``carry`` stream of an ``nnx.Rngs``); unused for zeros.
+        carry_init : initializer, optional
+            ``carry_init(key, shape, dtype)`` for every state array (c before h, as
+            Flax's LSTM cells); default zeros. Arrays are in ``param_dtype``.
         """
-        h, c = self._zero_states(math.prod(batch_shape), dtype or self.param_dtype)
-        return self._carry_from_states(h, c, tuple(batch_shape))
+        batch_shape = tuple(input_shape[:-1])
+        h, c = self._zero_states(math.prod(batch_shape), self.param_dtype)
+        carry = self._carry_from_states(h, c, batch_shape)
+        if carry_init is None:
+            return carry
+        stream = rngs.carry if isinstance(rngs, nnx.Rngs) else rngs
+        if stream is None:
+            raise ValueError("rngs: carry_init needs rngs to draw the initial carry")
+        return jax.tree.map(lambda z: carry_init(stream(), z.shape, z.dtype), carry)
 
     def _carry_from_states(self, h, c, batch_shape):
         """cuDNN's stacked states ``[L·D, B, ·]`` → the nested carry."""

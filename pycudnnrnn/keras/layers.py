@@ -1,0 +1,103 @@
+"""``LSTM`` and ``GRU``: Keras's own layers whose loop is pycudnnrnn's op.
+
+Everything but the loop is inherited from ``keras.layers.LSTM`` / ``GRU``: constructor,
+``get_config``, weights, initial and stateful states, dropout masks, ``return_*``,
+``Bidirectional`` wrapping. Only ``inner_loop`` is ours, and it hands a configuration
+cuDNN does not compute back to Keras's own ``inner_loop`` (which may itself take Keras's
+cuDNN path, as it would for a plain Keras layer).
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import activations, backend, ops
+
+from . import loop
+
+_TANH = (activations.tanh, ops.tanh)
+_SIGMOID = (activations.sigmoid, ops.sigmoid)
+
+
+def _native(name):
+    """The backend's own tanh and sigmoid, which Keras's cudnn_ok accepts too."""
+    if backend.backend() == "jax":
+        import jax
+        import jax.numpy as jnp
+        return {"tanh": (jnp.tanh,), "sigmoid": (jax.nn.sigmoid,)}[name]
+    if backend.backend() == "torch":
+        import torch
+        return {"tanh": (torch.tanh,), "sigmoid": (torch.sigmoid,)}[name]
+    return ()
+
+
+class _OnOurOp:
+    """The part ``LSTM`` and ``GRU`` share: when to run our op, and running it."""
+
+    _rnn_mode: str
+
+    def runs_on_our_op(self, training=False) -> bool:
+        """Whether a call (in training or not) runs pycudnnrnn's op, not Keras's loop.
+
+        True on the JAX and PyTorch backends for what cuDNN computes: tanh and sigmoid,
+        ``use_bias=True``, ``recurrent_dropout=0``, ``unroll=False``, a GRU with
+        ``reset_after=True``, and not ``use_cudnn=False`` (Keras's way to ask for its own
+        loop). Input dropout in training runs ours too (the cell's mask multiplies the
+        inputs, as Keras's cell does), except with ``implementation=1``, whose per-gate
+        masking is Keras's alone. Any mask runs ours (see ``pycudnnrnn.keras.loop``).
+        """
+        cell = self.cell
+        return (backend.backend() in ("jax", "torch")
+                and self.use_cudnn in ("auto", True)
+                and cell.activation in _TANH + _native("tanh")
+                and cell.recurrent_activation in _SIGMOID + _native("sigmoid")
+                and cell.use_bias
+                and not cell.recurrent_dropout
+                and not self.unroll
+                and getattr(cell, "reset_after", True)
+                and not (training and 0.0 < cell.dropout < 1.0 and cell.implementation == 1))
+
+    def inner_loop(self, sequences, initial_state, mask, training=False):
+        if not self.runs_on_our_op(training):
+            return super().inner_loop(sequences, initial_state, mask=mask, training=training)
+        if isinstance(mask, (list, tuple)):
+            mask = mask[0]
+        if self._rnn_mode == "gru" and isinstance(initial_state, (list, tuple)) \
+                and isinstance(initial_state[0], (list, tuple)):
+            initial_state = initial_state[0]
+        if not isinstance(initial_state, (list, tuple)):
+            initial_state = [initial_state]
+        cell = self.cell
+        if training and 0.0 < cell.dropout < 1.0:
+            # The mask the cell drew for this call (RNN.call prepares it): the one Keras's
+            # own cell would multiply every step's input by.
+            sequences = sequences * ops.expand_dims(cell.get_dropout_mask(sequences[:, 0, :]), 1)
+        return loop.run(self._rnn_mode, sequences, list(initial_state), mask,
+                        kernel=cell.kernel, recurrent_kernel=cell.recurrent_kernel,
+                        bias=cell.bias, dtype=self.compute_dtype,
+                        go_backwards=self.go_backwards,
+                        zero_output_for_mask=self.zero_output_for_mask)
+
+
+@keras.saving.register_keras_serializable(package="pycudnnrnn")
+class LSTM(_OnOurOp, keras.layers.LSTM):
+    """``keras.layers.LSTM`` on pycudnnrnn's op (JAX and PyTorch backends, CPU and CUDA).
+
+    Takes exactly ``keras.layers.LSTM``'s arguments and has its weights (``kernel``
+    [in, 4H], ``recurrent_kernel`` [H, 4H], ``bias`` [4H], gates i, f, c, o), so
+    ``set_weights`` / ``get_weights`` move weights between the two unchanged. See
+    ``runs_on_our_op`` for which configurations run our op; the rest run Keras's own loop.
+    """
+
+    _rnn_mode = "lstm"
+
+
+@keras.saving.register_keras_serializable(package="pycudnnrnn")
+class GRU(_OnOurOp, keras.layers.GRU):
+    """``keras.layers.GRU`` on pycudnnrnn's op (JAX and PyTorch backends, CPU and CUDA).
+
+    Takes exactly ``keras.layers.GRU``'s arguments and has its weights (``kernel``
+    [in, 3H], ``recurrent_kernel`` [H, 3H], ``bias`` [2, 3H], gates z, r, h). cuDNN's GRU
+    is the reset-after form, Keras's default; ``reset_after=False`` runs Keras's loop.
+    """
+
+    _rnn_mode = "gru"

@@ -1,0 +1,139 @@
+"""One Keras recurrent layer's loop as one call of pycudnnrnn's op.
+
+``run`` takes what ``keras.layers.LSTM.inner_loop`` / ``GRU.inner_loop`` take and returns
+what they return, ``(last_output, outputs, states)``, with Keras's meaning of masks:
+
+* A masked step leaves the state unchanged. With any mask (right-padded, left-padded or
+  with holes) that is the RNN run over the unmasked steps alone, in their order, so the
+  steps are gathered to the front (a stable reordering: the identity for a right-padded
+  mask) and the op runs once with ``sequence_lengths`` = the unmasked counts.
+* The output of a masked step is 0 with ``zero_output_for_mask=True`` (as
+  ``Bidirectional`` sets when it returns sequences); otherwise the previous step's
+  output, and before any unmasked step what the backend's own loop carries there: the
+  initial ``h`` on JAX, zeros on PyTorch.
+* ``go_backwards`` reverses the time axis first; outputs come in processing order, as
+  Keras returns them.
+
+The weights enter as Keras holds them (``kernel`` [in, G·H], ``recurrent_kernel``
+[H, G·H], ``bias``) and are gathered into cuDNN's params layout in the graph, so
+gradients reach the Keras variables. The gather's indices come from
+``pycudnnrnn.convert.from_keras`` applied to index arrays: the layout is the library's
+own, not a second copy of it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from keras import backend, ops
+
+from .. import convert
+
+_GATES = {"lstm": 4, "gru": 3}
+
+
+@functools.lru_cache(maxsize=64)
+def params_index(rnn_mode: str, input_size: int, units: int) -> np.ndarray:
+    """Where each params element comes from in ``[0, kernel, recurrent_kernel, bias]``.
+
+    Index 0 is a zero: a Keras LSTM has one bias, which becomes cuDNN's input bias, and
+    the recurrent bias is zero (as ``convert.from_keras`` converts it).
+    """
+    G = _GATES[rnn_mode]
+    shapes = [(input_size, G * units), (units, G * units),
+              (2, G * units) if rnn_mode == "gru" else (G * units,)]
+    sizes = [int(np.prod(s)) for s in shapes]
+    ids = np.arange(1, 1 + sum(sizes), dtype=np.float64)  # exact in float64
+    pieces = np.split(ids, np.cumsum(sizes)[:-1])
+    params, _ = convert.from_keras([p.reshape(s) for p, s in zip(pieces, shapes)],
+                                   rnn_mode=rnn_mode)
+    index = params.astype(np.int64)
+    assert np.array_equal(index, params) and index.max() == sum(sizes)  # a permutation + zeros
+    return index
+
+
+def keras_params(rnn_mode, kernel, recurrent_kernel, bias, dtype):
+    """The Keras weights gathered into the op's opaque params, differentiably."""
+    kernel, recurrent_kernel, bias = (ops.cast(w, dtype) for w in (kernel, recurrent_kernel, bias))
+    index = params_index(rnn_mode, int(kernel.shape[0]), int(recurrent_kernel.shape[0]))
+    flat = ops.concatenate([ops.zeros((1,), dtype), ops.reshape(kernel, (-1,)),
+                            ops.reshape(recurrent_kernel, (-1,)), ops.reshape(bias, (-1,))])
+    return ops.take(flat, ops.convert_to_tensor(index, "int32"), axis=0)
+
+
+def _op(rnn_mode, x, h0, c0, params, lengths):
+    """pycudnnrnn's op on the current Keras backend, batch-major, one layer."""
+    name = backend.backend()
+    if name == "jax":
+        from ..jax import rnn
+        # is_training=True always: under JAX we cannot tell whether a gradient will be
+        # asked for, and an inference call cannot be differentiated.
+        return rnn(x, h0, c0, params, lengths, rnn_mode=rnn_mode, time_major=False)
+    if name == "torch":
+        import torch
+
+        from ..torch import rnn
+        return rnn(x, h0, c0, params, lengths, rnn_mode=rnn_mode, time_major=False,
+                   is_training=torch.is_grad_enabled())
+    raise NotImplementedError(f"pycudnnrnn.keras runs on the jax and torch backends, not {name}")
+
+
+def _compact(x, mask):
+    """Unmasked steps first, in order: (gathered x, per-sequence counts)."""
+    T = x.shape[1]
+    t = ops.expand_dims(ops.arange(T, dtype="int32"), 0)
+    order = ops.argsort(ops.where(mask, t, t + T), axis=1)  # distinct keys: any sort is stable
+    x = ops.take_along_axis(x, ops.expand_dims(order, -1), axis=1)
+    return x, ops.sum(ops.cast(mask, "int32"), axis=1)
+
+
+def _spread(y, mask, h0, zero_output_for_mask):
+    """Outputs of the compacted run back at their steps, masked steps filled as Keras does."""
+    k = ops.cumsum(ops.cast(mask, "int32"), axis=1) - 1  # index of the last unmasked step so far
+    carried = ops.take_along_axis(y, ops.expand_dims(ops.maximum(k, 0), -1), axis=1)
+    if zero_output_for_mask:
+        return ops.where(ops.expand_dims(mask, -1), carried, ops.zeros_like(carried))
+    before_any = ops.zeros_like(carried)
+    if backend.backend() == "jax":  # Keras's JAX loop carries the state, h0 at first
+        before_any = before_any + ops.expand_dims(h0, 1)
+    return ops.where(ops.expand_dims(k >= 0, -1), carried, before_any)
+
+
+def run(rnn_mode, sequences, initial_state, mask, *, kernel, recurrent_kernel, bias,
+        dtype, go_backwards=False, zero_output_for_mask=False):
+    """The layer's loop: ``(last_output, outputs, states)`` as Keras's ``inner_loop``.
+
+    Parameters
+    ----------
+    rnn_mode : {"lstm", "gru"}
+    sequences : tensor [batch, time, features]
+        Dropout, if any, already applied.
+    initial_state : list of tensor
+        ``[h, c]`` (LSTM) or ``[h]`` (GRU), each [batch, units].
+    mask : bool tensor [batch, time] or None
+    kernel, recurrent_kernel, bias
+        The cell's weights, as Keras holds them.
+    dtype : str
+        The compute dtype (bfloat16 under ``mixed_bfloat16``): the op runs in it.
+    go_backwards, zero_output_for_mask : bool
+        The layer's attributes.
+    """
+    x = ops.cast(sequences, dtype)
+    h0 = ops.cast(initial_state[0], dtype)
+    c0 = ops.cast(initial_state[1], dtype) if rnn_mode == "lstm" else None
+    params = keras_params(rnn_mode, kernel, recurrent_kernel, bias, dtype)
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+    if go_backwards:
+        x = ops.flip(x, axis=1)
+        mask = None if mask is None else ops.flip(mask, axis=1)
+    lengths = None
+    if mask is not None:
+        x, lengths = _compact(x, mask)
+    y, h, c = _op(rnn_mode, x, ops.expand_dims(h0, 1), None if c0 is None else ops.expand_dims(c0, 1),
+                  params, lengths)
+    if mask is not None:
+        y = _spread(y, mask, h0, zero_output_for_mask)
+    states = [h[:, 0]] + ([c[:, 0]] if rnn_mode == "lstm" else [])
+    return y[:, -1], y, states

@@ -47,7 +47,7 @@ class _OnOurOp:
         """
         cell = self.cell
         return (backend.backend() in ("jax", "torch")
-                and self.use_cudnn in ("auto", True)
+                and getattr(self, "use_cudnn", "auto") in ("auto", True)
                 and cell.activation in _TANH + _native("tanh")
                 and cell.recurrent_activation in _SIGMOID + _native("sigmoid")
                 and cell.use_bias

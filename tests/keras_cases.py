@@ -70,7 +70,8 @@ def value_and_grads(layer, x, **call):
     The loss weights every output element differently, so a gradient that is wrong in
     any element, step or state shows.
     """
-    project = lambda outputs: sum((o * _cotangent(i, o.shape)).sum() for i, o in enumerate(outputs))
+    project = lambda outputs: sum((o * keras.ops.convert_to_tensor(_cotangent(i, o.shape))).sum()
+                                  for i, o in enumerate(outputs))
     if BACKEND == "jax":
         import jax
         trainable = [v.value for v in layer.trainable_variables]
@@ -235,7 +236,11 @@ FALLBACKS = {
 }
 
 
-@pytest.mark.parametrize("name", list(FALLBACKS))
+# the choice is backend-independent code; JAX (slow in Keras's loop) checks two of them
+FALLBACK_CASES = [n for n in FALLBACKS if BACKEND == "torch" or n in ("relu", "gru_reset_before")]
+
+
+@pytest.mark.parametrize("name", FALLBACK_CASES)
 def test_fallback_is_keras_own(name, op_calls):
     """What cuDNN does not compute runs Keras's loop: Keras's result, not an error."""
     mode = "gru" if name.startswith("gru") else "lstm"

@@ -7,7 +7,7 @@ with the same model on Keras's own layers, on the same weights and batches.
 A step is ``model.train_on_batch`` (forward, loss, gradient, Adam update; on JAX one
 jitted function, compiled before timing) on a fixed batch; ``predict_on_batch`` (the
 inference forward) is timed too. The model is ``[Masking] → RNN → Dense``, the RNN one
-layer or a ``Bidirectional`` one, masked (right-padded, a quarter of the steps padding on
+layer or a ``Bidirectional`` pair (ours: ``pycudnnrnn.keras.Bidirectional``, one call), masked (right-padded, a quarter of the steps padding on
 average) or not. Rounds are interleaved: each round times every implementation once.
 Prints medians and min-max in ms; asserts nothing. Keras picks the device (on PyTorch
 CUDA when it has one, on JAX JAX's default device).
@@ -32,15 +32,16 @@ SIZES = {  # (rnn, bidirectional, masked, T, B, I, H)
             ("gru", False, True, 128, 64, 256, 256), ("lstm", True, True, 128, 64, 512, 512),
             ("gru", True, False, 512, 16, 128, 1024)],
 }
-LAYERS = {"Keras": {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU},
-          "pycudnnrnn": {"lstm": ours.LSTM, "gru": ours.GRU}}
+LAYERS = {"Keras": {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU,
+                    "bi": keras.layers.Bidirectional},
+          "pycudnnrnn": {"lstm": ours.LSTM, "gru": ours.GRU, "bi": ours.Bidirectional}}
 
 
-def build(cls, bidirectional, masked, T, I, H):
+def build(layers, mode, bidirectional, masked, T, I, H):
     inputs = keras.Input((T, I))
     x = keras.layers.Masking(0.0)(inputs) if masked else inputs
-    rnn = cls(H, return_sequences=True)
-    x = (keras.layers.Bidirectional(rnn) if bidirectional else rnn)(x)
+    rnn = layers[mode](H, return_sequences=True)
+    x = (layers["bi"](rnn) if bidirectional else rnn)(x)
     model = keras.Model(inputs, keras.layers.Dense(1)(x))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
     return model
@@ -59,7 +60,7 @@ def bench_case(mode, bidirectional, masked, T, B, I, H, repeat):
         lengths = rng.integers(T // 2, T + 1, size=B)
         x[np.arange(T)[None, :] >= lengths[:, None]] = 0.0
     y = rng.standard_normal((B, T, 1)).astype("float32")
-    models = {name: build(layers[mode], bidirectional, masked, T, I, H)
+    models = {name: build(layers, mode, bidirectional, masked, T, I, H)
               for name, layers in LAYERS.items()}
     models["pycudnnrnn"].set_weights(models["Keras"].get_weights())
     runs = {}

@@ -35,12 +35,12 @@ TOL = dict(rtol=2e-5, atol=2e-6)
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """The calls of pycudnnrnn's op, each (rnn_mode, input dtype)."""
+    """The calls of pycudnnrnn's op, each (rnn_mode, input dtype, direction)."""
     calls, real = [], loop._op
 
-    def counting(rnn_mode, x, *rest):
-        calls.append((rnn_mode, keras.backend.standardize_dtype(x.dtype)))
-        return real(rnn_mode, x, *rest)
+    def counting(rnn_mode, x, *rest, direction="unidirectional"):
+        calls.append((rnn_mode, keras.backend.standardize_dtype(x.dtype), direction))
+        return real(rnn_mode, x, *rest, direction=direction)
 
     monkeypatch.setattr(loop, "_op", counting)
     return calls
@@ -102,28 +102,37 @@ def assert_close(got, want, what, **tol):
 
 # --------------------------------------------------------------------------- the same function
 
-def _stacked(cls):
+def _stacked(cls, bi):
     """Masking → cls (sequences) → Bidirectional(cls): stacked, masks propagated."""
     inputs = keras.Input((T, F))
     x = keras.layers.Masking(0.0)(inputs)
     x = cls(H, return_sequences=True)(x)
-    return keras.Model(inputs, keras.layers.Bidirectional(cls(5), merge_mode="sum")(x))
+    return keras.Model(inputs, bi(cls(5), merge_mode="sum")(x))
 
 
-CONFIGS = {  # name: (build from a layer class, call keyword arguments)
-    "right_padded_mask_with_empty": (lambda c: c(H, return_sequences=True, return_state=True),
-                                     {"mask": RIGHT_PADDED}),
-    "mask_with_holes": (lambda c: c(H, return_sequences=True, return_state=True),
-                        {"mask": HOLES}),
+UNI, BI = {"unidirectional"}, {"bidirectional"}
+CONFIGS = {  # name: (build from (layer class, Bidirectional class), call arguments, our calls)
+    "right_padded_mask_with_empty": (lambda c, bi: c(H, return_sequences=True, return_state=True),
+                                     {"mask": RIGHT_PADDED}, UNI),
+    "mask_with_holes": (lambda c, bi: c(H, return_sequences=True, return_state=True),
+                        {"mask": HOLES}, UNI),
     "go_backwards_mask_initial_state": (
-        lambda c: c(H, return_sequences=True, return_state=True, go_backwards=True),
-        {"mask": RIGHT_PADDED, "initial_state": "random"}),
+        lambda c, bi: c(H, return_sequences=True, return_state=True, go_backwards=True),
+        {"mask": RIGHT_PADDED, "initial_state": 1}, UNI),
     # Bidirectional returning sequences sets zero_output_for_mask=True on both layers
     "bidirectional_mask_with_holes": (
-        lambda c: keras.layers.Bidirectional(c(H, return_sequences=True)), {"mask": HOLES}),
-    # no mask; the backward layer is go_backwards; the last output, and the states
-    "bidirectional_state": (lambda c: keras.layers.Bidirectional(c(H, return_state=True)), {}),
-    "stacked": (_stacked, {"padded": True}),
+        lambda c, bi: bi(c(H, return_sequences=True)), {"mask": HOLES}, BI),
+    # no mask: the last outputs, and the states
+    "bidirectional_state": (lambda c, bi: bi(c(H, return_state=True)), {}, BI),
+    # masked steps carry outputs (the initial h where none came before, on JAX)
+    "bidirectional_holes_initial_state_unmerged": (
+        lambda c, bi: bi(c(H, return_sequences=True, return_state=True), merge_mode=None),
+        {"mask": HOLES, "initial_state": 2}, BI),
+    # keras.layers.Bidirectional around ours: one call per direction
+    "keras_bidirectional_around_ours": (
+        lambda c, bi: keras.layers.Bidirectional(c(H, return_sequences=True)),
+        {"mask": RIGHT_PADDED}, UNI),
+    "stacked": (_stacked, {"padded": True}, UNI | BI),
 }
 
 
@@ -132,8 +141,8 @@ def _call_args(mode, call):
     x = data()
     if call.pop("padded", False):  # zero the padding for Masking
         x = x * RIGHT_PADDED[..., None]
-    if call.get("initial_state") == "random":
-        states = 2 if mode == "lstm" else 1
+    if "initial_state" in call:  # random states, for 1 or 2 directions
+        states = (2 if mode == "lstm" else 1) * call["initial_state"]
         call["initial_state"] = [data(s + 1, (B, H)) for s in range(states)]
     return x, call
 
@@ -144,15 +153,17 @@ def _call_args(mode, call):
 # runs them all. The mask handling itself is keras.ops code, the same on both.
 JAX_CASES = {("lstm", "right_padded_mask_with_empty"), ("gru", "right_padded_mask_with_empty"),
              ("lstm", "go_backwards_mask_initial_state"), ("gru", "go_backwards_mask_initial_state"),
-             ("gru", "bidirectional_mask_with_holes"), ("lstm", "stacked")}
+             ("gru", "bidirectional_mask_with_holes"),
+             ("lstm", "bidirectional_holes_initial_state_unmerged"), ("lstm", "stacked")}
 CASES = [(m, c) for m in MODES for c in CONFIGS if BACKEND == "torch" or (m, c) in JAX_CASES]
 
 
 @pytest.mark.parametrize("mode,config", CASES)
 def test_same_outputs_states_and_gradients_as_keras(mode, config, op_calls):
-    build, call = CONFIGS[config]
+    build, call, directions = CONFIGS[config]
     x, call = _call_args(mode, call)
-    reference, layer = build(KERAS[mode]), build(OURS[mode])
+    reference = build(KERAS[mode], keras.layers.Bidirectional)
+    layer = build(OURS[mode], ours.Bidirectional)
     reference(x, **call)
     layer(x, **call)
     layer.set_weights(reference.get_weights())
@@ -160,7 +171,8 @@ def test_same_outputs_states_and_gradients_as_keras(mode, config, op_calls):
     want, want_grads = value_and_grads(reference, x, **call)
     assert not op_calls, "Keras's own layer ran our op"
     got, got_grads = value_and_grads(layer, x, **call)
-    assert op_calls and {m for m, _ in op_calls} == {mode}
+    assert op_calls and {c[0] for c in op_calls} == {mode}
+    assert {c[2] for c in op_calls} == directions
     assert_close(got, want, "outputs and states")
     assert_close(got_grads, want_grads, "gradients (inputs, then weights)")
 
@@ -269,7 +281,7 @@ def test_mixed_bfloat16(mode, op_calls):
     assert all(keras.backend.standardize_dtype(v.dtype) == "float32" for v in layer.weights)
     op_calls.clear()
     got, got_grads = value_and_grads(layer, x, mask=RIGHT_PADDED)
-    assert {dtype for _, dtype in op_calls} == {"bfloat16"}
+    assert {c[1] for c in op_calls} == {"bfloat16"}
     assert {keras.backend.standardize_dtype(g.dtype) for g in got} == {"bfloat16"}
     want, want_grads = value_and_grads(reference, x, mask=RIGHT_PADDED)
     assert_close([g.astype("float32") for g in got], want, "bfloat16 outputs", rtol=3e-2, atol=3e-2)
@@ -281,22 +293,23 @@ def test_mixed_bfloat16(mode, op_calls):
 
 # --------------------------------------------------------------------------- models
 
-def _model(lstm, gru):
+def _model(lstm, gru, bi):
     inputs = keras.Input((T, F))
     x = keras.layers.Masking(0.0)(inputs)
     x = lstm(8, return_sequences=True, name="encoder")(x)
-    x = keras.layers.Bidirectional(gru(4), name="summary")(x)
+    x = bi(gru(4), name="summary")(x)
     return keras.Model(inputs, keras.layers.Dense(1, name="head")(x))
 
 
 def test_save_and_load_round_trip(tmp_path, op_calls):
     x = data() * RIGHT_PADDED[..., None]
-    model = _model(ours.LSTM, ours.GRU)
+    model = _model(ours.LSTM, ours.GRU, ours.Bidirectional)
     want = numpy(model(x))
     path = str(tmp_path / "model.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
     assert type(loaded.get_layer("encoder")) is ours.LSTM
+    assert type(loaded.get_layer("summary")) is ours.Bidirectional
     assert type(loaded.get_layer("summary").forward_layer) is ours.GRU
     op_calls.clear()
     assert_close([numpy(loaded(x))], [want], "loaded model", rtol=1e-6, atol=1e-7)
@@ -305,11 +318,12 @@ def test_save_and_load_round_trip(tmp_path, op_calls):
 
 def test_replace_layers_keeps_names_weights_and_function(op_calls):
     x = data() * RIGHT_PADDED[..., None]
-    model = _model(keras.layers.LSTM, keras.layers.GRU)
+    model = _model(keras.layers.LSTM, keras.layers.GRU, keras.layers.Bidirectional)
     want = numpy(model(x))
     swapped = ours.replace_layers(model)
     assert type(swapped.get_layer("encoder")) is ours.LSTM
     summary = swapped.get_layer("summary")
+    assert type(summary) is ours.Bidirectional
     assert type(summary.forward_layer) is ours.GRU and type(summary.backward_layer) is ours.GRU
     names = lambda m: [l.name for l in m.layers if not isinstance(l, keras.layers.InputLayer)]
     assert names(swapped) == names(model)  # clone_model renames the input layer only
@@ -323,12 +337,12 @@ def test_fit_lowers_the_loss(op_calls):
     x = rng.standard_normal((32, T, F)).astype("float32") * RIGHT_PADDED[rng.integers(0, B, 32), :, None]
     y = x.sum(axis=(1, 2))[:, None] / 4  # a function of the sequence a small RNN can learn
     keras.utils.set_random_seed(0)
-    model = _model(ours.LSTM, ours.GRU)
+    model = _model(ours.LSTM, ours.GRU, ours.Bidirectional)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     history = model.fit(x, y, batch_size=16, epochs=6, verbose=0, shuffle=False)
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses)) and losses[-1] < 0.7 * losses[0], losses
-    assert {m for m, _ in op_calls} == {"lstm", "gru"}
+    assert {c[0] for c in op_calls} == {"lstm", "gru"}
 
 
 def test_keras_own_errors_for_bad_input():
@@ -349,4 +363,4 @@ def test_docs_page_runs(tmp_path, monkeypatch, op_calls):
     namespace = {}
     for block in blocks:
         exec(compile(block, path, "exec"), namespace)
-    assert {m for m, _ in op_calls} == {"lstm", "gru"}
+    assert {c[0] for c in op_calls} == {"lstm", "gru"}

@@ -101,3 +101,54 @@ class GRU(_OnOurOp, keras.layers.GRU):
     """
 
     _rnn_mode = "gru"
+
+
+@keras.saving.register_keras_serializable(package="pycudnnrnn")
+class Bidirectional(keras.layers.Bidirectional):
+    """``keras.layers.Bidirectional`` that runs a pair of our layers as one op call.
+
+    Takes ``keras.layers.Bidirectional``'s arguments. When both layers are ours (of one
+    class, the backward one ``go_backwards``, both running our op, not stateful, no input
+    dropout in training: see ``fuses``), the two directions are one bidirectional call
+    of pycudnnrnn's op, masks included; otherwise Keras's ``Bidirectional`` runs each
+    layer (ours still run our op, one call each). ``keras.layers.Bidirectional`` around
+    our layers computes the same; on a GPU, though, it first tries Keras's own fused cuDNN
+    call, which this one never does.
+    """
+
+    def fuses(self, training=False) -> bool:
+        """Whether a call (in training or not) is one bidirectional call of our op."""
+        fwd, bwd = self.forward_layer, self.backward_layer
+        dropout = training and any(0.0 < l.cell.dropout < 1.0 for l in (fwd, bwd))
+        return (isinstance(fwd, _OnOurOp) and type(fwd) is type(bwd)
+                and not fwd.go_backwards and bwd.go_backwards
+                and fwd.units == bwd.units and not self.stateful and not dropout
+                and fwd.runs_on_our_op(training) and bwd.runs_on_our_op(training))
+
+    def call(self, sequences, initial_state=None, mask=None, training=None):
+        if not self.fuses(training):
+            return super().call(sequences, initial_state=initial_state, mask=mask,
+                                training=training)
+        fwd, bwd = self.forward_layer, self.backward_layer
+        if isinstance(mask, (list, tuple)):
+            mask = mask[0]
+        if initial_state is None:
+            batch = ops.shape(sequences)[0]
+            forward_state, backward_state = fwd.get_initial_state(batch), bwd.get_initial_state(batch)
+        else:
+            half = len(initial_state) // 2
+            forward_state, backward_state = list(initial_state[:half]), list(initial_state[half:])
+        weights = lambda l: (l.cell.kernel, l.cell.recurrent_kernel, l.cell.bias)
+        forward, backward = loop.run_bidirectional(
+            fwd._rnn_mode, sequences, forward_state, backward_state, mask,
+            forward_weights=weights(fwd), backward_weights=weights(bwd),
+            dtype=self.compute_dtype, zero_output_for_mask=fwd.zero_output_for_mask)
+        pick = 1 if self.return_sequences else 0  # outputs, else the last output
+        y, y_rev = (ops.cast(r[pick], self.compute_dtype) for r in (forward, backward))
+        merged = {"concat": lambda: ops.concatenate([y, y_rev], axis=-1),
+                  "sum": lambda: y + y_rev, "ave": lambda: (y + y_rev) / 2,
+                  "mul": lambda: y * y_rev, None: lambda: (y, y_rev)}[self.merge_mode]()
+        if not self.return_state:
+            return merged
+        states = tuple(ops.cast(s, self.compute_dtype) for s in forward[2] + backward[2])
+        return (merged + states) if self.merge_mode is None else (merged,) + states

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from .layers import GRU, LSTM
+from .layers import GRU, LSTM, Bidirectional
 
 
 def _ours(layer):
@@ -23,7 +23,7 @@ def _clone(layer):
         forward, backward = _ours(layer.forward_layer), _ours(layer.backward_layer)
         if forward is not None and backward is not None:
             config = layer.get_config()
-            return keras.layers.Bidirectional(
+            return Bidirectional(
                 forward, merge_mode=layer.merge_mode, backward_layer=backward,
                 name=layer.name, dtype=config.get("dtype"), trainable=layer.trainable)
     return layer.__class__.from_config(layer.get_config())
@@ -32,9 +32,9 @@ def _clone(layer):
 def replace_layers(model):
     """A copy of `model` whose ``keras.layers.LSTM`` and ``GRU`` layers are ours.
 
-    Each one, alone or inside ``keras.layers.Bidirectional``, becomes
-    ``pycudnnrnn.keras.LSTM`` / ``GRU`` built from its config (same name, same
-    arguments); every other layer is cloned as ``keras.models.clone_model`` clones it.
+    Each one, alone or inside ``keras.layers.Bidirectional`` (which becomes
+    ``pycudnnrnn.keras.Bidirectional``), becomes ``pycudnnrnn.keras.LSTM`` / ``GRU``
+    built from its config (same name, same arguments); every other layer is cloned as ``keras.models.clone_model`` clones it.
     The copy gets the model's weights, so it computes the same function.
 
     Parameters

@@ -14,6 +14,11 @@ what they return, ``(last_output, outputs, states)``, with Keras's meaning of ma
 * ``go_backwards`` reverses the time axis first; outputs come in processing order, as
   Keras returns them.
 
+``run_bidirectional`` runs a ``Bidirectional`` pair (forward, and backward with
+``go_backwards``) as one bidirectional call on the same compacted steps: the op's reverse
+direction runs each sequence's unmasked steps from the last to the first, which is
+exactly what the backward layer processes.
+
 The weights enter as Keras holds them (``kernel`` [in, G·H], ``recurrent_kernel``
 [H, G·H], ``bias``) and are gathered into cuDNN's params layout in the graph, so
 gradients reach the Keras variables. The gather's indices come from

@@ -235,6 +235,10 @@ def test_dropout(mode, op_calls):
     assert_close([numpy(layer(x, training=False))], [numpy(plain(x))], "eval")
     per_gate = OURS[mode](H, dropout=0.5, implementation=1)
     assert per_gate.runs_on_our_op(training=False) and not per_gate.runs_on_our_op(training=True)
+    # the two directions draw different masks: a fused pair would need two inputs
+    pair = ours.Bidirectional(OURS[mode](H, dropout=0.5))
+    assert pair.fuses(training=False) and not pair.fuses(training=True)
+    assert not ours.Bidirectional(KERAS[mode](H)).fuses(training=False)
 
 
 FALLBACKS = {

@@ -357,8 +357,11 @@ def test_keras_own_errors_for_bad_input():
 
 # --------------------------------------------------------------------------- the docs page
 
+# Run once, on PyTorch: the page is backend-neutral, and Keras's own loop in it costs
+# half a minute on JAX.
+@pytest.mark.skipif(BACKEND != "torch", reason="docs page: on PyTorch only")
 def test_docs_page_runs(tmp_path, monkeypatch, op_calls):
-    """docs/keras.md's Python blocks, in order, as shown, on this backend."""
+    """docs/keras.md's Python blocks, in order, as shown."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "docs", "keras.md")
     blocks = re.findall(r"```python\n(.*?)```", open(path, encoding="utf-8").read(), flags=re.S)

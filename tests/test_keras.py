@@ -44,4 +44,7 @@ def test_keras_backend(backend, runs):
     proc = runs[backend]
     output, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, f"KERAS_BACKEND={backend}:\n{output[-12000:]}"
-    assert " passed" in output and " skipped" not in output, output[-2000:]
+    # nothing skipped but the docs page, which runs on PyTorch only
+    skipped = [line for line in output.splitlines() if line.startswith("SKIPPED")]
+    assert " passed" in output and all("docs page" in l for l in skipped) \
+        and len(skipped) == (backend == "jax"), output[-2000:]

@@ -1,4 +1,5 @@
-"""``LSTM`` and ``GRU``: Keras's own layers whose loop is pycudnnrnn's op.
+"""``LSTM`` and ``GRU``: Keras's own layers whose loop is pycudnnrnn's op; ``Bidirectional``:
+Keras's wrapper, running a pair of them as one bidirectional call.
 
 Everything but the loop is inherited from ``keras.layers.LSTM`` / ``GRU``: constructor,
 ``get_config``, weights, initial and stateful states, dropout masks, ``return_*``,

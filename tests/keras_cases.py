@@ -1,0 +1,373 @@
+"""pycudnnrnn.keras against Keras's own layers, on whichever backend KERAS_BACKEND names.
+
+Keras fixes its backend at import, so ``tests/test_keras.py`` runs this file under
+pytest once per backend, each in its own process (``KERAS_BACKEND=jax`` or ``torch``).
+Run it directly the same way::
+
+    KERAS_BACKEND=jax python -m pytest -q tests/keras_cases.py
+
+Every comparison copies Keras's weights into ours with ``set_weights`` and checks, with a
+tolerance (the two compute in different orders), the outputs, the final states and the
+gradients with respect to the inputs and every weight; and that the op ran (or, for a
+configuration that falls back, that it did not).
+"""
+
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+
+from pycudnnrnn import keras as ours
+from pycudnnrnn.keras import loop
+
+BACKEND = keras.backend.backend()
+assert BACKEND in ("jax", "torch"), BACKEND
+KERAS = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}
+OURS = {"lstm": ours.LSTM, "gru": ours.GRU}
+MODES = ["lstm", "gru"]
+B, T, F, H = 4, 5, 3, 6
+RIGHT_PADDED = np.arange(T)[None, :] < np.array([5, 3, 0, 2])[:, None]  # an empty one too
+HOLES = np.array([[1, 0, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0], [1, 1, 0, 0, 1]], bool)
+TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """The calls of pycudnnrnn's op, each (rnn_mode, input dtype, direction)."""
+    calls, real = [], loop._op
+
+    def counting(rnn_mode, x, *rest, direction="unidirectional"):
+        calls.append((rnn_mode, keras.backend.standardize_dtype(x.dtype), direction))
+        return real(rnn_mode, x, *rest, direction=direction)
+
+    monkeypatch.setattr(loop, "_op", counting)
+    return calls
+
+
+def data(seed=0, shape=(B, T, F)):
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+def numpy(tree):
+    if isinstance(tree, (list, tuple)):
+        return [numpy(t) for t in tree]
+    return keras.ops.convert_to_numpy(tree)
+
+
+def flat(tree):
+    return [a for t in tree for a in flat(t)] if isinstance(tree, (list, tuple)) else [tree]
+
+
+def _cotangent(index, shape):
+    return np.random.default_rng(7 + index).standard_normal(tuple(shape)).astype("float32")
+
+
+def value_and_grads(layer, x, **call):
+    """Outputs and d(loss)/d(x, trainable weights) of a fixed random projection of them.
+
+    The loss weights every output element differently, so a gradient that is wrong in
+    any element, step or state shows.
+    """
+    project = lambda outputs: sum((o * keras.ops.convert_to_tensor(_cotangent(i, o.shape))).sum()
+                                  for i, o in enumerate(outputs))
+    if BACKEND == "jax":
+        import jax
+        trainable = [v.value for v in layer.trainable_variables]
+        frozen = [v.value for v in layer.non_trainable_variables]
+
+        def loss(trainable, x):
+            outputs = flat(layer.stateless_call(trainable, frozen, x, **call)[0])
+            return project(outputs), outputs
+
+        # eager, values and gradients in one pass (Keras's own scan, traced per call,
+        # is what costs time here; jit would add a compilation per layer)
+        (_, outputs), (dw, dx) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+            trainable, x)
+        return numpy(outputs), numpy([dx] + list(dw))
+    import torch
+    xt = torch.tensor(x, requires_grad=True)
+    outputs = flat(layer(xt, **call))
+    grads = torch.autograd.grad(project(outputs), [xt] + [v.value for v in layer.trainable_variables])
+    return numpy(outputs), numpy(list(grads))
+
+
+def assert_close(got, want, what, **tol):
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape, (what, i, g.shape, w.shape)
+        np.testing.assert_allclose(g, w, err_msg=f"{what} [{i}]", **{**TOL, **tol})
+
+
+# --------------------------------------------------------------------------- the same function
+
+def _stacked(cls, bi):
+    """Masking → cls (sequences) → Bidirectional(cls): stacked, masks propagated."""
+    inputs = keras.Input((T, F))
+    x = keras.layers.Masking(0.0)(inputs)
+    x = cls(H, return_sequences=True)(x)
+    return keras.Model(inputs, bi(cls(5), merge_mode="sum")(x))
+
+
+UNI, BI = {"unidirectional"}, {"bidirectional"}
+CONFIGS = {  # name: (build from (layer class, Bidirectional class), call arguments, our calls)
+    "right_padded_mask_with_empty": (lambda c, bi: c(H, return_sequences=True, return_state=True),
+                                     {"mask": RIGHT_PADDED}, UNI),
+    "mask_with_holes": (lambda c, bi: c(H, return_sequences=True, return_state=True),
+                        {"mask": HOLES}, UNI),
+    "go_backwards_mask_initial_state": (
+        lambda c, bi: c(H, return_sequences=True, return_state=True, go_backwards=True),
+        {"mask": RIGHT_PADDED, "initial_state": 1}, UNI),
+    # Bidirectional returning sequences sets zero_output_for_mask=True on both layers
+    "bidirectional_mask_with_holes": (
+        lambda c, bi: bi(c(H, return_sequences=True)), {"mask": HOLES}, BI),
+    # no mask: the last outputs, and the states
+    "bidirectional_state": (lambda c, bi: bi(c(H, return_state=True)), {}, BI),
+    # masked steps carry outputs (the initial h where none came before, on JAX)
+    "bidirectional_holes_initial_state_unmerged": (
+        lambda c, bi: bi(c(H, return_sequences=True, return_state=True), merge_mode=None),
+        {"mask": HOLES, "initial_state": 2}, BI),
+    # keras.layers.Bidirectional around ours: one call per direction
+    "keras_bidirectional_around_ours": (
+        lambda c, bi: keras.layers.Bidirectional(c(H, return_sequences=True)),
+        {"mask": RIGHT_PADDED}, UNI),
+    "stacked": (_stacked, {"padded": True}, UNI | BI),
+}
+
+
+def _call_args(mode, call):
+    call = dict(call)
+    x = data()
+    if call.pop("padded", False):  # zero the padding for Masking
+        x = x * RIGHT_PADDED[..., None]
+    if "initial_state" in call:  # random states, for 1 or 2 directions
+        states = (2 if mode == "lstm" else 1) * call["initial_state"]
+        call["initial_state"] = [data(s + 1, (B, H)) for s in range(states)]
+    return x, call
+
+
+# Keras's own loop costs seconds per call and gradient on JAX (its scan is traced anew
+# each time), so JAX runs the cases where the backends differ (our op's call; what a
+# masked step before any unmasked one outputs) and the stacked model; PyTorch, quick,
+# runs them all. The mask handling itself is keras.ops code, the same on both.
+JAX_CASES = {("lstm", "right_padded_mask_with_empty"), ("gru", "right_padded_mask_with_empty"),
+             ("lstm", "go_backwards_mask_initial_state"), ("gru", "go_backwards_mask_initial_state"),
+             ("gru", "bidirectional_mask_with_holes"),
+             ("lstm", "bidirectional_holes_initial_state_unmerged"), ("lstm", "stacked")}
+CASES = [(m, c) for m in MODES for c in CONFIGS if BACKEND == "torch" or (m, c) in JAX_CASES]
+
+
+@pytest.mark.parametrize("mode,config", CASES)
+def test_same_outputs_states_and_gradients_as_keras(mode, config, op_calls):
+    build, call, directions = CONFIGS[config]
+    x, call = _call_args(mode, call)
+    reference = build(KERAS[mode], keras.layers.Bidirectional)
+    layer = build(OURS[mode], ours.Bidirectional)
+    reference(x, **call)
+    layer(x, **call)
+    layer.set_weights(reference.get_weights())
+    op_calls.clear()
+    want, want_grads = value_and_grads(reference, x, **call)
+    assert not op_calls, "Keras's own layer ran our op"
+    got, got_grads = value_and_grads(layer, x, **call)
+    assert op_calls and {c[0] for c in op_calls} == {mode}
+    assert {c[2] for c in op_calls} == directions
+    assert_close(got, want, "outputs and states")
+    assert_close(got_grads, want_grads, "gradients (inputs, then weights)")
+
+
+def test_weights_are_keras_own(op_calls):
+    """Same names, shapes and order as Keras's, and get_config round-trips."""
+    for mode in MODES:
+        reference, layer = KERAS[mode](H, name="rnn"), OURS[mode](H, name="rnn")
+        reference.build((B, T, F))
+        layer.build((B, T, F))
+        assert [(v.path, v.shape) for v in layer.weights] == \
+            [(v.path, v.shape) for v in reference.weights]
+        config = layer.get_config()
+        assert config == reference.get_config()
+        assert type(OURS[mode].from_config(config)) is OURS[mode]
+
+
+def test_stateful_carries_the_state(op_calls):
+    x1, x2 = data(1, (2, T, F)), data(2, (2, T, F))
+    for mode in MODES:
+        reference = KERAS[mode](H, stateful=True, return_sequences=True)
+        layer = OURS[mode](H, stateful=True, return_sequences=True)
+        reference(x1)
+        layer(x1)
+        layer.set_weights(reference.get_weights())
+        for state in reference.states + layer.states:
+            state.assign(np.zeros(state.shape, "float32"))
+        got = numpy([layer(x1), layer(x2)])
+        want = numpy([reference(x1), reference(x2)])
+        assert_close(got, want, f"{mode} stateful, two calls")
+        assert_close(numpy(layer.states), numpy(reference.states), f"{mode} final states")
+        fresh = OURS[mode](H, return_sequences=True)
+        fresh(x2)
+        fresh.set_weights(reference.get_weights())
+        assert np.abs(numpy(fresh(x2)) - got[1]).max() > 1e-3, "the second call used the state"
+        layer.reset_state()
+        assert_close([numpy(layer(x2))], [numpy(fresh(x2))], f"{mode} after reset_state")
+    assert op_calls
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_dropout(mode, op_calls):
+    """Eval: no dropout. Training: the cell's own mask on the inputs, so with the same seed
+    the very function Keras computes; implementation=1 (per-gate masks) falls back."""
+    x = data()
+    reference = KERAS[mode](H, dropout=0.5, seed=3, return_sequences=True)
+    layer = OURS[mode](H, dropout=0.5, seed=3, return_sequences=True)
+    plain = KERAS[mode](H, return_sequences=True)
+    for l in (reference, layer, plain):
+        l(x)  # each draws one mask (RNN.call prepares it even outside training)
+    layer.set_weights(reference.get_weights())
+    plain.set_weights(reference.get_weights())
+    op_calls.clear()
+    got = numpy(layer(x, training=True))
+    assert op_calls
+    want = numpy(reference(x, training=True))
+    assert got.shape == (B, T, H)
+    assert np.abs(got - numpy(plain(x))).max() > 1e-2, "training applied no dropout"
+    assert_close([got], [want], "training, the same seed")
+    assert_close([numpy(layer(x, training=False))], [numpy(plain(x))], "eval")
+    per_gate = OURS[mode](H, dropout=0.5, implementation=1)
+    assert per_gate.runs_on_our_op(training=False) and not per_gate.runs_on_our_op(training=True)
+    # the two directions draw different masks: a fused pair would need two inputs
+    pair = ours.Bidirectional(OURS[mode](H, dropout=0.5))
+    assert pair.fuses(training=False) and not pair.fuses(training=True)
+    assert not ours.Bidirectional(KERAS[mode](H)).fuses(training=False)
+
+
+FALLBACKS = {
+    "relu": dict(activation="relu"),
+    "hard_sigmoid": dict(recurrent_activation="hard_sigmoid"),
+    "no_bias": dict(use_bias=False),
+    "recurrent_dropout": dict(recurrent_dropout=0.3),
+    "unroll": dict(unroll=True),
+    "use_cudnn_false": dict(use_cudnn=False),
+    "gru_reset_before": dict(reset_after=False),
+}
+
+
+# the choice is backend-independent code; JAX (slow in Keras's loop) checks two of them
+FALLBACK_CASES = [n for n in FALLBACKS if BACKEND == "torch" or n in ("relu", "gru_reset_before")]
+
+
+@pytest.mark.parametrize("name", FALLBACK_CASES)
+def test_fallback_is_keras_own(name, op_calls):
+    """What cuDNN does not compute runs Keras's loop: Keras's result, not an error."""
+    mode = "gru" if name.startswith("gru") else "lstm"
+    kwargs = dict(FALLBACKS[name], return_sequences=True)
+    x = data()
+    reference, layer = KERAS[mode](H, **kwargs), OURS[mode](H, **kwargs)
+    reference(x)
+    layer(x)
+    layer.set_weights(reference.get_weights())
+    assert not layer.runs_on_our_op(training=True)
+    assert_close(numpy([layer(x, mask=RIGHT_PADDED)]), numpy([reference(x, mask=RIGHT_PADDED)]),
+                 name, rtol=1e-6, atol=1e-7)
+    assert not op_calls
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mixed_bfloat16(mode, op_calls):
+    """bfloat16 compute and float32 variables, on our op: close to the float32 layer (itself
+    Keras's function, see above) in outputs and gradients."""
+    x = data()
+    reference = OURS[mode](H, return_sequences=True, return_state=True)
+    layer = OURS[mode](H, return_sequences=True, return_state=True, dtype="mixed_bfloat16")
+    reference(x)
+    layer(x)
+    layer.set_weights(reference.get_weights())
+    assert all(keras.backend.standardize_dtype(v.dtype) == "float32" for v in layer.weights)
+    op_calls.clear()
+    got, got_grads = value_and_grads(layer, x, mask=RIGHT_PADDED)
+    assert {c[1] for c in op_calls} == {"bfloat16"}
+    assert {keras.backend.standardize_dtype(g.dtype) for g in got} == {"bfloat16"}
+    want, want_grads = value_and_grads(reference, x, mask=RIGHT_PADDED)
+    assert_close([g.astype("float32") for g in got], want, "bfloat16 outputs", rtol=3e-2, atol=3e-2)
+    # the weights' gradients are float32 (the variables'), their values bfloat16-accurate
+    scale = max(np.abs(w).max() for w in want_grads)
+    assert_close([g.astype("float32") for g in got_grads], want_grads, "bfloat16 gradients",
+                 rtol=5e-2, atol=5e-2 * scale)
+
+
+# --------------------------------------------------------------------------- models
+
+def _model(lstm, gru, bi):
+    inputs = keras.Input((T, F))
+    x = keras.layers.Masking(0.0)(inputs)
+    x = lstm(8, return_sequences=True, name="encoder")(x)
+    x = bi(gru(4), name="summary")(x)
+    return keras.Model(inputs, keras.layers.Dense(1, name="head")(x))
+
+
+def test_save_and_load_round_trip(tmp_path, op_calls):
+    x = data() * RIGHT_PADDED[..., None]
+    model = _model(ours.LSTM, ours.GRU, ours.Bidirectional)
+    want = numpy(model(x))
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert type(loaded.get_layer("encoder")) is ours.LSTM
+    assert type(loaded.get_layer("summary")) is ours.Bidirectional
+    assert type(loaded.get_layer("summary").forward_layer) is ours.GRU
+    op_calls.clear()
+    assert_close([numpy(loaded(x))], [want], "loaded model", rtol=1e-6, atol=1e-7)
+    assert op_calls
+
+
+def test_replace_layers_keeps_names_weights_and_function(op_calls):
+    x = data() * RIGHT_PADDED[..., None]
+    model = _model(keras.layers.LSTM, keras.layers.GRU, keras.layers.Bidirectional)
+    want = numpy(model(x))
+    swapped = ours.replace_layers(model)
+    assert type(swapped.get_layer("encoder")) is ours.LSTM
+    summary = swapped.get_layer("summary")
+    assert type(summary) is ours.Bidirectional
+    assert type(summary.forward_layer) is ours.GRU and type(summary.backward_layer) is ours.GRU
+    names = lambda m: [l.name for l in m.layers if not isinstance(l, keras.layers.InputLayer)]
+    assert names(swapped) == names(model)  # clone_model renames the input layer only
+    op_calls.clear()
+    assert_close([numpy(swapped(x))], [want], "swapped model")
+    assert op_calls
+
+
+def test_fit_lowers_the_loss(op_calls):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, T, F)).astype("float32") * RIGHT_PADDED[rng.integers(0, B, 32), :, None]
+    y = x.sum(axis=(1, 2))[:, None] / 4  # a function of the sequence a small RNN can learn
+    keras.utils.set_random_seed(0)
+    model = _model(ours.LSTM, ours.GRU, ours.Bidirectional)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    history = model.fit(x, y, batch_size=16, epochs=6, verbose=0, shuffle=False)
+    losses = history.history["loss"]
+    assert np.all(np.isfinite(losses)) and losses[-1] < 0.7 * losses[0], losses
+    assert {c[0] for c in op_calls} == {"lstm", "gru"}
+
+
+def test_keras_own_errors_for_bad_input():
+    for mode in MODES:
+        with pytest.raises(ValueError):
+            OURS[mode](H)(np.zeros((B, F), "float32"))  # not a sequence: Keras's InputSpec
+
+
+# --------------------------------------------------------------------------- the docs page
+
+# Run once, on PyTorch: the page is backend-neutral, and Keras's own loop in it costs
+# half a minute on JAX.
+@pytest.mark.skipif(BACKEND != "torch", reason="docs page: on PyTorch only")
+def test_docs_page_runs(tmp_path, monkeypatch, op_calls):
+    """docs/keras.md's Python blocks, in order, as shown."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "docs", "keras.md")
+    blocks = re.findall(r"```python\n(.*?)```", open(path, encoding="utf-8").read(), flags=re.S)
+    assert len(blocks) >= 3
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    for block in blocks:
+        exec(compile(block, path, "exec"), namespace)
+    assert {c[0] for c in op_calls} == {"lstm", "gru"}

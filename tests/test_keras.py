@@ -1,0 +1,50 @@
+"""pycudnnrnn.keras on Keras's JAX and PyTorch backends: tests/keras_cases.py, once each.
+
+Keras picks its backend at import, once per process, so each backend's run is a
+subprocess (``KERAS_BACKEND=jax`` / ``torch``) running ``keras_cases.py`` under pytest.
+Both start together (they are independent) and each test waits for its own.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+if importlib.util.find_spec("keras") is None:  # not imported here: that would fix its backend
+    pytest.skip("keras is not installed", allow_module_level=True)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BACKENDS = [b for b in ("jax", "torch") if importlib.util.find_spec(b) is not None]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """One pytest process per backend, started at once."""
+    procs = {}
+    for backend in BACKENDS:
+        env = {**os.environ, "KERAS_BACKEND": backend,
+               "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+        procs[backend] = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             os.path.join(HERE, "keras_cases.py")],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_keras_backend(backend, runs):
+    if backend not in runs:
+        pytest.skip(f"{backend} is not installed")
+    proc = runs[backend]
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, f"KERAS_BACKEND={backend}:\n{output[-12000:]}"
+    # nothing skipped but the docs page, which runs on PyTorch only
+    skipped = [line for line in output.splitlines() if line.startswith("SKIPPED")]
+    assert " passed" in output and all("docs page" in l for l in skipped) \
+        and len(skipped) == (backend == "jax"), output[-2000:]

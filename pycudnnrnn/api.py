@@ -71,9 +71,11 @@ def params_size(*, rnn_mode="lstm", num_layers, num_units, input_size,
     rnn_mode : {"lstm", "gru", "rnn_tanh", "rnn_relu"}, default "lstm"
         The cell.
     num_layers : int
+        L, the layers stacked (a bidirectional layer is two pseudo-layers).
     num_units : int
         H, the hidden size.
     input_size : int
+        The input's last dimension (layer 0's input width).
     input_mode : {"linear_input", "skip_input", "auto_select"}, default "linear_input"
         Whether layer 0 multiplies its input by a matrix or adds it to every gate as it is
         (``skip_input`` needs input_size == num_units; ``auto_select`` picks it then).
@@ -96,16 +98,23 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
 
     Parameters
     ----------
-    weights, biases : sequence of arrays
-        In the order and shapes of ``params_to_canonical`` (TensorFlow's
-        ``CudnnRNNParamsToCanonicalV2``): per pseudo-layer, the input matrices gate by
-        gate ``[H, in_width]``, the recurrent matrices ``[H, P]``, the projection
-        ``[P, H]``; then per pseudo-layer the input and recurrent biases ``[H]``.
+    weights : sequence of arrays
+        The matrices, in the order and shapes ``params_to_canonical`` gives (TensorFlow's
+        ``CudnnRNNParamsToCanonicalV2``): for each pseudo-layer (layer·D + direction), the
+        input matrices gate by gate, ``[H, in_width]`` (in_width = input_size for layer 0,
+        D·P after; none for layer 0 with skip_input), then the recurrent matrices
+        ``[H, P]``, then, for LSTM with projection, the projection ``[P, H]``.
+    biases : sequence of arrays
+        The vectors, each ``[H]``: for each pseudo-layer, the input biases gate by gate,
+        then the recurrent biases gate by gate.
     rnn_mode : str, default "lstm"
-        See ``params_size`` for this and the next six.
+        See ``params_size`` for the attributes.
     num_layers : int
+        L, the layers stacked.
     num_units : int
+        H, the hidden size.
     input_size : int
+        Layer 0's input width.
     input_mode : str, default "linear_input"
     direction : str, default "unidirectional"
     num_proj : int, default 0
@@ -136,10 +145,13 @@ def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input
     params : array
         1-D, of length ``params_size``.
     rnn_mode : str, default "lstm"
-        See ``params_size`` for this and the next six.
+        See ``params_size`` for the attributes.
     num_layers : int
+        L, the layers stacked.
     num_units : int
+        H, the hidden size.
     input_size : int
+        Layer 0's input width.
     input_mode : str, default "linear_input"
     direction : str, default "unidirectional"
     num_proj : int, default 0

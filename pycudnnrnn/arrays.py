@@ -111,6 +111,9 @@ def host_lengths(sequence_lengths):
             if isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"sequence_lengths: expected integers, got {bool(value)} "
                                 f"(a bool) at index {b}")
+        if any(isinstance(v, int) and not -2 ** 63 <= v < 2 ** 63 for v in sequence_lengths):
+            # NumPy reads [2**63, 1] as float64: keep Python's integers (out of range)
+            return np.array(sequence_lengths, dtype=object)
     if isinstance(sequence_lengths, (list, tuple, np.ndarray)):
         return np.asarray(sequence_lengths)
     if hasattr(sequence_lengths, "__dlpack_device__"):

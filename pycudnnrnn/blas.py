@@ -11,7 +11,10 @@ XLA's own ops run on its pool alone, and so does the handler: ``single_threaded`
 threadpoolctl finds the BLAS libraries loaded; their counts are set through their own C
 API. OpenBLAS (NumPy's and SciPy's wheels) has one process-wide count: it is lowered when
 the first caller enters and restored when the last one leaves, so calls from several
-threads at once leave it as they found it. (threadpoolctl's own setter is not used: it
+threads at once leave it as they found it, unless another count was set meanwhile, which
+is kept. Being process-wide, the count also holds for the caller's other threads while a
+handler runs (JAX dispatches asynchronously: NumPy work on the main thread during a
+jitted step runs on one BLAS thread). (threadpoolctl's own setter is not used: it
 lets only one Python thread change OpenBLAS's count and silently ignores the others,
 XLA's threads among them.) MKL's count is per thread (``MKL_Set_Num_Threads_Local``).
 Other libraries (BLIS, an OpenMP build of OpenBLAS, Accelerate) are left as they are.
@@ -45,7 +48,10 @@ class _PerThread:
 
 def _control(lib):
     """How to set one library's thread count, or None to leave it alone."""
-    dll = ctypes.CDLL(lib.filepath)
+    try:
+        dll = ctypes.CDLL(lib.filepath)
+    except OSError:  # moved or unloadable since threadpoolctl saw it: leave it alone
+        return None
     if lib.internal_api == "openblas" and lib.threading_layer == "pthreads":
         for prefix in ("", "scipy_"):  # SciPy's and NumPy's wheels rename their symbols
             for suffix in ("", "64_", "_64"):
@@ -96,7 +102,8 @@ def single_threaded():
             _depth -= 1
             if _depth == 0:
                 for c, n in _restore:
-                    c.set(n)
+                    if c.get() == 1:  # unless somebody set another count meanwhile
+                        c.set(n)
                 _restore = []
         for c, n in local:
             c.set_local(n)

@@ -457,6 +457,8 @@ def make_problem(*, max_time, batch_size, sequence_lengths, dtype, time_major, i
     config = make_config(**attributes)
     max_time = _integer("max_time", max_time, 1)
     batch_size = _integer("batch_size", batch_size, 1)
+    if dtype is None:  # the documented default (np.dtype(None) would be float64)
+        dtype = "float32"
     if dtypes.is_bfloat16(dtype):  # "bfloat16" works before ml_dtypes is imported
         dtype = dtypes.bfloat16("dtype")
     try:

@@ -107,7 +107,7 @@ class _EveryRow:
     list of T entries (a plan for T = 10**9 would build 8 GB before any size check)."""
 
     def __init__(self, batch_size: int, max_time: int):
-        self._B, self._T = batch_size, max_time
+        self.batch_size, self._T = batch_size, max_time
 
     def __len__(self):
         return self._T
@@ -115,7 +115,7 @@ class _EveryRow:
     def __getitem__(self, t: int) -> int:
         if not -self._T <= t < self._T:
             raise IndexError(t)
-        return self._B
+        return self.batch_size
 
 
 # --------------------------------------------------------------------------- memory
@@ -340,6 +340,8 @@ def _input_gradient(dxw, weights, width):
 def _active_steps(active, reverse):
     """(t, k) for each step in processing order, k = sequences running at t (a prefix)."""
     steps = range(len(active) - 1, -1, -1) if reverse else range(len(active))
+    if isinstance(active, _EveryRow):  # no lookup per step
+        return ((t, active.batch_size) for t in steps)
     return ((t, active[t]) for t in steps if active[t])
 
 

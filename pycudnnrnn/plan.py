@@ -38,6 +38,7 @@ class RNNPlan:
         ``[B]`` lengths in ``[0, T]``; None means all T. Fixed: another set of lengths
         needs another plan.
     dtype : {"float16", "bfloat16", "float32", "float64"}, default "float32"
+        Or a NumPy, PyTorch or ml_dtypes dtype; None means the default.
     device : "cpu", "cuda", "cuda:N" or int, default "cpu"
         "cpu" runs the NumPy backend, anything else cuDNN on that CUDA device.
     is_training : bool, default True
@@ -158,7 +159,7 @@ class RNNPlan:
     def forward(self, input, input_h, input_c, params, out=None, workspace=None):
         """Run forward; returns ``ForwardResult(output, output_h, output_c, reserve_space)``."""
         arrays = self._adopt(dict(input=input, input_h=input_h, input_c=input_c, params=params))
-        results = self.run_forward(arrays, out=out, workspace=workspace)
+        results = self.run_forward(arrays, out=out, workspace=workspace, check_overlaps=True)
         given = out[3] if out is not None and len(out) == 4 else None
         if given is not None and given is not results[3] and self.device_index is not None \
                 and self.problem.is_training:
@@ -178,7 +179,8 @@ class RNNPlan:
             output_h=output_h, output_c=output_c, output_backprop=output_backprop,
             output_h_backprop=output_h_backprop, output_c_backprop=output_c_backprop,
             reserve_space=reserve_space))
-        results = self.run_backprop(arrays, out=out, workspace=workspace, gradients=gradients)
+        results = self.run_backprop(arrays, out=out, workspace=workspace, gradients=gradients,
+                                    check_overlaps=True)
         return BackpropResult(*results_like(input, self._xp, results))
 
     def trust_reserve(self, reserve_space):
@@ -190,13 +192,18 @@ class RNNPlan:
             reserve_header.remember(reserve_space, reserve_space.data.ptr,
                                     self._executor.head)
 
-    def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan"):
-        """forward on backend arrays (NumPy or CuPy on the plan's device), by name."""
+    def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan",
+                    check_overlaps=False):
+        """forward on backend arrays (NumPy or CuPy on the plan's device), by name.
+
+        `check_overlaps` refuses `out` and `workspace` buffers that share memory with each
+        other or an input; adapters whose allocator has just made them leave it off (it
+        costs a pass over every array per call)."""
         lstm = self.problem.config.is_lstm
         checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
         out = self._outputs(out, self._results_of["forward"])
         workspace = self._workspace(workspace)
-        if workspace is not None or any(b is not None for b in out):
+        if check_overlaps:
             _refuse_overlaps(self._results_of["forward"], out, workspace, arrays)
         if self._bits:
             arrays = {n: dtypes.storage(a) for n, a in arrays.items()}
@@ -208,8 +215,9 @@ class RNNPlan:
         return self._as_bfloat16(results) if self._bits else results
 
     def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan",
-                     gradients="all"):
-        """backprop on backend arrays (NumPy or CuPy on the plan's device), by name."""
+                     gradients="all", check_overlaps=False):
+        """backprop on backend arrays (NumPy or CuPy on the plan's device), by name; see
+        ``run_forward`` for `check_overlaps`."""
         if not self.problem.is_training:
             raise ValueError("backprop: this plan was built with is_training=False; build "
                              "one with is_training=True")
@@ -219,7 +227,7 @@ class RNNPlan:
         checks.check_reserve_space(arrays["reserve_space"])
         out = self._outputs(out, self._results_of["backprop"])
         workspace = self._workspace(workspace)
-        if workspace is not None or any(b is not None for b in out):
+        if check_overlaps:
             _refuse_overlaps(self._results_of["backprop"], out, workspace, arrays)
         a = {n: arrays[n] for n in _BACKPROP_NAMES}
         if not lstm:
@@ -284,7 +292,8 @@ class RNNPlan:
                                 "the result")
             if not buffer.flags.c_contiguous:
                 raise ValueError(f"{label}: expected a C-contiguous buffer")
-            if not buffer.flags.writeable:  # a read-only NumPy view, a JAX array
+            if not getattr(buffer.flags, "writeable", True):  # a read-only NumPy view, a
+                # JAX CPU array (CuPy's flags have no such field: its arrays are writable)
                 raise ValueError(f"{label}: expected a writable buffer, got a read-only one")
             checked.append(dtypes.storage(buffer) if self._bits else buffer)
         return tuple(checked)
@@ -296,7 +305,8 @@ class RNNPlan:
         if workspace.dtype != np.uint8:
             raise TypeError(f"workspace: expected dtype uint8, got {workspace.dtype}")
         if workspace.ndim != 1 or workspace.shape[0] < self.workspace_nbytes or \
-                not workspace.flags.c_contiguous or not workspace.flags.writeable:
+                not workspace.flags.c_contiguous or \
+                not getattr(workspace.flags, "writeable", True):
             raise ValueError(f"workspace: expected a writable, contiguous 1-D uint8 buffer of "
                              f"at least {self.workspace_nbytes} bytes, got shape "
                              f"{tuple(workspace.shape)}")
@@ -328,7 +338,13 @@ def _byte_range(array) -> tuple[int, int]:
 def _refuse_overlaps(results, out, workspace, inputs):
     """A caller buffer that shares bytes with another, or with an input, would have one
     result written over another (or over what is still being read): a ValueError naming
-    both. Checked by address range, which is exact for the contiguous buffers."""
+    both. Checked by address range, which is exact for the contiguous buffers.
+
+    Run for ``forward``/``backprop``, the callers' entry points; the framework adapters
+    call ``run_forward``/``run_backprop`` with buffers their allocator just made.
+    """
+    if workspace is None and all(b is None for b in out):
+        return
     buffers = [(f"out {name}", b) for (name, _, _), b in zip(results, out) if b is not None]
     buffers += [("workspace", workspace)] if workspace is not None else []
     given = buffers + [(name, a) for name, a in inputs.items() if a is not None]

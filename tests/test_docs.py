@@ -31,6 +31,15 @@ def test_docs_build_strict(tmp_path):
     assert "data:image/png;base64," in notebook, "the gradient plot"
     assert 'href="examples/quickstart/"' in (site / "index.html").read_text()
     assert not list(ROOT_PATH.glob(".cache/mkdocs-jupyter/*")), "the build wrote a cache"
+    # The nav keeps its own title (the notebook's heading replaced it: "Quick start" then
+    # "pycudnnrnn quick start"); the page offers the notebook for download; long code and
+    # output lines scroll instead of being clipped or wrapped mid-number.
+    nav = re.findall(r'class="md-ellipsis">\s*([^<]+?)\s*<', (site / "index.html").read_text())
+    assert "Quick-start notebook" in nav and "pycudnnrnn quick start" not in nav, nav
+    assert re.search(r'href="[^"]*quickstart\.ipynb"[^>]*download', notebook)
+    assert (site / "examples" / "quickstart" / "quickstart.ipynb").exists()
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert "white-space: pre" in css and "stylesheets/extra.css" in notebook
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/index.md"])

@@ -97,6 +97,7 @@ def test_forward_errors(name, call, error, message):
     ((1, np.bool_(False), 3), TypeError, r"got False \(a bool\) at index 1"),
     # Beyond int64 NumPy gives dtype object: a value error like any other out of range.
     ([1, 2 ** 64, 2], ValueError, r"expected values in \[0, 4\] \(max_time\), got 18446744073709551616 at index 1"),
+    ([2 ** 63, 1, 2], ValueError, r"got 9223372036854775808 at index 0"),  # NumPy: float64
     (np.ma.array([1, 2, 3], mask=[0, 1, 0]), TypeError,
      r"sequence_lengths: got a NumPy masked array, whose mask would be ignored"),
 ])
@@ -500,3 +501,24 @@ BI_LSTM_2 = pycudnnrnn.params_size(num_layers=2, num_units=4, input_size=3,
 def test_a_wrong_layer_count_or_layout_names_the_argument_that_differs(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+class _CupyLikeFlags(np.ndarray):
+    """An array whose flags are CuPy's: c_contiguous, f_contiguous, owndata, no writeable."""
+
+    @property
+    def flags(self):
+        import types
+        return types.SimpleNamespace(c_contiguous=True, f_contiguous=False, owndata=True)
+
+
+def test_buffers_whose_flags_have_no_writeable_field_are_taken():
+    """CuPy's flags have no ``writeable``: the read-only check must not raise
+    AttributeError for every CUDA call with out= or workspace=."""
+    plan, args = _plan_and_args()
+    out = tuple(np.empty(s).view(_CupyLikeFlags) for s in (plan.output_shape,
+                                                            plan.output_h_shape,
+                                                            plan.output_c_shape))
+    got = plan.forward(*args, out=out + (None,),
+                       workspace=np.empty(8, np.uint8).view(_CupyLikeFlags))
+    np.testing.assert_array_equal(got.output, plan.forward(*args).output)

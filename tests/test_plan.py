@@ -385,3 +385,10 @@ def test_a_framework_reserve_buffer_needs_no_read_back(device):
     p.backprop(*args, *out, *grads, buffer)
     assert fake_cuda.COUNTS["device_to_host"] == 0
 
+
+
+def test_dtype_none_is_the_documented_default():
+    """RNNPlan(dtype=None) gave float64 (np.dtype(None)); the default is float32."""
+    plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=2, input_size=2, max_time=2,
+                              batch_size=1, dtype=None)
+    assert plan.dtype == np.float32

@@ -13,7 +13,7 @@ ROOT_PATH = pathlib.Path(ROOT)
 
 
 def test_docs_build_strict(tmp_path):
-    """Strict build; the quick-start notebook is run by it and shown with its outputs."""
+    """Strict build; the notebooks are run by it and shown with their outputs."""
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
                            str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
@@ -30,6 +30,17 @@ def test_docs_build_strict(tmp_path):
     assert re.search(r"backprop -?\d+\.\d{10}, finite difference -?\d+\.\d{10}", notebook)
     assert "data:image/png;base64," in notebook, "the gradient plot"
     assert 'href="examples/quickstart/"' in (site / "index.html").read_text()
+    # The Flax and Keras notebook: trained, its curves compared and plotted, kept unrun.
+    trained = (site / "examples" / "flax_keras" / "index.html").read_text()
+    source = json.loads((ROOT_PATH / "docs" / "examples" / "flax_keras.ipynb").read_text())
+    assert not [c for c in source["cells"] if c.get("outputs")], "keep the notebook unrun"
+    rounding = r"(\d\.\de-0[5-9]|0\.0e\+00)"      # float32 rounding, grown over 60 steps
+    assert re.search(r"one bias trained +largest distance from Flax.s curve: " + rounding,
+                     trained), "ours, with Flax's one bias, on Flax's curve"
+    assert re.search(r"largest distance between the curves: " + rounding, trained), "Keras's"
+    assert trained.count("data:image/png;base64,") >= 2, "the two loss plots"
+    for page in ("flax", "keras"):
+        assert 'href="../examples/flax_keras/"' in (site / page / "index.html").read_text()
     assert not list(ROOT_PATH.glob(".cache/mkdocs-jupyter/*")), "the build wrote a cache"
     # The nav keeps its own title (the notebook's heading replaced it: "Quick start" then
     # "pycudnnrnn quick start"); the page offers the notebook for download; long code and

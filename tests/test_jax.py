@@ -501,28 +501,18 @@ def stand_in_gpu(monkeypatch):
     from pycudnnrnn import plan as plans
     fake_api = fake_cuda.install(monkeypatch)
     fake_cupy, streams = gpu.cupy(), []
-    current = [fake_cupy.cuda.get_current_stream()]
-
-    class ExternalStream(fake_cuda.FakeStream):  # syncs counted like the stand-in's own
-        def __init__(self, ptr, device_id):
-            self.ptr, self.device_id = ptr, device_id
-
-        def __enter__(self):
-            current.append(self)
-
-        def __exit__(self, *exc):
-            current.pop()
 
     def memory_pointer(memory, offset):
         assert offset == 0
         return memory
 
-    fake_cupy.cuda.ExternalStream = ExternalStream
-    fake_cupy.cuda.get_current_stream = lambda: current[-1]
+    # (the stand-in's own ExternalStream makes XLA's stream current, with its own queue)
     fake_cupy.cuda.UnownedMemory = lambda ptr, size, owner, device: \
         (ctypes.c_char * size).from_address(ptr)
     fake_cupy.cuda.MemoryPointer = memory_pointer
-    fake_api._cudnnSetStream = lambda handle, stream: streams.append(stream)
+    set_stream = fake_api._cudnnSetStream
+    fake_api._cudnnSetStream = lambda handle, stream: (streams.append(stream),
+                                                       set_stream(handle, stream))
     yield streams
     plans.clear_caches()  # no stand-in plan may outlive the stand-in (a real GPU may follow)
 

@@ -93,7 +93,14 @@ class Executor:
 
     @property
     def workspace_nbytes(self) -> int:
-        return self.work_bytes
+        """Bytes of the workspace a run may take: cuDNN's, then (training) room for the
+        copy of the reserve space backprop hands cuDNN."""
+        return self._copy_offset + self.reserve_bytes if self.problem.is_training \
+            else self.work_bytes
+
+    @property
+    def _copy_offset(self) -> int:
+        return -(-self.work_bytes // _HEADER) * _HEADER  # 256-byte aligned, as cuDNN wants
 
     # ------------------------------------------------------------------ data movement
     def _run_shape(self, width):
@@ -154,6 +161,25 @@ class Executor:
 
     def _buffer(self, given, nbytes):
         return given if given is not None else self.cupy.empty(max(nbytes, 1), self.cupy.uint8)
+
+    def _reserve_copy(self, reserve, workspace):
+        """A copy of the cuDNN part of `reserve`, for cuDNN's backward calls.
+
+        ``cudnnRNNBackwardData_v8`` and ``cudnnRNNBackwardWeights_v8`` take reserveSpace
+        ``[in,out]``: cuDNN may write into it. Handing them a copy keeps the caller's
+        reserve space as forward left it, so any number of backprops may use it (a
+        second ``backward(retain_graph=True)``, a JAX vjp called twice, ``jacrev``), and
+        XLA's operands stay unwritten. The copy lives after cuDNN's workspace in
+        `workspace` when that is large enough (``workspace_nbytes``), else in the pool.
+        """
+        n = self.reserve_bytes
+        start = self._copy_offset
+        if workspace is not None and workspace.size >= start + n:
+            copy = workspace[start:start + n]
+        else:
+            copy = self.cupy.empty(max(n, 1), self.cupy.uint8)[:n]
+        copy[...] = reserve[_HEADER:_HEADER + n]  # device to device, on the current stream
+        return copy
 
     # ------------------------------------------------------------------ reserve space
     def _new_reserve(self, given):
@@ -254,10 +280,11 @@ class Executor:
         dcx = self._state_target(out_dc, cx) if lstm else None
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
+        scratch = self._reserve_copy(reserve, workspace)
         handle = cudnn_resources.handle(cp)
         common = dict(dev_lengths=self.dev_lengths.data.ptr, weight_bytes=self.weight_bytes,
                       work_bytes=self.work_bytes, work=work.data.ptr,
-                      reserve_bytes=self.reserve_bytes, reserve=reserve.data.ptr + _HEADER)
+                      reserve_bytes=self.reserve_bytes, reserve=scratch.data.ptr)
         rnn.backward_data(handle, self.rnn, y_desc=self.y_desc, y=y.data.ptr, dy=dy.data.ptr,
                           x_desc=self.x_desc, dx=dx.data.ptr, h_desc=self.h_desc,
                           hx=hx.data.ptr, dhy=dhy.data.ptr, dhx=dhx.data.ptr,

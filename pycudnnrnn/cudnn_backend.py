@@ -5,8 +5,9 @@
 ``pycudnnrnn.cudnn_resources``; a new RNN descriptor's weight layout is checked against
 ours by ``pycudnnrnn.cudnn_layout``), the workspace and reserve sizes, the device copies of
 the lengths, of the running rows' index and of the padding mask, and the reserve
-header. A run is then pointers and cuDNN calls on CuPy's current stream: no
-host↔device copy, no sync, no size query. Per run:
+header. Building one makes no host sync either: its uploads are queued, and an event
+orders them before runs on other streams. A run is then pointers and cuDNN calls on
+CuPy's current stream: no host↔device copy, no sync, no size query. Per run:
 
 * sequences of length zero, which cuDNN rejects, are left out of the cuDNN call: it runs
   on the other rows, and the run fills in zeros and passed-through states;
@@ -21,9 +22,11 @@ host↔device copy, no sync, no size query. Per run:
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
-from . import cudnn_layout, cudnn_resources, dtypes, gpu, layout, reserve_header
+from . import cudnn_layout, cudnn_resources, dtypes, gpu, graphs, layout, reserve_header
 from .config import Problem
 from .cudnn import rnn
 
@@ -63,8 +66,16 @@ class Executor:
             self.no_reserve = cp.zeros((0,), dtype=cp.uint8)  # inference's reserve_space
             if B:
                 self._describe(handle, run_lengths)
-            # Runs may come on other streams (threads, graphs): the uploads must be done.
-            cp.cuda.get_current_stream().synchronize()
+            stream = cp.cuda.get_current_stream()
+            # The uploads above are queued on this stream; a run on another one (threads,
+            # graphs, a framework's stream) waits for them through this event: no host
+            # sync here, and none in a run (once the event has completed, runs skip it).
+            self._ready = stream.record()
+            # CuPy frees this plan's buffers in the order of the stream they were made
+            # on: when the plan dies, that stream first waits for its latest run on
+            # another stream, so no buffer is reused under work still queued there.
+            self._home, self._last_use = stream.ptr, [None]
+            weakref.finalize(self, _fence, stream, self._last_use)
 
     def _describe(self, handle, run_lengths):
         """Descriptors, temp-space sizes and device lengths and mask of the running rows."""
@@ -84,6 +95,33 @@ class Executor:
             self.valid = cp.asarray((steps if tm else steps.T)[..., None])
         self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
             handle, self.rnn, problem.is_training, self.x_desc)
+
+    # ------------------------------------------------------------------ streams
+    def _enter(self):
+        """The current stream, ordered after the plan's uploads."""
+        stream = self.cupy.cuda.get_current_stream()
+        ready = self._ready
+        if ready is not None:
+            if ready.done:
+                self._ready = None
+            else:
+                stream.wait_event(ready)
+        return stream
+
+    def _leave(self, stream):
+        """After a run's work is queued: a graph being captured keeps the plan (it
+        replays this work on the plan's buffers); a run on another stream than the
+        plan's is marked for the fence of ``_fence``."""
+        held = graphs.holding()
+        if held is not None:
+            held.append(self)
+        elif stream.ptr != self._home:
+            self._last_use[0] = stream.record()
+
+    def settle(self):
+        """Note that the plan's uploads are done (the caller synchronized): runs need
+        not ask (``graphs.capture``, whose capture may not query events)."""
+        self._ready = None
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -205,6 +243,13 @@ class Executor:
     # ------------------------------------------------------------------ the passes
     def forward(self, input, input_h, input_c, params, out=(None,) * 4, workspace=None):
         """Forward on CuPy arrays of the problem's shapes; see ``pycudnnrnn.forward``."""
+        stream = self._enter()
+        try:
+            return self._forward(input, input_h, input_c, params, out, workspace)
+        finally:
+            self._leave(stream)
+
+    def _forward(self, input, input_h, input_c, params, out, workspace):
         cp, problem = self.cupy, self.problem
         c = problem.config
         lstm, width = c.is_lstm, c.num_dirs * c.state_size
@@ -246,9 +291,14 @@ class Executor:
         pass (the weight pass reads what it leaves in the reserve space). Gradients left
         out come back as None.
         """
-        grads = self._backprop(input, input_h, input_c, params, output, output_h, output_c,
-                               output_backprop, output_h_backprop, output_c_backprop,
-                               reserve_space, out, workspace, gradients != "data")
+        stream = self._enter()
+        try:
+            grads = self._backprop(input, input_h, input_c, params, output, output_h,
+                                   output_c, output_backprop, output_h_backprop,
+                                   output_c_backprop, reserve_space, out, workspace,
+                                   gradients != "data")
+        finally:
+            self._leave(stream)
         return grads if gradients != "weights" else (None, None, None, grads[3])
 
     def _backprop(self, input, input_h, input_c, params, output, output_h, output_c,
@@ -299,6 +349,16 @@ class Executor:
                 self._state_out(dhx, out_dh, output_h_backprop),
                 self._state_out(dcx, out_dc, output_c_backprop) if lstm else self.empty,
                 dparams)
+
+
+def _fence(home, last_use):
+    """A dead plan's stream waits for the plan's latest run on another stream (its
+    buffers are freed in `home`'s order, right after this)."""
+    if last_use[0] is not None:
+        try:
+            home.wait_event(last_use[0])
+        except Exception:  # never raise from a finaliser (at exit, CUDA may be gone)
+            pass
 
 
 def _ptr(array) -> int:

@@ -1,6 +1,10 @@
 """What the cuDNN backend keeps between calls: handles, descriptors, dropout states.
 
-* one cuDNN handle per (thread, device);
+* one cuDNN handle per (thread, device), kept as long as the process: ``cudnnDestroy``
+  synchronizes the device, which would stall every stream and invalidate a CUDA-graph
+  capture in progress on any thread, so no handle is destroyed at a thread's exit or
+  by ``clear_caches`` (a thread that ends leaves its handle to the next thread that
+  gets its id; there are at most as many as threads alive at once);
 * descriptors in per-device LRU caches: RNN descriptors by configuration, dtype and math
   mode, data and state descriptors by shape and lengths;
 * dropout RNG states. cuDNN needs one buffer per seed (``cudnnDropoutGetStatesSize``:
@@ -30,7 +34,7 @@ _state_descriptors = LRU(256)   # (device, dtype, dims)
 _dropout = LRU(DROPOUT_SEEDS_KEPT)          # (device, dropout, seed) → DropoutDescriptor
 _dropout_states = LRU(DROPOUT_SEEDS_KEPT)   # (device, seed) → DropoutStates
 _dropout_lock = threading.Lock()
-_local = threading.local()
+_handles: dict = {}  # (thread id, device) → Handle, never destroyed (see above)
 
 #: Dropout state buffers alive now, anywhere (for tests and diagnosis).
 LIVE_DROPOUT_STATES: "weakref.WeakSet" = weakref.WeakSet()
@@ -53,13 +57,10 @@ def _live_states(device: int, seed: int):
 
 def handle(cupy) -> Handle:
     """This thread's handle for the current device, bound to CuPy's current stream."""
-    handles = getattr(_local, "handles", None)
-    if handles is None:
-        handles = _local.handles = {}
-    device = cupy.cuda.Device().id
-    if device not in handles:
-        handles[device] = Handle()
-    h = handles[device]
+    key = (threading.get_ident(), cupy.cuda.Device().id)
+    h = _handles.get(key)
+    if h is None:  # only this thread makes its key's handle: no race
+        h = _handles[key] = Handle()
     h.set_stream(cupy.cuda.get_current_stream().ptr)
     return h
 
@@ -119,9 +120,8 @@ def state_descriptor(device: int, dtype, dims) -> TensorDescriptor:
 
 
 def clear_caches():
-    """Drop every cached descriptor, dropout state and this thread's handles (each is
-    freed once no plan holds it)."""
+    """Drop every cached descriptor and dropout state (each is freed once no plan holds
+    it); handles stay (see above)."""
     for cache in (_rnn_descriptors, _dropout_rnn_descriptors, _data_descriptors,
                   _state_descriptors, _dropout, _dropout_states):
         cache.clear()
-    _local.__dict__.pop("handles", None)

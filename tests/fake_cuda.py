@@ -71,7 +71,7 @@ import weakref
 import ml_dtypes
 import numpy as np
 
-from pycudnnrnn import dtypes, gpu, numpy_backend, plan
+from pycudnnrnn import cudnn_resources, dtypes, gpu, numpy_backend, plan
 from pycudnnrnn.config import GATES, Problem, RNNConfig
 from pycudnnrnn.cudnn import capi
 from pycudnnrnn.cudnn.capi import api as real_api
@@ -103,6 +103,8 @@ def install(monkeypatch):
     fake_cupy, fake_api = FakeCupy(), FakeCudnn()
     monkeypatch.setattr(gpu, "cupy", lambda: fake_cupy)
     monkeypatch.setattr(capi, "api", lambda: fake_api)
+    # cuDNN handles live as long as the process: the stand-in's, as long as it is in place
+    monkeypatch.setattr(cudnn_resources, "_handles", {})
     plan.clear_caches()  # nothing built on another GPU (or this one, earlier) is reused
     synchronize_all()  # what an earlier stand-in queued runs before its memory is reused
     _KEPT.clear()

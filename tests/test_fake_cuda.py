@@ -171,21 +171,21 @@ def test_dropout_masks_follow_the_cudnn_state_which_advances(fake_gpu):
     assert not np.allclose(first, plain) and not np.allclose(first, second)
 
 
-def test_backward_data_overwrites_the_reserve_space(fake_gpu):
+def test_backward_data_overwrites_the_reserve_space_it_is_handed(fake_gpu):
     """cudnnRNNBackwardData_v8's reserveSpace is [in,out]: the stand-in's call replaces
-    forward's record with its own, and backward data from it is NaN."""
-    calls = []
-    original = fake_gpu._cudnnRNNBackwardData_v8
-    fake_gpu._cudnnRNNBackwardData_v8 = lambda *a: (calls.append(a), original(*a))
+    forward's record with its own. (The backend hands it a copy, here in the workspace.)"""
     case = make_case("lstm")
+    p = pycudnnrnn.RNNPlan(num_layers=1, num_units=4, input_size=3, max_time=4, batch_size=3,
+                           dtype="float64", device="cuda")
     args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.input_c, case.params)]
-    out = pycudnnrnn.forward(*args, **case.attrs)
+    workspace = fake_cuda._device(np.zeros(p.workspace_nbytes, np.uint8))
+    out = p.forward(*args)
     grads = [fake_cuda._device(np.ones(a.shape)) for a in out[:3]]
-    pycudnnrnn.backprop(*args, None, *out[:3], *grads, out[3], **case.attrs)
-    fake_cuda.synchronize_all()
-    reserve = calls[0][-1]
-    token = int(fake_cuda._array(reserve, np.int64, (1,))[0])
-    assert fake_gpu.state[token][0] == "data"  # no forward left in what cuDNN was handed
+    p.backprop(*args, *out[:3], *grads, out[3], workspace=workspace)
+    token = lambda buffer, at: int(fake_cuda.to_host(buffer)[at:at + 8].view(np.int64)[0])
+    copy_at = p.workspace_nbytes - p._executor.reserve_bytes
+    assert fake_gpu.state[token(workspace, copy_at)][0] == "data"  # overwritten by cuDNN
+    assert fake_gpu.state[token(out[3], 256)][0] == "forward"  # the caller's, as forward left it
 
 
 def test_temp_space_sizes_grow_with_the_problem():

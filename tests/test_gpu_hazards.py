@@ -54,3 +54,134 @@ def test_one_reserve_space_serves_any_number_of_backprops(device):
     for name, a, b in zip(("input", "input_h", "input_c", "params"), first, second):
         assert np.isfinite(a).all(), name
         np.testing.assert_array_equal(device.get(b), a, err_msg=name)
+
+
+# ----------------------------------------------------------------- 5, 6: streams and syncs
+
+def _ragged_plan(case, **overrides):
+    kwargs = dict(num_layers=case.size["num_layers"], num_units=case.size["num_units"],
+                  input_size=case.size["input_size"], max_time=case.input.shape[0],
+                  batch_size=case.input.shape[1], sequence_lengths=case.sequence_lengths,
+                  dtype=case.input.dtype.name, device="cuda", rnn_mode=case.attrs["rnn_mode"],
+                  direction=case.attrs["direction"])
+    return pycudnnrnn.RNNPlan(**{**kwargs, **overrides})
+
+
+def test_building_a_plan_makes_no_host_sync(fake_gpu):
+    """Its uploads (lengths, row index, padding mask, header) are queued on the current
+    stream, and an event marks them: a run on another stream waits for that event."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("gru", "bidirectional", num_layers=2, lengths="zero", num_units=6)
+    fake_cuda.reset_counts()
+    plan = _ragged_plan(case)
+    assert fake_cuda.COUNTS["sync"] == 0
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.params)]
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        y = plan.forward(args[0], args[1], None, args[2])[0]
+        side.synchronize()
+        np.testing.assert_allclose(fake_cuda.to_host(y), case.forward()[0], rtol=1e-12,
+                                   atol=1e-12)
+
+
+def test_plan_buffers_outlive_work_queued_on_another_stream(fake_gpu):
+    """A plan built on one stream and run on another, then dropped (an LRU eviction):
+    its device buffers are not reused before the other stream's work is done."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("lstm", num_layers=2, lengths="ragged", num_units=6)
+    plan = _ragged_plan(case)
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.input_c,
+                                          case.params)]
+    plan.forward(*args)  # the first run settles the plan's uploads
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        y = plan.forward(*args)[0]  # queued on `side`
+    del plan
+    gc.collect()
+    junk = [cp.zeros(n, cp.uint8) for n in range(1, 4096, 64)]  # the freed blocks, rewritten
+    with side:
+        side.synchronize()
+        np.testing.assert_allclose(fake_cuda.to_host(y), case.forward()[0], rtol=1e-12,
+                                   atol=1e-12)
+    assert junk
+
+
+def test_no_cudnn_handle_is_destroyed_behind_a_capture(fake_gpu):
+    """cudnnDestroy synchronizes the device, which invalidates a capture in progress on
+    any thread: handles live as long as the process (one per thread and device), so
+    neither a thread's exit nor clear_caches destroys one."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("gru", num_units=4)
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.params)]
+    started, finish = threading.Event(), threading.Event()
+
+    def work():
+        pycudnnrnn.forward(args[0], args[1], None, args[2], **case.attrs)  # a handle here
+        started.set()
+        finish.wait()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    started.wait()
+    pycudnnrnn.forward(args[0], args[1], None, args[2], **case.attrs)  # and one here
+    fake_cuda.synchronize_all()
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.begin_capture()
+    finish.set()
+    thread.join()  # the thread's state (and what it kept) is gone
+    gc.collect()
+    plans.clear_caches()
+    gc.collect()
+    stream.end_capture()  # raises if a handle was destroyed meanwhile
+
+
+# ----------------------------------------------------------------- 2: graphs
+
+def _cupy(device):
+    from pycudnnrnn import gpu
+    return gpu.cupy() if device.kind == "stand-in" else pytest.importorskip("cupy")
+
+
+def _same(device, got, want, name):
+    if device.kind == "stand-in":  # the same computation, replayed: the same bits
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_captured_graph_keeps_what_its_replays_use(device):
+    """Capture the functional API, evict every cache, let the pool hand their memory to
+    someone who fills it, replay: the replay equals an eager step, since the graph keeps
+    the plans whose device lengths, row index, mask and header it reads."""
+    from pycudnnrnn import graphs
+    cp = _cupy(device)
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8,
+                     dtype=np.float32)
+    x, h, c, w = _put_all(device, case)
+    lengths = case.sequence_lengths
+    dy, dh, dc = _grads(device, case.forward())
+
+    def step():
+        y, hy, cy, reserve = pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)
+        return (y, hy, cy) + tuple(pycudnnrnn.backprop(x, h, c, w, lengths, y, hy, cy, dy, dh,
+                                                       dc, reserve, **case.attrs))
+
+    step()
+    captured = graphs.capture(step)
+    plans.clear_caches()
+    gc.collect()
+    junk = [cp.empty(n, cp.uint8) for n in range(64, 8192, 64)]
+    for j in junk:
+        j[...] = 7
+    rng = np.random.default_rng(3)
+    with captured.stream:
+        x[...] = device.put(rng.standard_normal(x.shape).astype(np.float32))
+        captured.replay()
+    captured.stream.synchronize()
+    replayed = [device.get(a) for a in captured.outputs]
+    eager = [device.get(a) for a in step()]
+    for i, (got, want) in enumerate(zip(replayed, eager)):
+        _same(device, got, want, f"output {i}")

@@ -241,15 +241,23 @@ class Executor:
         return reserve_space
 
     # ------------------------------------------------------------------ the passes
-    def forward(self, input, input_h, input_c, params, out=(None,) * 4, workspace=None):
-        """Forward on CuPy arrays of the problem's shapes; see ``pycudnnrnn.forward``."""
+    def forward(self, input, input_h, input_c, params, out=(None,) * 4, workspace=None,
+                restart_dropout=False):
+        """Forward on CuPy arrays of the problem's shapes; see ``pycudnnrnn.forward``.
+
+        With `restart_dropout`, the seed's dropout states are put back as the seed made
+        them first, so the masks depend on the seed alone (the XLA path: XLA may run a
+        forward again and expects the same results); else they continue from the last
+        training forward (TensorFlow's kernel).
+        """
         stream = self._enter()
         try:
-            return self._forward(input, input_h, input_c, params, out, workspace)
+            return self._forward(input, input_h, input_c, params, out, workspace,
+                                 restart_dropout)
         finally:
             self._leave(stream)
 
-    def _forward(self, input, input_h, input_c, params, out, workspace):
+    def _forward(self, input, input_h, input_c, params, out, workspace, restart_dropout):
         cp, problem = self.cupy, self.problem
         c = problem.config
         lstm, width = c.is_lstm, c.num_dirs * c.state_size
@@ -272,6 +280,9 @@ class Executor:
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
         handle = cudnn_resources.handle(cp)
+        states = getattr(self.rnn.dropout, "states", None)
+        if restart_dropout and training and states is not None:
+            states.restart()
         rnn.forward(handle, self.rnn, training=training, dev_lengths=self.dev_lengths.data.ptr,
                     x_desc=self.x_desc, x=x.data.ptr, y_desc=self.y_desc, y=y.data.ptr,
                     h_desc=self.h_desc, hx=hx.data.ptr, hy=hy.data.ptr, c_desc=self.c_desc,

@@ -12,6 +12,8 @@
   known seed's states is cheap. The caches keep the states of at most
   ``DROPOUT_SEEDS_KEPT`` seeds per device (a loop over seeds keeps the most recent
   ones); a plan the caller holds keeps its own seed's states alive as long as it lives.
+  Each seed's states are kept twice: as they advance, and as the seed made them (so a
+  forward can draw the seed's first masks again, as XLA's recomputations need).
 """
 
 from __future__ import annotations
@@ -41,11 +43,20 @@ LIVE_DROPOUT_STATES: "weakref.WeakSet" = weakref.WeakSet()
 
 
 class DropoutStates:
-    """One device buffer of cuDNN dropout RNG states, initialised for one seed."""
+    """One device buffer of cuDNN dropout RNG states, initialised for one seed.
+
+    ``initial`` is a copy of the states as the seed initialised them: copying it back
+    (``restart``) makes the next forward draw the masks of the seed's first forward.
+    """
 
     def __init__(self, buffer, seed: int, device: int | None = None):
         self.buffer, self.seed, self.device = buffer, seed, device
+        self.initial = None
         LIVE_DROPOUT_STATES.add(self)
+
+    def restart(self):
+        """Put the states back as the seed made them (a device copy, current stream)."""
+        self.buffer[...] = self.initial
 
 
 def _live_states(device: int, seed: int):
@@ -83,6 +94,7 @@ def dropout_descriptor(cupy, handle, device: int, dropout: float, seed: int):
                 size = rnn.dropout_states_size(handle)
                 states = DropoutStates(cupy.empty(size, dtype=cupy.uint8), seed, device)
                 desc.set(handle, dropout, states.buffer.data.ptr, size, seed)  # slow, once
+                states.initial = states.buffer.copy()  # after the kernel, same stream
                 fresh.append(states)
                 return states
 

@@ -185,3 +185,48 @@ def test_a_captured_graph_keeps_what_its_replays_use(device):
     eager = [device.get(a) for a in step()]
     for i, (got, want) in enumerate(zip(replayed, eager)):
         _same(device, got, want, f"output {i}")
+
+
+# ----------------------------------------------------------------- 3: dropout under remat
+
+@pytest.fixture
+def xla_stand_in(fake_gpu, monkeypatch):
+    """The stand-in GPU with the CuPy views of raw pointers the XLA CUDA handlers take."""
+    import ctypes
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    monkeypatch.setattr(cp.cuda, "UnownedMemory", lambda ptr, size, owner, device:
+                        (ctypes.c_char * size).from_address(ptr), raising=False)
+    monkeypatch.setattr(cp.cuda, "MemoryPointer", lambda memory, offset: memory, raising=False)
+    return fake_gpu
+
+
+def _xla_forward(case, attributes, sizes):
+    from fake_xla import FakeCallFrame
+    from pycudnnrnn.jax import targets, xla_ffi
+    want = case.forward(is_training=False)
+    results = [np.full(a.shape, np.nan, a.dtype) for a in want[:3] if a.size]
+    results += [np.zeros(n, np.uint8) for n in sizes]
+    operands = [a for a in (case.input, case.input_h, case.input_c, case.params) if a is not None]
+    frame = FakeCallFrame(operands, results, attributes)
+    assert frame.call(xla_ffi.make_handler(targets.cuda_forward)) is None, frame.errors
+    return results
+
+
+def test_a_recomputed_xla_forward_draws_the_same_dropout_masks(xla_stand_in):
+    """XLA may run a forward again (jax.checkpoint, remat) and pairs the recomputed
+    residuals with the first run's loss: on CUDA, a forward's masks depend only on its
+    seed, as on the CPU, never on how many forwards ran before."""
+    from pycudnnrnn import jax as rnn_jax
+    from pycudnnrnn.jax import targets
+    case = make_case("lstm", "bidirectional", num_layers=2, num_units=8, dropout=0.5,
+                     dtype=np.float32)
+    op = rnn_jax._Op(**{"seed": 3, "seed2": 4, "is_training": True, **case.attrs})
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    sizes = targets.buffer_sizes(problem, cuda=True)
+    first = _xla_forward(case, op.attributes(False), sizes)
+    again = _xla_forward(case, op.attributes(False), sizes)
+    plain = case.forward(dropout=0.0)[0]
+    assert not np.allclose(first[0], plain)  # dropout did act
+    for a, b in zip(first[:3], again[:3]):
+        np.testing.assert_array_equal(a, b)

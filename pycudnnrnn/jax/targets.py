@@ -138,8 +138,10 @@ def _run(call_frame, target: str, place):
         if target == FORWARD:
             reserve = _prefix(out["reserve_space"], plan.reserve_nbytes, "reserve_space") \
                 if call.is_training else None
+            # XLA may run a forward again (remat, jax.checkpoint) and pair its residuals
+            # with the first run's results: masks depend on the seed alone, as on the CPU.
             plan.run_forward(a, out=(out["output"], out["output_h"], out.get("output_c"),
-                                     reserve), workspace=workspace)
+                                     reserve), workspace=workspace, restart_dropout=True)
         else:
             a["reserve_space"] = _prefix(a["reserve_space"], plan.reserve_nbytes,
                                          "reserve_space")

@@ -13,7 +13,8 @@ CuPy's current stream: no host↔device copy, no sync, no size query. Per run:
   on the other rows, and the run fills in zeros and passed-through states;
 * batch-major states are made contiguous ``[L·D, B, P]`` for cuDNN and put back;
 * padding of x, y and dy is zeroed when lengths are ragged, so that (as on the CPU)
-  padding may hold anything, even NaN (cuDNN need not ignore it);
+  padding may hold anything, even NaN (cuDNN need not ignore it), and so is dx's
+  (cuDNN need not write it);
 * arrays already contiguous are used in place; results go into caller buffers (``out``)
   when given; reserve_space starts with the 256-byte header of
   ``pycudnnrnn.reserve_header`` (remembered on the host, so backprop reads it back only
@@ -63,6 +64,9 @@ class Executor:
             self.rows = None if self.all_rows else cp.asarray(rows)
             self.head_device = cp.asarray(np.frombuffer(self.head, dtype=np.uint8))
             self.empty = cp.zeros((0,), self.storage)  # output_c of other cells: never written
+            # Padding's zero: a device array of the data's dtype, not a host scalar (CuPy's
+            # bfloat16 support is minimal: its kernels need not take an ml_dtypes scalar).
+            self.zero = cp.zeros((), self.storage)
             self.no_reserve = cp.zeros((0,), dtype=cp.uint8)  # inference's reserve_space
             if B:
                 self._describe(handle, run_lengths)
@@ -92,7 +96,8 @@ class Executor:
         self.dev_lengths = cp.asarray(run_lengths)
         if self.ragged:
             steps = np.arange(T)[:, None] < run_lengths[None, :]
-            self.valid = cp.asarray((steps if tm else steps.T)[..., None])
+            steps = (steps if tm else steps.T)[..., None]
+            self.valid, self.padding = cp.asarray(steps), cp.asarray(~steps)
         self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
             handle, self.rnn, problem.is_training, self.x_desc)
 
@@ -150,7 +155,7 @@ class Executor:
         if not self.all_rows:
             x = x[:, self.rows] if self.problem.time_major else x[self.rows]
         if zero_padding and self.ragged:
-            return self.cupy.where(self.valid, x, x.dtype.type(0))
+            return self.cupy.where(self.valid, x, self.zero)
         return self.cupy.ascontiguousarray(x)
 
     def _state_in(self, s):
@@ -351,6 +356,8 @@ class Executor:
                           hx=hx.data.ptr, dhy=dhy.data.ptr, dhx=dhx.data.ptr,
                           c_desc=self.c_desc, cx=_ptr(cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
                           weights=weights.data.ptr, **common)
+        if self.ragged:  # cuDNN does not promise to write dx past each length
+            cp.copyto(dx, self.zero, where=self.padding)
         if want_weights:  # only the weight gradients read x
             x = self._data_in(input, zero_padding=True)
             rnn.backward_weights(handle, self.rnn, x_desc=self.x_desc, x=x.data.ptr,

@@ -606,8 +606,10 @@ class FakeCupy(types.ModuleType):
     def empty(self, shape, dtype=np.float32):
         # Poison, as garbage on a GPU: NaN for floats, so a read of unwritten memory shows.
         self._refuse_bfloat16(dtype)
+        out = _empty(shape, dtype)
         COUNTS["device_alloc"] += 1
-        return _empty(shape, dtype)
+        COUNTS["device_alloc_bytes"] += out.nbytes
+        return out
 
     def zeros(self, shape, dtype=np.float32):
         out = self.empty(shape, dtype)
@@ -639,9 +641,17 @@ class FakeCupy(types.ModuleType):
 
     def where(self, *args):
         self._refuse_bfloat16(*args)
+        for a in args:  # CuPy's bfloat16 support is minimal: its kernels take no such scalar
+            if isinstance(a, np.generic) and dtypes.is_bfloat16(a.dtype):
+                raise TypeError(f"Unsupported type {type(a)}")
         COUNTS["device_alloc"] += 1
         plain = [_plain(a) for a in args]
         return _new(lambda: np.where(*plain))
+
+    def copyto(self, dst, src, casting="same_kind", where=True):
+        self._refuse_bfloat16(dst, src)
+        target, source, mask = _plain(dst), _plain(src), _plain(where)
+        _now(lambda: np.copyto(target, source, casting=casting, where=mask))
 
     def arange(self, *args, **kwargs):
         return _new(lambda: np.arange(*args, **kwargs))
@@ -950,7 +960,10 @@ class FakeCudnn:
             grads = numpy_backend.backprop(problem, X, *self._states(problem, HX, CX), W, *out[:3], DY,
                                            *self._states(problem, DHY, DCY), out[3])
             g_h, g_c = self._states(problem, grads[1], grads[2] if config.is_lstm else None)
-            _array(dx, dtype, X.shape)[...] = grads[0] + _padding_poison(problem, DY)
+            # dx at the valid steps only: nothing in cuDNN's documentation says it
+            # writes dx past each length, so the stand-in leaves that as it was.
+            valid = _valid_steps(problem)
+            _array(dx, dtype, X.shape)[valid] = (grads[0] + _padding_poison(problem, DY))[valid]
             _array(dhx, dtype, HX.shape)[...] = g_h
             if dcx:
                 _array(dcx, dtype, CX.shape)[...] = g_c
@@ -983,6 +996,12 @@ class FakeCudnn:
             target[...] += dparams + _padding_poison(problem, X)
 
         _submit(self._stream(handle), run)
+
+
+def _valid_steps(problem):
+    """[T, B] (or [B, T]) True at the steps before each sequence's length."""
+    steps = np.arange(problem.max_time)[:, None] < problem.full_lengths[None, :]
+    return steps if problem.time_major else steps.T
 
 
 def _padding_poison(problem, data):

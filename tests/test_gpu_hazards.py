@@ -230,3 +230,67 @@ def test_a_recomputed_xla_forward_draws_the_same_dropout_masks(xla_stand_in):
     assert not np.allclose(first[0], plain)  # dropout did act
     for a, b in zip(first[:3], again[:3]):
         np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------- 8: smaller ones
+
+def _plan_of(case, **overrides):
+    tm = case.attrs["time_major"]
+    T, B = case.input.shape[:2] if tm else case.input.shape[1::-1]
+    kwargs = dict(num_layers=case.size["num_layers"], num_units=case.size["num_units"],
+                  input_size=case.size["input_size"], max_time=T, batch_size=B,
+                  sequence_lengths=case.sequence_lengths, dtype=case.input.dtype.name,
+                  device="cuda", **{k: v for k, v in case.attrs.items()})
+    return pycudnnrnn.RNNPlan(**{**kwargs, **overrides})
+
+
+def test_input_backprop_padding_is_zero_whatever_the_buffer_held(device):
+    """cuDNN need not write dx past each length: backprop zeroes it, also in a caller's
+    buffer (out=) that held NaN."""
+    case = make_case("gru", "bidirectional", num_layers=2, lengths=[4, 2, 3], num_units=8,
+                     time_major=False)
+    p = _plan_of(case)
+    args = [None if a is None else device.put(a)
+            for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = p.forward(*args)
+    grads = _grads(device, out)
+    dx = device.put(np.full(p.input_shape, np.nan))
+    got = p.backprop(*args, *out[:3], *grads, out[3], out=(dx, None, None, None))[0]
+    assert got is dx
+    want = case.backprop(case.forward(), *[device.get(g) for g in grads])[0]
+    np.testing.assert_allclose(device.get(dx), want, rtol=1e-10, atol=1e-12)
+
+
+def test_ragged_batch_major_bfloat16_with_an_empty_row_through_a_plan(device):
+    """The padding zero is a device array of the data's dtype, not an ml_dtypes scalar
+    (CuPy's bfloat16 support is minimal; its kernels need not take one)."""
+    import ml_dtypes
+    if device.kind == "cuda":
+        from pycudnnrnn.cudnn import descriptors, loader
+        cupy = pytest.importorskip("cupy")
+        if tuple(loader.version()) < descriptors.BFLOAT16_SINCE or \
+                int(cupy.__version__.split(".")[0]) < 14:
+            pytest.skip("needs cuDNN >= 9.13 and CuPy 14 for bfloat16")
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths=[4, 0, 2], num_units=8,
+                     time_major=False, dtype=ml_dtypes.bfloat16)
+    p = _plan_of(case)
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = p.forward(*args)
+    grads = _grads(device, out)
+    back = p.backprop(*args, *out[:3], *grads, out[3])
+    want_out = case.forward()
+    want_back = case.backprop(want_out, *[device.get(g) for g in grads])
+    for got, want in zip(list(out[:3]) + list(back), list(want_out[:3]) + list(want_back)):
+        got = device.get(got).astype(np.float64)
+        want = np.asarray(want, np.float64)
+        np.testing.assert_allclose(got, want, rtol=4e-2, atol=4e-2 * max(1, np.abs(want).max()))
+
+
+def test_the_layout_check_allocates_no_weight_space(fake_gpu):
+    """cudnnGetRNNWeightParams only computes addresses: the check once per new RNN
+    descriptor allocates nothing the size of the weights (400 MB at 100M parameters)."""
+    case = make_case("lstm", num_layers=2, num_units=64, input_size=64, T=2, B=2)
+    fake_cuda.reset_counts()
+    p = _plan_of(case)
+    assert "cudnnGetRNNWeightParams" in fake_gpu.calls
+    assert fake_cuda.COUNTS["device_alloc_bytes"] < p.params_size * 8 // 4

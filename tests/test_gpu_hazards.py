@@ -294,3 +294,31 @@ def test_the_layout_check_allocates_no_weight_space(fake_gpu):
     p = _plan_of(case)
     assert "cudnnGetRNNWeightParams" in fake_gpu.calls
     assert fake_cuda.COUNTS["device_alloc_bytes"] < p.params_size * 8 // 4
+
+
+# ----------------------------------------------------------------- 4: foreign arrays
+
+def test_foreign_inputs_live_until_the_work_reading_them_is_done(fake_gpu):
+    """Another library's arrays (taken through DLPack) on its own stream: the caller
+    drops its temporaries right after the call, and its allocator hands their memory to
+    its next request on its stream, which fills it, while cuDNN's work is still queued
+    on CuPy's stream. The functional API keeps them alive until that work is done."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8)
+    theirs, ours = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with theirs:  # the framework's allocations, on its stream
+        foreign = [fake_cuda.FakeFrameworkArray(fake_cuda._device(a))
+                   for a in (case.input, case.input_h, case.input_c, case.params)]
+    with ours:
+        out = pycudnnrnn.forward(*foreign, case.sequence_lengths, **case.attrs)
+    del foreign
+    gc.collect()
+    with theirs:
+        junk = [cp.empty(n, cp.uint8) for n in range(64, 8192, 64)]
+        for j in junk:
+            j[...] = 7
+    with ours:
+        ours.synchronize()
+        for got, want in zip(out[:3], case.forward()[:3]):
+            np.testing.assert_allclose(fake_cuda.to_host(got), want, rtol=1e-10, atol=1e-12)

@@ -322,3 +322,23 @@ def test_foreign_inputs_live_until_the_work_reading_them_is_done(fake_gpu):
         ours.synchronize()
         for got, want in zip(out[:3], case.forward()[:3]):
             np.testing.assert_allclose(fake_cuda.to_host(got), want, rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------- 7: JAX's buffers
+
+def test_jax_buffers_are_sized_for_the_platform(fake_gpu):
+    """On CUDA, XLA's reserve space and workspace are the cuDNN plan's, not the larger
+    of the CPU's and cuDNN's (the NumPy backend keeps 16-bit data's reserve in float32:
+    twice cuDNN's for a float16 LSTM)."""
+    from pycudnnrnn.jax import targets
+    case = make_case("lstm", num_layers=4, num_units=32, input_size=32, T=16, B=8,
+                     dtype=np.float16)
+    from pycudnnrnn import jax as rnn_jax
+    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    cuda = plans.RNNPlan.from_problem(problem, 0)
+    cpu = plans.RNNPlan.from_problem(problem, None)
+    assert cpu.reserve_nbytes > cuda.reserve_nbytes  # the case that over-allocated
+    assert targets.buffer_sizes(problem, cuda=True) == (cuda.reserve_nbytes,
+                                                        cuda.workspace_nbytes)
+    assert targets.buffer_sizes(problem, cuda=False) == (cpu.reserve_nbytes, 0)

@@ -196,3 +196,15 @@ def test_temp_space_sizes_grow_with_the_problem():
     large = fake_cuda.temp_space_bytes(config, np.float32, 40, 20, True)
     assert all(b > 10 * a - 10_000 for a, b in zip(small, large)) and large[1] > small[1]
     assert fake_cuda.temp_space_bytes(config, np.float32, 4, 2, False)[1] == 0
+
+
+def test_gpu_check_gives_a_verdict_per_hazard(tmp_path):
+    check = benchmark_script("gpu_check")
+    xml = tmp_path / "t.xml"
+    cases = [f'<testcase name="{n}"/>' for _, names in check.HAZARDS for n in names]
+    cases[0] = cases[0].replace("/>", "><failure/></testcase>")
+    cases[-1] = cases[-1].replace("/>", "><skipped/></testcase>")
+    xml.write_text(f'<testsuites><testsuite>{"".join(cases)}</testsuite></testsuites>')
+    verdicts = [v for _, v, _ in check.hazard_verdicts(check.test_outcomes(str(xml)))]
+    assert verdicts[0] == "NOT FIXED" and verdicts[-1] == "not settled"
+    assert set(verdicts[1:-1]) == {"fixed"}

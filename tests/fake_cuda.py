@@ -64,9 +64,9 @@ the ``gpu`` tests do.
 import collections
 import ctypes
 import hashlib
+import math
 import threading
 import types
-import weakref
 
 import ml_dtypes
 import numpy as np
@@ -104,7 +104,7 @@ def install(monkeypatch):
     monkeypatch.setattr(gpu, "cupy", lambda: fake_cupy)
     monkeypatch.setattr(capi, "api", lambda: fake_api)
     # cuDNN handles live as long as the process: the stand-in's, as long as it is in place
-    monkeypatch.setattr(cudnn_resources, "_handles", {})
+    monkeypatch.setattr(cudnn_resources, "_handles", {}, raising=False)
     plan.clear_caches()  # nothing built on another GPU (or this one, earlier) is reused
     synchronize_all()  # what an earlier stand-in queued runs before its memory is reused
     _KEPT.clear()
@@ -354,7 +354,16 @@ class FakeMemoryPool:
 
 
 _DEVICE_POOL = [FakeMemoryPool()]
-_POOLED = weakref.WeakValueDictionary()  # id → pool-backed root array
+
+
+class _PoolRoot(np.ndarray):
+    """The array over a whole pool block; when its last view is gone, the block goes
+    back to its pool (``__del__``: cheaper than a weakref finaliser per allocation)."""
+
+    def __del__(self):
+        release = self.__dict__.pop("release", None)
+        if release is not None:
+            release[0].give_back(release[1], release[2])
 
 
 def _allocator() -> FakeMemoryPool:
@@ -380,22 +389,22 @@ class _UsingAllocator:
 def _empty(shape, dtype):
     """A FakeDeviceArray over a pool block (poison: NaN for floats, as garbage would be)."""
     dtype = np.dtype(dtype)
-    shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    shape = tuple(int(n) for n in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    nbytes = math.prod(shape) * dtype.itemsize
     pool = _allocator()
     block = pool.take(nbytes)
-    # The root's base is no ndarray, and NumPy collapses a view's base only through
-    # arrays of the view's own type: every view of the root keeps it, and so the block.
-    root = np.ndarray.__new__(FakeDeviceArray, (block.size,), np.uint8, memoryview(block))
-    _POOLED[id(root)] = root
-    weakref.finalize(root, pool.give_back, block, current_stream().ptr)  # CuPy frees there too
-    return np.ndarray.__getitem__(root, slice(0, nbytes)).view(dtype).reshape(shape)
+    # The root's base is the block, and NumPy collapses a view's base only through
+    # arrays of the view's own type: every view keeps the root, and so the block.
+    root = np.ndarray.__new__(_PoolRoot, (block.size,), np.uint8, block)
+    root.release = (pool, block, current_stream().ptr)  # CuPy frees on that stream too
+    flat = np.ndarray.__getitem__(root.view(FakeDeviceArray), slice(0, nbytes))
+    return flat.view(dtype).reshape(shape)
 
 
 def _root(a):
-    """The array owning `a`'s device memory: a pool root, or where the chain leaves the
-    device arrays (a pool root's own base is the pool's block)."""
-    while isinstance(a.base, FakeDeviceArray):
+    """The array owning `a`'s device memory: a pool root, or where the chain of device
+    arrays ends (a pool root's own base is the pool's block)."""
+    while isinstance(a.base, (FakeDeviceArray, _PoolRoot)):
         a = a.base
     return a
 
@@ -518,8 +527,7 @@ class FakeDeviceArray(np.ndarray):
 
     @property
     def data(self):
-        root = _root(self)
-        if _POOLED.get(id(root)) is not root:
+        if type(_root(self)) is not _PoolRoot:
             _KEPT.append(self)  # memory not from the pool (a framework's): never freed under cuDNN
         pointer = _Pointer()
         pointer.ptr = self.__array_interface__["data"][0]
@@ -551,6 +559,11 @@ class _NoContext:
 
 #: Every stand-in cuDNN GPU call, in order (FakeCudnn.calls is per instance).
 CALLS = []
+
+
+def _memory_pointer(memory, offset):
+    assert offset == 0, "the stand-in's MemoryPointer takes offset 0 only"
+    return memory
 
 
 def _device_synchronize():
@@ -601,7 +614,11 @@ class FakeCupy(types.ModuleType):
                                           deviceSynchronize=_device_synchronize),
             Device=Device, get_current_stream=current_stream, Stream=FakeStream,
             ExternalStream=external_stream, Event=FakeEvent, MemoryPool=FakeMemoryPool,
-            using_allocator=_UsingAllocator)
+            using_allocator=_UsingAllocator,
+            # views of memory others own (XLA's buffers), as the CUDA handlers make them
+            UnownedMemory=lambda ptr, size, owner, device_id=0:
+                (ctypes.c_char * size).from_address(ptr),
+            MemoryPointer=_memory_pointer)
 
     def empty(self, shape, dtype=np.float32):
         # Poison, as garbage on a GPU: NaN for floats, so a read of unwritten memory shows.

@@ -237,13 +237,26 @@ class Executor:
         readable = reserve_space.dtype == cp.uint8 and reserve_space.size >= n
         head = reserve_header.identity(
             reserve_space, reserve_space.data.ptr,
-            lambda: bytes(cp.asnumpy(reserve_space[:n])) if readable else None)
+            lambda: self._read_header(reserve_space) if readable else None)
         if not (head == self.head and readable and
                 reserve_space.size == _HEADER + self.reserve_bytes):
             reserve_header.check(head, reserve_space.dtype, reserve_space.size,
                                  _HEADER + self.reserve_bytes, self.problem, MAGIC, "cuDNN",
                                  self.tf32)
         return reserve_space
+
+    def _read_header(self, reserve_space) -> bytes:
+        """The identity of a reserve space this process did not note: a device→host
+        copy and a sync, which a capturing stream refuses (so a clear error then)."""
+        stream = self.cupy.cuda.get_current_stream()
+        if stream.is_capturing():
+            raise ValueError(
+                "reserve_space: this backprop runs under CUDA-graph capture and the "
+                "reserve space is not the array its forward returned here (a copy, or a "
+                "framework's tensor object rebuilt at each replay), so its header would "
+                "have to be read back, a sync capture refuses: pass the array forward "
+                "returned, or note it with RNNPlan.trust_reserve(reserve_space)")
+        return bytes(self.cupy.asnumpy(reserve_space[:reserve_header.IDENTITY_BYTES]))
 
     # ------------------------------------------------------------------ the passes
     def forward(self, input, input_h, input_c, params, out=(None,) * 4, workspace=None,

@@ -514,3 +514,26 @@ def test_gpu_torch_compile_reduce_overhead_trains_three_steps():
     skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
     print(f"torch.compile reduce-overhead: losses {losses}, cudagraph_skips {skips}")
     assert all(np.isfinite(losses)) and not torch.equal(before, model.params.detach())
+
+
+def test_an_unknown_reserve_space_under_capture_is_a_clear_error(fake_gpu):
+    """Hazard 6: a reserve space this process did not note (a copy, or a framework's
+    tensor object rebuilt at each replay) has its header read back, a sync, which a
+    capturing stream refuses: the error says so and what to do."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("lstm", num_units=4)
+    p = _plan_of(case)
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.input_c,
+                                          case.params)]
+    out = p.forward(*args)
+    grads = [fake_cuda._device(np.ones(a.shape)) for a in out[:3]]
+    copy = fake_cuda._device(fake_cuda.to_host(out[3]))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            with pytest.raises(ValueError, match="trust_reserve"):
+                p.backprop(*args, *out[:3], *grads, copy)
+        finally:
+            stream.end_capture()

@@ -35,7 +35,8 @@ FRAMEWORK_BENCHES = [("torch_bench.py", ["--device", "cuda", "--repeat", "5"], 4
 HAZARDS = [
     ("1 reserve space reused by a second backprop",
      ["test_one_reserve_space_serves_any_number_of_backprops[cuda]",
-      "test_gpu_jacrev_on_cuda_equals_the_cpu"]),
+      "test_gpu_jacrev_on_cuda_equals_the_cpu",
+      "test_gpu_whether_cudnn_writes_the_reserve_space"]),
     ("2 captured graph keeps what its replay touches",
      ["test_a_captured_graph_keeps_what_its_replays_use[cuda]"]),
     ("3 dropout under rematerialisation",
@@ -163,7 +164,8 @@ def main():
     tail = "\n".join(log.strip().splitlines()[-40:])
     verdicts = hazard_verdicts(test_outcomes(os.path.join(out, "gpu-tests.xml")))
     printed = [line for line in log.splitlines()
-               if line.startswith(("JAX reserve", "torch.compile reduce-overhead"))]
+               if line.startswith(("JAX reserve", "torch.compile reduce-overhead",
+                                   "cuDNN reserve space"))]
     report = ["# pycudnnrnn gpu-check", "",
               *[f"- {k}: {v}" for k, v in env.items()], "",
               "## gpu tests", "",

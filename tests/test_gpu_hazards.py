@@ -537,3 +537,43 @@ def test_an_unknown_reserve_space_under_capture_is_a_clear_error(fake_gpu):
                 p.backprop(*args, *out[:3], *grads, copy)
         finally:
             stream.end_capture()
+
+
+@pytest.mark.gpu
+def test_gpu_whether_cudnn_writes_the_reserve_space(cuda_only, monkeypatch):
+    """The measurement behind hazard 1's copy: cuDNN's backward calls handed the caller's
+    reserve space itself. The first backprop must equal one from a copy (what the
+    backend does); whether cuDNN changed the reserve's bytes, and whether a second
+    in-place backprop still agreed, goes to the report: if cuDNN never writes it, the
+    copy (one reserve-sized read and write per backprop) could go."""
+    from pycudnnrnn import cudnn_backend
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", T=12, B=6,
+                     input_size=8, num_units=16, dtype=np.float32)
+    args = _put_all(cuda_only, case)
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    grads = _grads(cuda_only, out)
+
+    def backprop():
+        return [cuda_only.get(g) for g in pycudnnrnn.backprop(
+            *args, case.sequence_lengths, *out[:3], *grads, out[3], **case.attrs)]
+
+    copied = backprop()
+    before = _digest(cuda_only, out[3])
+    monkeypatch.setattr(cudnn_backend.Executor, "_reserve_copy",
+                        lambda self, reserve, workspace:
+                        reserve[cudnn_backend._HEADER:cudnn_backend._HEADER + self.reserve_bytes])
+    in_place = backprop()
+    written = _digest(cuda_only, out[3]) != before
+    again = backprop()
+    second_agrees = all(np.array_equal(a, b) for a, b in zip(again, in_place))
+    print(f"cuDNN reserve space: written by backward {'yes' if written else 'no'}; "
+          f"a second in-place backprop {'agreed' if second_agrees else 'DIFFERED'}")
+    for a, b in zip(in_place, copied):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.fixture
+def cuda_only(monkeypatch):
+    from conftest import Device
+    yield Device("cuda", monkeypatch)
+    plans.clear_caches()

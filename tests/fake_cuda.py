@@ -17,8 +17,9 @@ It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
   stream, after that stream's queued work: a stream runs in order, but nothing orders
   two streams except events (``stream.wait_event``) and syncs. Every stream is
   non-blocking (no legacy default-stream sync), the strictest CUDA allows. With
-  ``STRICT[0]`` set (the ``strict_gpu`` fixture), a device sync runs the streams'
-  queues newest stream first, an order that differs from submission across streams.
+  ``STRICT[0]`` set (the ``strict_gpu`` fixture, or ``FAKE_CUDA_STRICT=1`` for a whole
+  run), a device sync runs the streams' queues newest stream first, an order that
+  differs from submission across streams.
 * **memory**: device arrays are blocks of one pool (CuPy's, or a private
   ``MemoryPool``). A block freed (its last array gone) is poisoned (0xFF bytes: NaN in
   every float dtype) in the order of the stream it was allocated on, and handed to the
@@ -65,6 +66,7 @@ import collections
 import ctypes
 import hashlib
 import math
+import os
 import threading
 import types
 
@@ -112,7 +114,7 @@ def install(monkeypatch):
     CALLS.clear()
     CAPTURING.clear()
     _CAPTURES.clear()
-    STRICT[0] = False
+    STRICT[0] = os.environ.get("FAKE_CUDA_STRICT") == "1"  # a whole run in strict mode
     _local.__dict__.clear()
     return fake_api
 

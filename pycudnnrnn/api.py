@@ -10,6 +10,8 @@ The backend follows the arrays: CPU arrays (NumPy, or DLPack arrays on the CPU) 
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from . import checks, dtypes, gpu, layout, plan
@@ -37,6 +39,7 @@ class _Route:
         self.cuda = "cuda" in kinds.values()
         self.device = None  # a CUDA device number when on the GPU
         self.template = next((a for a in arrays.values() if a is not None), None)
+        self.stream, self.foreign = None, ()
         if not self.cuda:
             self.xp = np
             self.arrays = {n: a if a is None or isinstance(a, np.ndarray)
@@ -50,9 +53,22 @@ class _Route:
             detail = ", ".join(f"{n} on cuda:{d}" for n, d in devices.items())
             raise TypeError(f"arrays must all be on one CUDA device, got {detail}")
         self.device = next(iter(devices.values()))
+        # Other libraries' arrays: run on a PyTorch caller's stream (its allocator
+        # reuses freed memory in that stream's order); others are kept alive until the
+        # work reading them is done (gpu.keep_until_done).
+        self.stream = gpu.caller_stream(cupy, self.template, self.device)
+        if self.stream is None:
+            self.foreign = tuple(a for a in arrays.values()
+                                 if a is not None and not isinstance(a, cupy.ndarray))
+
+    def on_stream(self):
+        """Where the call's GPU work goes: the caller's stream, or CuPy's current one."""
+        return self.stream if self.stream is not None else contextlib.nullcontext()
 
     def outputs(self, results):
         """Backend results in the caller's array type (None stays None)."""
+        if self.foreign:
+            gpu.keep_until_done(self.xp, self.foreign)
         return results_like(self.template, self.xp, results)
 
 
@@ -132,8 +148,9 @@ def canonical_to_params(weights, biases, *, rnn_mode="lstm", num_layers, num_uni
     pieces = [route.arrays[n] for n in names]
     arrays = checks.check_canonical(pieces[:len(weights)], pieces[len(weights):], config)
     bits = type(arrays[0]) is dtypes.Bfloat16Bits  # bfloat16 with a CuPy older than 14
-    params = route.xp.concatenate([(a.bits if bits else a).reshape(-1) for a in arrays])
-    return route.outputs((dtypes.Bfloat16Bits(params) if bits else params,))[0]
+    with route.on_stream():
+        params = route.xp.concatenate([(a.bits if bits else a).reshape(-1) for a in arrays])
+        return route.outputs((dtypes.Bfloat16Bits(params) if bits else params,))[0]
 
 
 def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input_size,
@@ -224,8 +241,10 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
                       dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
                       time_major=time_major, is_training=is_training, num_layers=num_layers,
                       num_units=num_units, input_size=input_size)
-    run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes, route.device)
-    return ForwardResult(*route.outputs(run.run_forward(route.arrays, reference="input")))
+    with route.on_stream():
+        run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes,
+                            route.device)
+        return ForwardResult(*route.outputs(run.run_forward(route.arrays, reference="input")))
 
 
 def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
@@ -283,6 +302,8 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
                       dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
                       time_major=time_major, is_training=True, num_layers=num_layers,
                       num_units=num_units, input_size=input_size)
-    run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes, route.device)
-    return BackpropResult(*route.outputs(run.run_backprop(route.arrays, reference="input",
-                                                          gradients=gradients)))
+    with route.on_stream():
+        run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes,
+                            route.device)
+        return BackpropResult(*route.outputs(run.run_backprop(route.arrays, reference="input",
+                                                              gradients=gradients)))

@@ -5,14 +5,16 @@
 ``pycudnnrnn.cudnn_resources``; a new RNN descriptor's weight layout is checked against
 ours by ``pycudnnrnn.cudnn_layout``), the workspace and reserve sizes, the device copies of
 the lengths, of the running rows' index and of the padding mask, and the reserve
-header. A run is then pointers and cuDNN calls on CuPy's current stream: no
-host↔device copy, no sync, no size query. Per run:
+header. Building one makes no host sync either: its uploads are queued, and an event
+orders them before runs on other streams. A run is then pointers and cuDNN calls on
+CuPy's current stream: no host↔device copy, no sync, no size query. Per run:
 
 * sequences of length zero, which cuDNN rejects, are left out of the cuDNN call: it runs
   on the other rows, and the run fills in zeros and passed-through states;
 * batch-major states are made contiguous ``[L·D, B, P]`` for cuDNN and put back;
 * padding of x, y and dy is zeroed when lengths are ragged, so that (as on the CPU)
-  padding may hold anything, even NaN (cuDNN need not ignore it);
+  padding may hold anything, even NaN (cuDNN need not ignore it), and so is dx's
+  (cuDNN need not write it);
 * arrays already contiguous are used in place; results go into caller buffers (``out``)
   when given; reserve_space starts with the 256-byte header of
   ``pycudnnrnn.reserve_header`` (remembered on the host, so backprop reads it back only
@@ -21,9 +23,11 @@ host↔device copy, no sync, no size query. Per run:
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
-from . import cudnn_layout, cudnn_resources, dtypes, gpu, layout, reserve_header
+from . import cudnn_layout, cudnn_resources, dtypes, gpu, graphs, layout, reserve_header
 from .config import Problem
 from .cudnn import rnn
 
@@ -60,11 +64,22 @@ class Executor:
             self.rows = None if self.all_rows else cp.asarray(rows)
             self.head_device = cp.asarray(np.frombuffer(self.head, dtype=np.uint8))
             self.empty = cp.zeros((0,), self.storage)  # output_c of other cells: never written
+            # Padding's zero: a device array of the data's dtype, not a host scalar (CuPy's
+            # bfloat16 support is minimal: its kernels need not take an ml_dtypes scalar).
+            self.zero = cp.zeros((), self.storage)
             self.no_reserve = cp.zeros((0,), dtype=cp.uint8)  # inference's reserve_space
             if B:
                 self._describe(handle, run_lengths)
-            # Runs may come on other streams (threads, graphs): the uploads must be done.
-            cp.cuda.get_current_stream().synchronize()
+            stream = cp.cuda.get_current_stream()
+            # The uploads above are queued on this stream; a run on another one (threads,
+            # graphs, a framework's stream) waits for them through this event: no host
+            # sync here, and none in a run (once the event has completed, runs skip it).
+            self._ready = stream.record()
+            # CuPy frees this plan's buffers in the order of the stream they were made
+            # on: when the plan dies, that stream first waits for its latest run on
+            # another stream, so no buffer is reused under work still queued there.
+            self._home, self._last_use = stream.ptr, [None]
+            weakref.finalize(self, _fence, stream, self._last_use)
 
     def _describe(self, handle, run_lengths):
         """Descriptors, temp-space sizes and device lengths and mask of the running rows."""
@@ -81,9 +96,37 @@ class Executor:
         self.dev_lengths = cp.asarray(run_lengths)
         if self.ragged:
             steps = np.arange(T)[:, None] < run_lengths[None, :]
-            self.valid = cp.asarray((steps if tm else steps.T)[..., None])
+            steps = (steps if tm else steps.T)[..., None]
+            self.valid, self.padding = cp.asarray(steps), cp.asarray(~steps)
         self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
             handle, self.rnn, problem.is_training, self.x_desc)
+
+    # ------------------------------------------------------------------ streams
+    def _enter(self):
+        """The current stream, ordered after the plan's uploads."""
+        stream = self.cupy.cuda.get_current_stream()
+        ready = self._ready
+        if ready is not None:
+            if ready.done:
+                self._ready = None
+            else:
+                stream.wait_event(ready)
+        return stream
+
+    def _leave(self, stream):
+        """After a run's work is queued: a graph being captured keeps the plan (it
+        replays this work on the plan's buffers); a run on another stream than the
+        plan's is marked for the fence of ``_fence``."""
+        held = graphs.holding()
+        if held is not None:
+            held.append(self)
+        elif stream.ptr != self._home:
+            self._last_use[0] = stream.record()
+
+    def settle(self):
+        """Note that the plan's uploads are done (the caller synchronized): runs need
+        not ask (``graphs.capture``, whose capture may not query events)."""
+        self._ready = None
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -93,7 +136,14 @@ class Executor:
 
     @property
     def workspace_nbytes(self) -> int:
-        return self.work_bytes
+        """Bytes of the workspace a run may take: cuDNN's, then (training) room for the
+        copy of the reserve space backprop hands cuDNN."""
+        return self._copy_offset + self.reserve_bytes if self.problem.is_training \
+            else self.work_bytes
+
+    @property
+    def _copy_offset(self) -> int:
+        return -(-self.work_bytes // _HEADER) * _HEADER  # 256-byte aligned, as cuDNN wants
 
     # ------------------------------------------------------------------ data movement
     def _run_shape(self, width):
@@ -105,7 +155,7 @@ class Executor:
         if not self.all_rows:
             x = x[:, self.rows] if self.problem.time_major else x[self.rows]
         if zero_padding and self.ragged:
-            return self.cupy.where(self.valid, x, x.dtype.type(0))
+            return self.cupy.where(self.valid, x, self.zero)
         return self.cupy.ascontiguousarray(x)
 
     def _state_in(self, s):
@@ -155,6 +205,25 @@ class Executor:
     def _buffer(self, given, nbytes):
         return given if given is not None else self.cupy.empty(max(nbytes, 1), self.cupy.uint8)
 
+    def _reserve_copy(self, reserve, workspace):
+        """A copy of the cuDNN part of `reserve`, for cuDNN's backward calls.
+
+        ``cudnnRNNBackwardData_v8`` and ``cudnnRNNBackwardWeights_v8`` take reserveSpace
+        ``[in,out]``: cuDNN may write into it. Handing them a copy keeps the caller's
+        reserve space as forward left it, so any number of backprops may use it (a
+        second ``backward(retain_graph=True)``, a JAX vjp called twice, ``jacrev``), and
+        XLA's operands stay unwritten. The copy lives after cuDNN's workspace in
+        `workspace` when that is large enough (``workspace_nbytes``), else in the pool.
+        """
+        n = self.reserve_bytes
+        start = self._copy_offset
+        if workspace is not None and workspace.size >= start + n:
+            copy = workspace[start:start + n]
+        else:
+            copy = self.cupy.empty(max(n, 1), self.cupy.uint8)[:n]
+        copy[...] = reserve[_HEADER:_HEADER + n]  # device to device, on the current stream
+        return copy
+
     # ------------------------------------------------------------------ reserve space
     def _new_reserve(self, given):
         reserve = self._buffer(given, self.reserve_nbytes)
@@ -168,7 +237,7 @@ class Executor:
         readable = reserve_space.dtype == cp.uint8 and reserve_space.size >= n
         head = reserve_header.identity(
             reserve_space, reserve_space.data.ptr,
-            lambda: bytes(cp.asnumpy(reserve_space[:n])) if readable else None)
+            lambda: self._read_header(reserve_space) if readable else None)
         if not (head == self.head and readable and
                 reserve_space.size == _HEADER + self.reserve_bytes):
             reserve_header.check(head, reserve_space.dtype, reserve_space.size,
@@ -176,9 +245,37 @@ class Executor:
                                  self.tf32)
         return reserve_space
 
+    def _read_header(self, reserve_space) -> bytes:
+        """The identity of a reserve space this process did not note: a device→host
+        copy and a sync, which a capturing stream refuses (so a clear error then)."""
+        stream = self.cupy.cuda.get_current_stream()
+        if stream.is_capturing():
+            raise ValueError(
+                "reserve_space: this backprop runs under CUDA-graph capture and the "
+                "reserve space is not the array its forward returned here (a copy, or a "
+                "framework's tensor object rebuilt at each replay), so its header would "
+                "have to be read back, a sync capture refuses: pass the array forward "
+                "returned, or note it with RNNPlan.trust_reserve(reserve_space)")
+        return bytes(self.cupy.asnumpy(reserve_space[:reserve_header.IDENTITY_BYTES]))
+
     # ------------------------------------------------------------------ the passes
-    def forward(self, input, input_h, input_c, params, out=(None,) * 4, workspace=None):
-        """Forward on CuPy arrays of the problem's shapes; see ``pycudnnrnn.forward``."""
+    def forward(self, input, input_h, input_c, params, out=(None,) * 4, workspace=None,
+                restart_dropout=False):
+        """Forward on CuPy arrays of the problem's shapes; see ``pycudnnrnn.forward``.
+
+        With `restart_dropout`, the seed's dropout states are put back as the seed made
+        them first, so the masks depend on the seed alone (the XLA path: XLA may run a
+        forward again and expects the same results); else they continue from the last
+        training forward (TensorFlow's kernel).
+        """
+        stream = self._enter()
+        try:
+            return self._forward(input, input_h, input_c, params, out, workspace,
+                                 restart_dropout)
+        finally:
+            self._leave(stream)
+
+    def _forward(self, input, input_h, input_c, params, out, workspace, restart_dropout):
         cp, problem = self.cupy, self.problem
         c = problem.config
         lstm, width = c.is_lstm, c.num_dirs * c.state_size
@@ -201,6 +298,9 @@ class Executor:
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
         handle = cudnn_resources.handle(cp)
+        states = getattr(self.rnn.dropout, "states", None)
+        if restart_dropout and training and states is not None:
+            states.restart()
         rnn.forward(handle, self.rnn, training=training, dev_lengths=self.dev_lengths.data.ptr,
                     x_desc=self.x_desc, x=x.data.ptr, y_desc=self.y_desc, y=y.data.ptr,
                     h_desc=self.h_desc, hx=hx.data.ptr, hy=hy.data.ptr, c_desc=self.c_desc,
@@ -220,9 +320,14 @@ class Executor:
         pass (the weight pass reads what it leaves in the reserve space). Gradients left
         out come back as None.
         """
-        grads = self._backprop(input, input_h, input_c, params, output, output_h, output_c,
-                               output_backprop, output_h_backprop, output_c_backprop,
-                               reserve_space, out, workspace, gradients != "data")
+        stream = self._enter()
+        try:
+            grads = self._backprop(input, input_h, input_c, params, output, output_h,
+                                   output_c, output_backprop, output_h_backprop,
+                                   output_c_backprop, reserve_space, out, workspace,
+                                   gradients != "data")
+        finally:
+            self._leave(stream)
         return grads if gradients != "weights" else (None, None, None, grads[3])
 
     def _backprop(self, input, input_h, input_c, params, output, output_h, output_c,
@@ -254,15 +359,18 @@ class Executor:
         dcx = self._state_target(out_dc, cx) if lstm else None
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
+        scratch = self._reserve_copy(reserve, workspace)
         handle = cudnn_resources.handle(cp)
         common = dict(dev_lengths=self.dev_lengths.data.ptr, weight_bytes=self.weight_bytes,
                       work_bytes=self.work_bytes, work=work.data.ptr,
-                      reserve_bytes=self.reserve_bytes, reserve=reserve.data.ptr + _HEADER)
+                      reserve_bytes=self.reserve_bytes, reserve=scratch.data.ptr)
         rnn.backward_data(handle, self.rnn, y_desc=self.y_desc, y=y.data.ptr, dy=dy.data.ptr,
                           x_desc=self.x_desc, dx=dx.data.ptr, h_desc=self.h_desc,
                           hx=hx.data.ptr, dhy=dhy.data.ptr, dhx=dhx.data.ptr,
                           c_desc=self.c_desc, cx=_ptr(cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
                           weights=weights.data.ptr, **common)
+        if self.ragged:  # cuDNN does not promise to write dx past each length
+            cp.copyto(dx, self.zero, where=self.padding)
         if want_weights:  # only the weight gradients read x
             x = self._data_in(input, zero_padding=True)
             rnn.backward_weights(handle, self.rnn, x_desc=self.x_desc, x=x.data.ptr,
@@ -272,6 +380,16 @@ class Executor:
                 self._state_out(dhx, out_dh, output_h_backprop),
                 self._state_out(dcx, out_dc, output_c_backprop) if lstm else self.empty,
                 dparams)
+
+
+def _fence(home, last_use):
+    """A dead plan's stream waits for the plan's latest run on another stream (its
+    buffers are freed in `home`'s order, right after this)."""
+    if last_use[0] is not None:
+        try:
+            home.wait_event(last_use[0])
+        except Exception:  # never raise from a finaliser (at exit, CUDA may be gone)
+            pass
 
 
 def _ptr(array) -> int:

@@ -38,7 +38,10 @@ def weight_params(cupy, handle, desc: RNNDescriptor):
     """
     c, itemsize = desc.config, desc.dtype.itemsize
     nbytes = rnn.weight_space_size(handle, desc)
-    space = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
+    # cudnnGetRNNWeightParams only adds offsets to the weight space's address and never
+    # reads or writes it: a small real block gives it a base (a whole weight space would
+    # cost 400 MB at 100M parameters, once per new descriptor, for arithmetic).
+    space = cupy.empty(256, dtype=cupy.uint8)
     base = space.data.ptr
     slots = 2 * c.num_gates + (1 if c.num_proj else 0)
     table = []

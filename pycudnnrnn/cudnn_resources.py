@@ -1,6 +1,10 @@
 """What the cuDNN backend keeps between calls: handles, descriptors, dropout states.
 
-* one cuDNN handle per (thread, device);
+* one cuDNN handle per (thread, device), kept as long as the process: ``cudnnDestroy``
+  synchronizes the device, which would stall every stream and invalidate a CUDA-graph
+  capture in progress on any thread, so no handle is destroyed at a thread's exit or
+  by ``clear_caches`` (a thread that ends leaves its handle to the next thread that
+  gets its id; there are at most as many as threads alive at once);
 * descriptors in per-device LRU caches: RNN descriptors by configuration, dtype and math
   mode, data and state descriptors by shape and lengths;
 * dropout RNG states. cuDNN needs one buffer per seed (``cudnnDropoutGetStatesSize``:
@@ -8,6 +12,8 @@
   known seed's states is cheap. The caches keep the states of at most
   ``DROPOUT_SEEDS_KEPT`` seeds per device (a loop over seeds keeps the most recent
   ones); a plan the caller holds keeps its own seed's states alive as long as it lives.
+  Each seed's states are kept twice: as they advance, and as the seed made them (so a
+  forward can draw the seed's first masks again, as XLA's recomputations need).
 """
 
 from __future__ import annotations
@@ -30,18 +36,27 @@ _state_descriptors = LRU(256)   # (device, dtype, dims)
 _dropout = LRU(DROPOUT_SEEDS_KEPT)          # (device, dropout, seed) → DropoutDescriptor
 _dropout_states = LRU(DROPOUT_SEEDS_KEPT)   # (device, seed) → DropoutStates
 _dropout_lock = threading.Lock()
-_local = threading.local()
+_handles: dict = {}  # (thread id, device) → Handle, never destroyed (see above)
 
 #: Dropout state buffers alive now, anywhere (for tests and diagnosis).
 LIVE_DROPOUT_STATES: "weakref.WeakSet" = weakref.WeakSet()
 
 
 class DropoutStates:
-    """One device buffer of cuDNN dropout RNG states, initialised for one seed."""
+    """One device buffer of cuDNN dropout RNG states, initialised for one seed.
+
+    ``initial`` is a copy of the states as the seed initialised them: copying it back
+    (``restart``) makes the next forward draw the masks of the seed's first forward.
+    """
 
     def __init__(self, buffer, seed: int, device: int | None = None):
         self.buffer, self.seed, self.device = buffer, seed, device
+        self.initial = None
         LIVE_DROPOUT_STATES.add(self)
+
+    def restart(self):
+        """Put the states back as the seed made them (a device copy, current stream)."""
+        self.buffer[...] = self.initial
 
 
 def _live_states(device: int, seed: int):
@@ -53,13 +68,10 @@ def _live_states(device: int, seed: int):
 
 def handle(cupy) -> Handle:
     """This thread's handle for the current device, bound to CuPy's current stream."""
-    handles = getattr(_local, "handles", None)
-    if handles is None:
-        handles = _local.handles = {}
-    device = cupy.cuda.Device().id
-    if device not in handles:
-        handles[device] = Handle()
-    h = handles[device]
+    key = (threading.get_ident(), cupy.cuda.Device().id)
+    h = _handles.get(key)
+    if h is None:  # only this thread makes its key's handle: no race
+        h = _handles[key] = Handle()
     h.set_stream(cupy.cuda.get_current_stream().ptr)
     return h
 
@@ -82,6 +94,7 @@ def dropout_descriptor(cupy, handle, device: int, dropout: float, seed: int):
                 size = rnn.dropout_states_size(handle)
                 states = DropoutStates(cupy.empty(size, dtype=cupy.uint8), seed, device)
                 desc.set(handle, dropout, states.buffer.data.ptr, size, seed)  # slow, once
+                states.initial = states.buffer.copy()  # after the kernel, same stream
                 fresh.append(states)
                 return states
 
@@ -119,9 +132,8 @@ def state_descriptor(device: int, dtype, dims) -> TensorDescriptor:
 
 
 def clear_caches():
-    """Drop every cached descriptor, dropout state and this thread's handles (each is
-    freed once no plan holds it)."""
+    """Drop every cached descriptor and dropout state (each is freed once no plan holds
+    it); handles stay (see above)."""
     for cache in (_rnn_descriptors, _dropout_rnn_descriptors, _data_descriptors,
                   _state_descriptors, _dropout, _dropout_states):
         cache.clear()
-    _local.__dict__.pop("handles", None)

@@ -9,7 +9,17 @@ finds every block it needs in that pool and allocates nothing new.
 
 from __future__ import annotations
 
+import threading
+
 from . import gpu
+
+_capturing = threading.local()
+
+
+def holding():
+    """The list a capture on this thread collects the plans its runs use in (the graph
+    keeps them: its replays use their buffers), or None when no capture runs."""
+    return getattr(_capturing, "held", None)
 
 
 class CapturedGraph:
@@ -23,8 +33,12 @@ class CapturedGraph:
         The CuPy stream the graph replays on.
     """
 
-    def __init__(self, graph, stream, pool, outputs):
+    def __init__(self, graph, stream, pool, outputs, held=()):
         self.graph, self.stream, self._pool, self.outputs = graph, stream, pool, outputs
+        # What a replay reads and writes besides the pool's blocks and the caller's
+        # arrays: the plans' device lengths, row index, padding mask, header and dropout
+        # state (and so their descriptors), kept alive by the graph, not by the caches.
+        self._held = tuple({id(h): h for h in held}.values())
 
     def replay(self):
         """Launch the graph on its stream (asynchronously); returns ``outputs``."""
@@ -42,12 +56,18 @@ def capture(function) -> CapturedGraph:
     cupy = gpu.cupy()
     pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.Stream(non_blocking=True)
-    with cupy.cuda.using_allocator(pool.malloc), stream:
-        function()  # warm-up: the pool now holds every block a run needs
-        stream.synchronize()
-        stream.begin_capture()
-        try:
-            outputs = function()
-        finally:
-            graph = stream.end_capture()
-    return CapturedGraph(graph, stream, pool, outputs)
+    held = _capturing.held = []
+    try:
+        with cupy.cuda.using_allocator(pool.malloc), stream:
+            function()  # warm-up: the pool now holds every block a run needs
+            stream.synchronize()
+            for plan in held:
+                plan.settle()  # the sync above: the capture need not query their uploads
+            stream.begin_capture()
+            try:
+                outputs = function()
+            finally:
+                graph = stream.end_capture()
+    finally:
+        _capturing.held = None
+    return CapturedGraph(graph, stream, pool, outputs, held)

@@ -193,12 +193,15 @@ class RNNPlan:
                                     self._executor.head)
 
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan",
-                    check_overlaps=False):
+                    check_overlaps=False, restart_dropout=False):
         """forward on backend arrays (NumPy or CuPy on the plan's device), by name.
 
         `check_overlaps` refuses `out` and `workspace` buffers that share memory with each
         other or an input; adapters whose allocator has just made them leave it off (it
-        costs a pass over every array per call)."""
+        costs a pass over every array per call). `restart_dropout`: on the GPU, draw the
+        seed's first masks again rather than continue cuDNN's dropout state (the CPU's
+        masks depend on the seed alone anyway).
+        """
         lstm = self.problem.config.is_lstm
         checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
         out = self._outputs(out, self._results_of["forward"])
@@ -211,7 +214,8 @@ class RNNPlan:
             results = self._executor.forward(input=arrays["input"], input_h=arrays["input_h"],
                                              input_c=arrays["input_c"] if lstm else None,
                                              params=arrays["params"], out=out,
-                                             workspace=workspace)
+                                             workspace=workspace,
+                                             restart_dropout=restart_dropout)
         return self._as_bfloat16(results) if self._bits else results
 
     def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan",
@@ -370,7 +374,8 @@ class _NumpyExecutor:
         self.backprop_nbytes = numpy_backend.backprop_nbytes(problem) \
             if problem.is_training else 0
 
-    def forward(self, input, input_h, input_c, params, out, workspace=None):
+    def forward(self, input, input_h, input_c, params, out, workspace=None,
+                restart_dropout=False):
         memory.ensure_available(self.forward_nbytes, "forward")
         results = numpy_backend.forward(self.problem, input=input, input_h=input_h,
                                         input_c=input_c, params=params, batch=self.batch)

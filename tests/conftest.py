@@ -114,6 +114,15 @@ def fake_gpu(monkeypatch):
 
 
 @pytest.fixture
+def strict_gpu(fake_gpu):
+    """The stand-in GPU in its strict mode: a device sync runs the streams newest first."""
+    import fake_cuda
+    fake_cuda.STRICT[0] = True
+    yield fake_gpu
+    fake_cuda.STRICT[0] = False
+
+
+@pytest.fixture
 def case_factory():
     return make_case
 
@@ -142,7 +151,7 @@ class Device:
         if kind == "stand-in":
             fake_cuda.install(monkeypatch)
             self.array_type = fake_cuda.FakeDeviceArray
-            self.get = lambda a: np.asarray(a).view(np.ndarray)
+            self.get = fake_cuda.to_host  # after the current stream's work, as cupy.asnumpy
         else:
             import cupy
             self.array_type, self.get = cupy.ndarray, cupy.asnumpy

@@ -1,4 +1,4 @@
-"""A stand-in GPU for CI: runs the cuDNN backend's own code with host memory.
+"""A stand-in GPU for CI: runs the cuDNN backend's own code with host memory, in time.
 
 * ``FakeCupy`` is the slice of CuPy the backend uses, over NumPy arrays whose
   ``__dlpack_device__`` says CUDA, so the public API routes them to the cuDNN backend.
@@ -8,33 +8,72 @@
   GPU) and are read back through cuDNN. The RNN itself is computed by the NumPy backend
   on the rows cuDNN is handed, and the fake refuses what cuDNN refuses (zero lengths).
 
-What it adds to catch GPU bugs a CPU test would miss:
+It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
+
+* **streams**: cuDNN's compute calls and host→device copies are queued on their stream
+  (cuDNN's: the one ``cudnnSetStream`` gave the handle) and run when that stream, an
+  event recorded on it or the device is synchronized. Every other device operation (the
+  NumPy work on device arrays: copies, gathers, fills) runs at once on the current
+  stream, after that stream's queued work: a stream runs in order, but nothing orders
+  two streams except events (``stream.wait_event``) and syncs. Every stream is
+  non-blocking (no legacy default-stream sync), the strictest CUDA allows. With
+  ``STRICT[0]`` set (the ``strict_gpu`` fixture, or ``FAKE_CUDA_STRICT=1`` for a whole
+  run), a device sync runs the streams' queues newest stream first, an order that
+  differs from submission across streams.
+* **memory**: device arrays are blocks of one pool (CuPy's, or a private
+  ``MemoryPool``). A block freed (its last array gone) is poisoned (0xFF bytes: NaN in
+  every float dtype) in the order of the stream it was allocated on, and handed to the
+  next request of its size on that stream at once, and on any stream once that stream
+  got past the free (as CuPy's and PyTorch's pools do): work still queued on another
+  stream that reads freed memory reads poison, or what the block's next owner wrote.
+  Fresh memory is poison too.
+* **dropout** is applied: ``cudnnSetDropoutDescriptor`` initialises the state bytes from
+  the seed (a queued kernel), and every training forward draws its masks (the NumPy
+  backend's, seeded by those bytes) and advances the state, as cuDNN's RNG does.
+* **the reserve space**: forward writes its record into it; ``cudnnRNNBackwardData_v8``
+  overwrites that record with its own (``reserveSpace`` is ``[in,out]`` there, so cuDNN
+  may), which ``cudnnRNNBackwardWeights_v8`` reads: a second backprop handed the same
+  reserve space finds no forward in it and returns NaN.
+* **sizes** of the workspace and reserve space scale with the problem, and cuDNN's
+  calls fill the workspace with poison (it is theirs while they run).
+* ``cudnnDestroy`` synchronizes the device (as cuDNN's does); during a capture that
+  invalidates it, and ``end_capture`` raises, as CUDA's does.
+* graphs capture what runs on the capturing stream and replay it for real
+  (``FakeGraph.launch`` queues it on the launch stream): a replay reads and writes the
+  same memory as the capture, whoever owns it by then.
+
+What it adds besides, to catch GPU bugs a CPU test would miss:
 
 * its own weight-slot table in cuDNN's documented order (all matrices, then all biases;
   per pseudo-layer, by linLayerID), not ``pycudnnrnn.layout``'s; ``test_fake_cuda.py``
   holds it against the table cuDNN 9.19 gave on an H200 (``tests/data/gpu-layout.json``);
 * padding behaves as in cuDNN's products over every (t, b) slot: a NaN in the padding of
   x or dy handed to cuDNN spreads into the gradients (0 · NaN = NaN), so the backend must
-  zero it; fresh device memory is NaN, as garbage would be;
+  zero it;
 * counters (``COUNTS``) of host↔device copies and syncs (host data turned into device
   arrays, device data read back, scalars read from device arrays, synchronize) and of
-  device allocations and copies; while a stream captures a graph (``FakeStream``),
-  transfers and syncs raise, as CUDA refuses them.
+  device allocations and copies; while a stream captures a graph, transfers and syncs
+  raise, as CUDA refuses them.
 
 ``install(monkeypatch)`` is the one way in: it replaces ``pycudnnrnn.gpu.cupy`` and
 ``pycudnnrnn.cudnn.capi.api``, the only two places the library finds CuPy and cuDNN.
-What this cannot show is cuDNN's own arithmetic: the ``gpu`` tests do.
+``to_host(a)`` is how a test reads a result (after the current stream's work, as
+``cupy.asnumpy`` does; not counted). What this cannot show is cuDNN's own arithmetic:
+the ``gpu`` tests do.
 """
 
 import collections
 import ctypes
-import functools
+import hashlib
+import math
+import os
+import threading
 import types
 
 import ml_dtypes
 import numpy as np
 
-from pycudnnrnn import dtypes, gpu, numpy_backend, plan
+from pycudnnrnn import cudnn_resources, dtypes, gpu, numpy_backend, plan
 from pycudnnrnn.config import GATES, Problem, RNNConfig
 from pycudnnrnn.cudnn import capi
 from pycudnnrnn.cudnn.capi import api as real_api
@@ -42,8 +81,13 @@ from pycudnnrnn.cudnn.capi import api as real_api
 #: Host↔device traffic of the stand-in GPU since the last ``reset_counts()``.
 COUNTS: collections.Counter = collections.Counter()
 
-#: Whether a stream is capturing a graph: transfers and syncs then fail, as in CUDA.
+#: The streams capturing a graph now: transfers and syncs then fail, as in CUDA.
 CAPTURING = []
+
+#: Set STRICT[0] to run streams out of submission order at device syncs.
+STRICT = [False]
+
+POISON = 0xFF  # every byte of freed or fresh memory: NaN in float16/32/64 and bfloat16
 
 
 def reset_counts():
@@ -61,38 +105,403 @@ def install(monkeypatch):
     fake_cupy, fake_api = FakeCupy(), FakeCudnn()
     monkeypatch.setattr(gpu, "cupy", lambda: fake_cupy)
     monkeypatch.setattr(capi, "api", lambda: fake_api)
+    # cuDNN handles live as long as the process: the stand-in's, as long as it is in place
+    monkeypatch.setattr(cudnn_resources, "_handles", {}, raising=False)
     plan.clear_caches()  # nothing built on another GPU (or this one, earlier) is reused
+    synchronize_all()  # what an earlier stand-in queued runs before its memory is reused
+    _KEPT.clear()
     reset_counts()
     CALLS.clear()
     CAPTURING.clear()
+    _CAPTURES.clear()
+    STRICT[0] = os.environ.get("FAKE_CUDA_STRICT") == "1"  # a whole run in strict mode
+    _local.__dict__.clear()
     return fake_api
 
+
+def to_host(a):
+    """A host copy of device array `a` once the current stream's work is done (uncounted)."""
+    _drain(current_stream().ptr)
+    return np.array(np.asarray(a).view(np.ndarray))
+
+
+def synchronize_all():
+    """Run every stream's queued work (uncounted: the stand-in's own, not the library's)."""
+    with _lock:
+        ptrs = list(_QUEUES)
+        for ptr in (reversed(ptrs) if STRICT[0] else ptrs):
+            _drain(ptr)
+        if any(q.ops for q in _QUEUES.values()):  # work queued while draining
+            synchronize_all()
+
+
+# ----------------------------------------------------------------- time: streams
+
+_lock = threading.RLock()
+_local = threading.local()
+
+
+class _Queue:
+    """A stream's queued work; `submitted` and `executed` count its operations."""
+
+    __slots__ = ("ops", "submitted", "executed", "running")
+
+    def __init__(self):
+        self.ops, self.submitted, self.executed, self.running = collections.deque(), 0, 0, False
+
+
+_QUEUES: dict = {}    # stream pointer → _Queue
+_CAPTURES: dict = {}  # stream pointer → the FakeGraph it is capturing into
+
+
+def _queue(ptr) -> _Queue:
+    q = _QUEUES.get(ptr)
+    if q is None:
+        q = _QUEUES[ptr] = _Queue()
+    return q
+
+
+def _submit(ptr, op, captured=True):
+    """Queue `op` on stream `ptr` (or record it, while that stream captures and
+    `captured`: the pool's own bookkeeping is never part of a graph)."""
+    with _lock:
+        graph = _CAPTURES.get(ptr) if captured else None
+        if graph is not None:
+            graph.ops.append(op)
+            return
+        q = _queue(ptr)
+        q.ops.append(op)
+        q.submitted += 1
+
+
+def _drain(ptr, upto=None):
+    """Run stream `ptr`'s queued operations, all or up to the `upto`-th submitted."""
+    with _lock:
+        q = _queue(ptr)
+        if q.running:  # re-entered from its own work: that runs in order already
+            return
+        q.running = True
+        try:
+            while q.ops and (upto is None or q.executed < upto):
+                op = q.ops.popleft()
+                q.executed += 1
+                op()
+        finally:
+            q.running = False
+
+
+def current_stream():
+    stack = getattr(_local, "streams", None)
+    return stack[-1] if stack else NULL_STREAM
+
+
+def _now(compute):
+    """A device operation on the current stream: after its queued work, run now; while
+    the stream captures, also recorded for replays. Returns what `compute()` returns."""
+    ptr = current_stream().ptr
+    _drain(ptr)
+    value = compute()
+    graph = _CAPTURES.get(ptr)
+    if graph is not None:
+        graph.ops.append(compute)
+    return value
+
+
+class FakeEvent:
+    """A CUDA event: a point in one stream's work."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self._at = None  # (stream pointer, operations submitted before it)
+
+    def record(self, stream=None):
+        stream = stream if stream is not None else current_stream()
+        with _lock:
+            graph = _CAPTURES.get(stream.ptr)
+            if graph is not None:  # replayed: the event marks the replay's point
+                graph.ops.append(lambda: None)
+                self._at = (stream.ptr, None)
+                return
+            self._at = (stream.ptr, _queue(stream.ptr).submitted)
+
+    @property
+    def done(self):
+        if self._at is None:
+            return True
+        ptr, upto = self._at
+        return _queue(ptr).executed >= (upto if upto is not None else _queue(ptr).submitted)
+
+    def synchronize(self):
+        _count("sync")
+        if self._at is not None:
+            _drain(*self._at)
+
+
+class FakeStream:
+    """A CUDA stream: its own queue; ``with stream:`` makes it current on this thread."""
+
+    _next = [0x5000]
+
+    def __init__(self, null=False, non_blocking=False, ptr=None):
+        if ptr is None:
+            ptr = 0 if null else FakeStream._next[0]
+            FakeStream._next[0] += 0x10
+        self.ptr = ptr
+
+    def __enter__(self):
+        stack = getattr(_local, "streams", None)
+        if stack is None:
+            stack = _local.streams = []
+        stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _local.streams.pop()
+
+    def synchronize(self):
+        _count("sync")
+        _drain(self.ptr)
+
+    def record(self, event=None):
+        event = event if event is not None else FakeEvent()
+        event.record(self)
+        return event
+
+    def wait_event(self, event):
+        """Later work on this stream waits for `event`'s point in its stream."""
+        at = event._at
+        if at is not None and at[0] != self.ptr:
+            _submit(self.ptr, lambda: _drain(*at))
+
+    def begin_capture(self, mode=None):
+        CAPTURING.append(self.ptr)
+        _CAPTURES[self.ptr] = FakeGraph(len(CALLS))
+
+    def is_capturing(self):
+        return self.ptr in _CAPTURES
+
+    def end_capture(self):
+        CAPTURING.remove(self.ptr)
+        graph = _CAPTURES.pop(self.ptr)
+        graph.calls = CALLS[graph.start:]
+        if graph.invalid:
+            raise RuntimeError(f"cudaErrorStreamCaptureInvalidated: {graph.invalid}")
+        return graph
+
+
+NULL_STREAM = FakeStream(null=True)
+
+
+class FakeGraph:
+    """What a stream captured: the operations to replay, and the cuDNN calls made."""
+
+    def __init__(self, start):
+        self.start, self.ops, self.calls, self.launches, self.invalid = start, [], [], 0, None
+
+    def launch(self, stream=None):
+        """Queue the captured work on `stream` (the current one if None)."""
+        stream = stream if stream is not None else current_stream()
+        self.launches += 1
+        for op in self.ops:
+            _submit(stream.ptr, op)
+
+
+def _invalidate_captures(why):
+    for graph in _CAPTURES.values():
+        graph.invalid = graph.invalid or why
+
+
+# ----------------------------------------------------------------- memory: the pool
+
+_BLOCK = 512  # CuPy's allocation unit
+
+
+class FakeMemoryPool:
+    """Blocks by size; a freed one is poisoned in its stream's order, then reused.
+
+    As CuPy's pool (and PyTorch's), a freed block goes at once to the next request on
+    the stream it was used on (ordered after that stream's work), and to a request on
+    any stream once that stream has got past the free: work still queued that reads a
+    freed block reads poison, or whatever its next owner wrote.
+    """
+
+    def __init__(self):
+        self.free = collections.defaultdict(list)  # bytes → [[block, stream, poisoned]]
+        self.blocks = []  # every block, kept: queued work may still read freed ones
+        self.malloc = self  # ``using_allocator(pool.malloc)`` names this pool
+
+    def take(self, nbytes):
+        size = max(_BLOCK, -(-int(nbytes) // _BLOCK) * _BLOCK)
+        stream = current_stream().ptr
+        with _lock:
+            free = self.free[size]
+            for i in range(len(free) - 1, -1, -1):  # the most recently freed first
+                block, freed_on, poisoned = free[i]
+                if freed_on == stream or poisoned[0]:
+                    del free[i]
+                    return block
+        block = np.full(size, POISON, np.uint8)
+        self.blocks.append(block)
+        return block
+
+    def give_back(self, block, stream_ptr):
+        """`block`'s last array is gone: poison it after its stream's work, reuse it."""
+        poisoned = [False]
+
+        def poison():
+            block.fill(POISON)
+            poisoned[0] = True
+        _submit(stream_ptr, poison, captured=False)
+        with _lock:
+            self.free[block.size].append([block, stream_ptr, poisoned])
+
+
+_DEVICE_POOL = [FakeMemoryPool()]
+
+
+class _PoolRoot(np.ndarray):
+    """The array over a whole pool block; when its last view is gone, the block goes
+    back to its pool (``__del__``: cheaper than a weakref finaliser per allocation)."""
+
+    def __del__(self):
+        release = self.__dict__.pop("release", None)
+        if release is not None:
+            release[0].give_back(release[1], release[2])
+
+
+def _allocator() -> FakeMemoryPool:
+    stack = getattr(_local, "allocators", None)
+    return stack[-1] if stack else _DEVICE_POOL[0]
+
+
+class _UsingAllocator:
+    def __init__(self, malloc):
+        self.pool = malloc if isinstance(malloc, FakeMemoryPool) else None
+
+    def __enter__(self):
+        stack = getattr(_local, "allocators", None)
+        if stack is None:
+            stack = _local.allocators = []
+        stack.append(self.pool or _DEVICE_POOL[0])
+        return self
+
+    def __exit__(self, *exc):
+        _local.allocators.pop()
+
+
+def _empty(shape, dtype):
+    """A FakeDeviceArray over a pool block (poison: NaN for floats, as garbage would be)."""
+    dtype = np.dtype(dtype)
+    shape = tuple(int(n) for n in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    nbytes = math.prod(shape) * dtype.itemsize
+    pool = _allocator()
+    block = pool.take(nbytes)
+    # The root's base is the block, and NumPy collapses a view's base only through
+    # arrays of the view's own type: every view keeps the root, and so the block.
+    root = np.ndarray.__new__(_PoolRoot, (block.size,), np.uint8, block)
+    root.release = (pool, block, current_stream().ptr)  # CuPy frees on that stream too
+    flat = np.ndarray.__getitem__(root.view(FakeDeviceArray), slice(0, nbytes))
+    return flat.view(dtype).reshape(shape)
+
+
+def _root(a):
+    """The array owning `a`'s device memory: a pool root, or where the chain of device
+    arrays ends (a pool root's own base is the pool's block)."""
+    while isinstance(a.base, (FakeDeviceArray, _PoolRoot)):
+        a = a.base
+    return a
+
+
+def _pooled(value):
+    """A NumPy result as a pool-backed device array (a copy of it)."""
+    if not isinstance(value, np.ndarray):
+        value = np.asarray(value)
+    out = _empty(value.shape, value.dtype)
+    np.copyto(out.view(np.ndarray), value.view(np.ndarray) if isinstance(value, FakeDeviceArray)
+              else value)
+    return out
+
+
+_KEPT = []  # arrays outside the pool whose pointers cuDNN got (kept: no use after free)
+
+
+# ----------------------------------------------------------------- device arrays
 
 class _Pointer:
     __slots__ = ("ptr",)
 
 
+def _plain(a):
+    return a.view(np.ndarray) if isinstance(a, FakeDeviceArray) else a
+
+
+def _new(compute):
+    """A device operation making a new array on the current stream: run now, after the
+    stream's queued work, into a pool block; while capturing, recorded into that block."""
+    ptr = current_stream().ptr
+    _drain(ptr)
+    value = compute()
+    out = _pooled(value)
+    graph = _CAPTURES.get(ptr)
+    if graph is not None:
+        target = out.view(np.ndarray)
+        graph.ops.append(lambda: np.copyto(target, compute(), casting="unsafe"))
+    return out
+
+
 class FakeDeviceArray(np.ndarray):
-    """Host memory that says it lives on CUDA device 0; reading it on the host counts."""
+    """Memory that says it lives on CUDA device 0; reading it on the host counts."""
 
     def __dlpack_device__(self):
         return (2, 0)
 
     def __setitem__(self, key, value):
-        if isinstance(value, np.ndarray) and not isinstance(value, FakeDeviceArray) and value.size > 1:
+        plain = self.view(np.ndarray)
+        if isinstance(value, np.ndarray) and not isinstance(value, FakeDeviceArray) \
+                and value.size > 1:
             _count("host_to_device")
-        super().__setitem__(key, value)
+            value = np.array(value)  # pageable host memory is read before the call returns
+            _submit(current_stream().ptr, lambda: plain.__setitem__(key, value))  # queued
+            return
+        value = _plain(value)
+        _now(lambda: plain.__setitem__(key, value))
+
+    def __getitem__(self, key):
+        ptr = current_stream().ptr
+        _drain(ptr)
+        item = super().__getitem__(key)
+        if isinstance(item, np.ndarray) and item.base is not None and \
+                _root(item) is _root(self):
+            return item  # a view: no device work
+        out = _pooled(item)  # a gather (or one element): a new device array
+        graph = _CAPTURES.get(ptr)
+        if graph is not None:
+            plain, target = self.view(np.ndarray), out.view(np.ndarray)
+            graph.ops.append(lambda: np.copyto(target, plain[key]))
+        return out
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        args = tuple(_plain(a) for a in inputs)
+        function = getattr(ufunc, method)
+        if out is not None:
+            outs = tuple(_plain(o) for o in out)
+            _now(lambda: function(*args, out=outs, **kwargs))
+            return out[0] if len(out) == 1 else out
+        if method == "at":
+            _now(lambda: function(*args, **kwargs))
+            return None
+        return _new(lambda: function(*args, **kwargs))
 
     def __array_wrap__(self, array, context=None, return_scalar=False):
         return array.view(FakeDeviceArray)  # results stay on the device, even 0-d ones
 
-    def __getitem__(self, key):
-        item = super().__getitem__(key)
-        return item if isinstance(item, np.ndarray) else np.asarray(item).view(FakeDeviceArray)
+    def astype(self, dtype, *args, **kwargs):
+        plain = self.view(np.ndarray)
+        return _new(lambda: plain.astype(dtype, *args, **kwargs))
 
     def _read(self, convert):
         _count("device_to_host")
         _count("sync")
+        _drain(current_stream().ptr)
         return convert(np.asarray(self).view(np.ndarray))
 
     def __bool__(self):
@@ -115,12 +524,15 @@ class FakeDeviceArray(np.ndarray):
 
     def copy(self, order="C"):
         COUNTS["device_copy"] += 1
-        return super().copy(order)
+        plain = self.view(np.ndarray)
+        return _new(lambda: plain.copy(order))
 
     @property
     def data(self):
+        if type(_root(self)) is not _PoolRoot:
+            _KEPT.append(self)  # memory not from the pool (a framework's): never freed under cuDNN
         pointer = _Pointer()
-        pointer.ptr = self.ctypes.data
+        pointer.ptr = self.__array_interface__["data"][0]
         return pointer
 
     @property
@@ -129,7 +541,14 @@ class FakeDeviceArray(np.ndarray):
 
 
 def _device(a):
-    return np.asarray(a).view(FakeDeviceArray)
+    """A copy of host array `a` on the stand-in, its axis order kept (as if uploaded and
+    synchronized: a test's inputs are there at once)."""
+    a = np.asarray(a)
+    order = np.argsort([-s for s in a.strides], kind="stable") if a.ndim > 1 else np.arange(a.ndim)
+    out = _empty(tuple(a.shape[i] for i in order), a.dtype)
+    target, source = out.view(np.ndarray), a.transpose(order).copy()
+    _now(lambda: np.copyto(target, source))
+    return out.transpose(np.argsort(order))
 
 
 class _NoContext:
@@ -140,41 +559,18 @@ class _NoContext:
         return None
 
 
-class FakeGraph:
-    """What the stand-in captured: the cuDNN calls made (it cannot replay NumPy work)."""
-
-    def __init__(self, calls):
-        self.calls, self.launches = calls, 0
-
-    def launch(self, stream=None):
-        self.launches += 1
-
-
-class FakeStream(_NoContext):
-    """A stream whose capture makes transfers and syncs fail, as CUDA's does."""
-
-    def __init__(self, non_blocking=False):
-        self.ptr = 0
-
-    def synchronize(self):
-        _count("sync")
-
-    def begin_capture(self, mode=None):
-        CAPTURING.append(len(CALLS))
-
-    def end_capture(self):
-        start = CAPTURING.pop()
-        return FakeGraph(CALLS[start:])
-
-
 #: Every stand-in cuDNN GPU call, in order (FakeCudnn.calls is per instance).
 CALLS = []
 
 
-@functools.lru_cache(maxsize=None)
-def _garbage(dtype):
-    """What fresh memory of `dtype` holds: NaN for the floats (cached: dtype names are slow)."""
-    return np.nan if dtypes.is_supported(dtype) else 0xAB
+def _memory_pointer(memory, offset):
+    assert offset == 0, "the stand-in's MemoryPointer takes offset 0 only"
+    return memory
+
+
+def _device_synchronize():
+    _count("sync")
+    synchronize_all()
 
 
 class FakeCupy(types.ModuleType):
@@ -199,7 +595,6 @@ class FakeCupy(types.ModuleType):
 
     def __init__(self):
         super().__init__("fake_cupy")
-        stream = types.SimpleNamespace(ptr=0)
 
         class Device:
             def __init__(self, id=0):
@@ -211,59 +606,84 @@ class FakeCupy(types.ModuleType):
             def __exit__(self, *exc):
                 return None
 
-        def synchronize():
-            _count("sync")
+            synchronize = staticmethod(_device_synchronize)
 
-        stream.synchronize = synchronize
-        Device.synchronize = staticmethod(synchronize)
+        def external_stream(ptr, device_id=0):
+            return FakeStream(ptr=ptr)
+
         self.cuda = types.SimpleNamespace(
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
-                                          deviceSynchronize=synchronize),
-            Device=Device, get_current_stream=lambda: stream, Stream=FakeStream,
-            MemoryPool=lambda: types.SimpleNamespace(malloc=None),
-            using_allocator=lambda allocator: _NoContext())
+                                          deviceSynchronize=_device_synchronize),
+            Device=Device, get_current_stream=current_stream, Stream=FakeStream,
+            ExternalStream=external_stream, Event=FakeEvent, MemoryPool=FakeMemoryPool,
+            using_allocator=_UsingAllocator,
+            # views of memory others own (XLA's buffers), as the CUDA handlers make them
+            UnownedMemory=lambda ptr, size, owner, device_id=0:
+                (ctypes.c_char * size).from_address(ptr),
+            MemoryPointer=_memory_pointer)
 
     def empty(self, shape, dtype=np.float32):
-        # Garbage, as on a GPU: NaN for floats, so a read of unwritten memory shows.
+        # Poison, as garbage on a GPU: NaN for floats, so a read of unwritten memory shows.
         self._refuse_bfloat16(dtype)
+        out = _empty(shape, dtype)
         COUNTS["device_alloc"] += 1
-        return _device(np.full(shape, _garbage(np.dtype(dtype)), dtype))
+        COUNTS["device_alloc_bytes"] += out.nbytes
+        return out
 
     def zeros(self, shape, dtype=np.float32):
-        self._refuse_bfloat16(dtype)
-        COUNTS["device_alloc"] += 1
-        return _device(np.zeros(shape, dtype))
+        out = self.empty(shape, dtype)
+        plain = out.view(np.ndarray)
+        _now(lambda: plain.fill(0))
+        return out
 
     def empty_like(self, a):
         return self.empty(a.shape, a.dtype)
 
     def asarray(self, a, dtype=None):
         self._refuse_bfloat16(dtype, a)
-        if not isinstance(a, FakeDeviceArray):
-            _count("host_to_device")
-        return _device(np.array(a, dtype=dtype))
+        if isinstance(a, FakeDeviceArray):
+            return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+        _count("host_to_device")
+        host = np.array(a, dtype=dtype)  # read before the call returns, copied later
+        out = _empty(host.shape, host.dtype)
+        target = out.view(np.ndarray)
+        _submit(current_stream().ptr, lambda: np.copyto(target, host))  # queued
+        return out
 
     def ascontiguousarray(self, a):
         self._refuse_bfloat16(a)
-        if not a.flags.c_contiguous:
-            COUNTS["device_copy"] += 1
-        return _device(np.ascontiguousarray(a))
+        if a.flags.c_contiguous:
+            return a
+        COUNTS["device_copy"] += 1
+        plain = _plain(a)
+        return _new(lambda: np.ascontiguousarray(plain))
 
     def where(self, *args):
         self._refuse_bfloat16(*args)
+        for a in args:  # CuPy's bfloat16 support is minimal: its kernels take no such scalar
+            if isinstance(a, np.generic) and dtypes.is_bfloat16(a.dtype):
+                raise TypeError(f"Unsupported type {type(a)}")
         COUNTS["device_alloc"] += 1
-        return _device(np.where(*[np.asarray(a) for a in args]))
+        plain = [_plain(a) for a in args]
+        return _new(lambda: np.where(*plain))
+
+    def copyto(self, dst, src, casting="same_kind", where=True):
+        self._refuse_bfloat16(dst, src)
+        target, source, mask = _plain(dst), _plain(src), _plain(where)
+        _now(lambda: np.copyto(target, source, casting=casting, where=mask))
 
     def arange(self, *args, **kwargs):
-        return _device(np.arange(*args, **kwargs))
+        return _new(lambda: np.arange(*args, **kwargs))
 
     def asnumpy(self, a):
         _count("device_to_host")
         _count("sync")
+        _drain(current_stream().ptr)
         return np.asarray(a).view(np.ndarray).copy()
 
     def concatenate(self, arrays):
-        return _device(np.concatenate([np.asarray(a) for a in arrays]))
+        plain = [_plain(a) for a in arrays]
+        return _new(lambda: np.concatenate(plain))
 
     def from_dlpack(self, a):
         if isinstance(a, FakeFrameworkArray):  # a fresh view, as CuPy's import makes
@@ -304,7 +724,17 @@ _DTYPES = {capi.CUDNN_DATA_HALF: np.float16, capi.CUDNN_DATA_FLOAT: np.float32,
            capi.CUDNN_DATA_DOUBLE: np.float64, capi.CUDNN_DATA_BFLOAT16: ml_dtypes.bfloat16}
 _MODES = {capi.CUDNN_LSTM: "lstm", capi.CUDNN_GRU: "gru", capi.CUDNN_RNN_TANH: "rnn_tanh",
           capi.CUDNN_RNN_RELU: "rnn_relu"}
-_RESERVE_BYTES = 64
+DROPOUT_STATES_BYTES = 64
+
+
+def temp_space_bytes(config: RNNConfig, dtype, max_time: int, batch: int, training: bool):
+    """(workspace, reserve) bytes the stand-in's cuDNN asks for: growing with the problem,
+    as cuDNN's do (the reserve holds every gate of every step and layer)."""
+    cells = max_time * batch * config.num_pseudo_layers * config.num_units
+    itemsize = np.dtype(dtype).itemsize
+    work = 1024 + cells * itemsize
+    reserve = 64 + cells * config.num_gates * itemsize if training else 0
+    return work, reserve
 
 
 class FakeCudnn:
@@ -312,7 +742,11 @@ class FakeCudnn:
 
     def __init__(self):
         self.calls = []
-        self.state = {}  # token in the reserve space → what forward computed, for backward
+        self.state = {}     # token in the reserve space → what forward (or backward data) left
+        self.streams = {}   # handle → the stream cudnnSetStream gave it
+        self.dropouts = {}  # dropout descriptor → (dropout, states pointer, states bytes)
+        self._tokens = iter(range(1, 1 << 62))
+        self._handles = iter(range(0x1000, 1 << 40, 0x10))
         self._functions = {}
         self._failure = None
 
@@ -348,8 +782,8 @@ class FakeCudnn:
         return self._functions[name][0]
 
     # --- descriptors, read back through real cuDNN
-    @staticmethod
-    def _rnn(desc):
+    def _rnn(self, desc):
+        """(RNNConfig without dropout, dtype, (dropout, states pointer) or None)."""
         names = ["algo", "cellMode", "biasMode", "dirMode", "inputMode", "dataType", "mathPrec",
                  "mathType", "inputSize", "hiddenSize", "projSize", "numLayers"]
         values = [ctypes.c_int() for _ in names]
@@ -362,7 +796,7 @@ class FakeCudnn:
         config = RNNConfig(rnn_mode=_MODES[v["cellMode"]], skip_input=v["inputMode"] == 1,
                            bidirectional=v["dirMode"] == 1, num_layers=v["numLayers"],
                            num_units=H, input_size=v["inputSize"], num_proj=0 if P == H else P)
-        return config, _DTYPES[v["dataType"]]
+        return config, _DTYPES[v["dataType"]], self.dropouts.get(dropout.value)
 
     @staticmethod
     def _data(desc, batch_hint=4096):
@@ -374,30 +808,46 @@ class FakeCudnn:
         return dict(dtype=_DTYPES[dtype.value], time_major=layout_.value == 0, T=T.value,
                     B=B.value, W=W.value, lengths=np.array(lengths[:B.value]))
 
+    def _stream(self, handle):
+        return self.streams.get(handle, 0)
+
     # --- the calls that need a GPU
     def _cudnnCreate(self, handle_ptr):
-        handle_ptr[0] = 0x1000
+        handle_ptr[0] = next(self._handles)
 
     def _cudnnDestroy(self, handle):
-        pass
+        # cuDNN's cudnnDestroy calls cudaDeviceSynchronize: illegal while a stream
+        # captures (CUDA then invalidates the capture), a sync otherwise.
+        if CAPTURING:
+            _invalidate_captures("cudnnDestroy synchronized the device during a capture")
+        else:
+            COUNTS["sync"] += 1
+            synchronize_all()
+        self.streams.pop(handle, None)
 
     def _cudnnSetStream(self, handle, stream):
-        pass
+        self.streams[handle] = stream or 0
 
     def _cudnnDropoutGetStatesSize(self, handle, size):
-        size[0] = 64
+        size[0] = DROPOUT_STATES_BYTES
 
     def _cudnnSetDropoutDescriptor(self, desc, handle, dropout, states, size, seed):
-        pass
+        self.dropouts[desc] = (dropout, states) if states and dropout else None
+        if states and size:
+            def initialise():  # a kernel: the RNG's seed and its position
+                _array(states, np.uint8, (size,))[...] = 0
+                _array(states, np.uint64, (2,))[...] = (seed, 0)
+            _submit(self._stream(handle), initialise)
 
-    _cudnnRestoreDropoutDescriptor = _cudnnSetDropoutDescriptor
+    def _cudnnRestoreDropoutDescriptor(self, desc, handle, dropout, states, size, seed):
+        self.dropouts[desc] = (dropout, states) if states and dropout else None  # states as they are
 
     def _cudnnGetRNNWeightSpaceSize(self, handle, desc, size):
-        config, dtype = self._rnn(desc)
+        config, dtype, _ = self._rnn(desc)
         size[0] = weight_space_elements(config) * np.dtype(dtype).itemsize
 
     def _cudnnGetRNNWeightParams(self, handle, desc, k, size, space, lin, m_desc, m_addr, b_desc, b_addr):
-        config, dtype = self._rnn(desc)
+        config, dtype, _ = self._rnn(desc)
         itemsize = np.dtype(dtype).itemsize
         m_addr[0] = b_addr[0] = None
         for slot in weight_slots(config):
@@ -415,18 +865,30 @@ class FakeCudnn:
                 b_addr[0] = address
 
     def _cudnnGetRNNTempSpaceSizes(self, handle, desc, mode, x_desc, work, reserve):
-        work[0] = 128
-        reserve[0] = _RESERVE_BYTES if mode == capi.CUDNN_FWD_MODE_TRAINING else 0
+        config, dtype, _ = self._rnn(desc)
+        x = self._data(x_desc)
+        work[0], reserve[0] = temp_space_bytes(config, dtype, x["T"], x["B"],
+                                               mode == capi.CUDNN_FWD_MODE_TRAINING)
 
-    def _problem(self, desc, x_desc, dev_lengths, training):
-        config, dtype = self._rnn(desc)
+    def _call(self, desc, x_desc, dev_lengths, training, work_size, reserve_size):
+        """What a compute call reads on the host when it is made: the descriptors."""
+        config, dtype, dropout = self._rnn(desc)
         x = self._data(x_desc)
         assert (x["lengths"] > 0).all(), "cuDNN rejects zero-length sequences"
-        device_lengths = _array(ctypes.cast(dev_lengths, ctypes.c_void_p).value, np.int32, (x["B"],))
-        np.testing.assert_array_equal(device_lengths, x["lengths"])  # devSeqLengths is a copy
-        problem = Problem(config, x["T"], x["B"], x["time_major"], np.dtype(dtype), x["lengths"],
-                          is_training=training)
-        return problem, config, dtype
+        work, reserve = temp_space_bytes(config, dtype, x["T"], x["B"], training)
+        assert work_size >= work, f"workspace of {work_size} bytes, cuDNN needs {work}"
+        assert reserve_size >= reserve, f"reserve of {reserve_size} bytes, cuDNN needs {reserve}"
+        return config, np.dtype(dtype), dropout, x, ctypes.cast(dev_lengths, ctypes.c_void_p).value
+
+    @staticmethod
+    def _problem(config, dtype, x, lengths_ptr, training):
+        """The problem a queued call computes, reading devSeqLengths now (cuDNN reads them
+        from the device while it runs)."""
+        device_lengths = _array(lengths_ptr, np.int32, (x["B"],))
+        np.testing.assert_array_equal(device_lengths, x["lengths"],
+                                      err_msg="devSeqLengths, read when cuDNN ran")
+        return Problem(config, x["T"], x["B"], x["time_major"], dtype, x["lengths"],
+                       is_training=training)
 
     def _views(self, problem, config, dtype, x, hx, cx, w):
         data = lambda ptr, width: ptr and _array(ptr, dtype, problem.data_shape(width))
@@ -440,57 +902,125 @@ class FakeCudnn:
         """cuDNN's [L·D, B, ·] states in the layout the NumPy backend expects, and back."""
         return [s if s is None or problem.time_major else s.swapaxes(0, 1) for s in states]
 
+    @staticmethod
+    def _scribble(work, work_size):
+        if work and work_size:
+            _array(work, np.uint8, (work_size,)).fill(POISON)
+
     def _cudnnRNNForward(self, handle, desc, mode, dev_lengths, x_desc, x, y_desc, y, h_desc, hx, hy,
                          c_desc, cx, cy, w_size, w, work_size, work, reserve_size, reserve):
         training = mode == capi.CUDNN_FWD_MODE_TRAINING
-        problem, config, dtype = self._problem(desc, x_desc, dev_lengths, training)
-        X, HX, CX, W = self._views(problem, config, dtype, x, hx, cx, w)
-        assert w_size == W.nbytes
-        out = numpy_backend.forward(problem, X, *self._states(problem, HX, CX), W)
-        out_h, out_c = self._states(problem, out[1], out[2] if config.is_lstm else None)
-        width = config.num_dirs * config.state_size
-        _array(y, dtype, problem.data_shape(width))[...] = out[0]
-        _array(hy, dtype, HX.shape)[...] = out_h
-        if cy:
-            _array(cy, dtype, CX.shape)[...] = out_c
-        if training:  # keep copies: the backend's temporaries may be freed after the call
-            assert reserve_size == _RESERVE_BYTES
-            copy = lambda a: None if a is None else a.copy()
-            token = len(self.state) + 1  # in the reserve space, so a copy of it works too
-            _array(reserve, np.int64, (1,))[0] = token
-            self.state[token] = (problem, copy(X), copy(HX), copy(CX), copy(W), out)
+        config, dtype, dropout, xd, lengths_ptr = self._call(desc, x_desc, dev_lengths, training,
+                                                             work_size, reserve_size)
+
+        def run():
+            problem = self._problem(config, dtype, xd, lengths_ptr, training)
+            if training and dropout is not None:  # masks from the RNG's state, which advances
+                rate, states = dropout
+                position = _array(states, np.uint64, (2,))
+                seed = int.from_bytes(hashlib.blake2b(position.tobytes(), digest_size=8).digest(),
+                                      "little")
+                position[1] += 1
+                problem = Problem(config.with_dropout(rate, seed), xd["T"], xd["B"],
+                                  xd["time_major"], dtype, xd["lengths"], is_training=True)
+            X, HX, CX, W = self._views(problem, config, dtype, x, hx, cx, w)
+            assert w_size == W.nbytes
+            self._scribble(work, work_size)
+            out = numpy_backend.forward(problem, X, *self._states(problem, HX, CX), W)
+            out_h, out_c = self._states(problem, out[1], out[2] if config.is_lstm else None)
+            width = config.num_dirs * config.state_size
+            _array(y, dtype, problem.data_shape(width))[...] = out[0]
+            _array(hy, dtype, HX.shape)[...] = out_h
+            if cy:
+                _array(cy, dtype, CX.shape)[...] = out_c
+            if training:  # keep copies: the backend's temporaries may be freed after the call
+                copy = lambda a: None if a is None else a.copy()
+                token = next(self._tokens)  # in the reserve space, so a copy of it works too
+                _array(reserve, np.int64, (1,))[0] = token
+                self.state[token] = ("forward", problem, copy(X), copy(HX), copy(CX), copy(W),
+                                     out)
+
+        _submit(self._stream(handle), run)
 
     def _cudnnRNNBackwardData_v8(self, handle, desc, dev_lengths, y_desc, y, dy, x_desc, dx, h_desc,
                                  hx, dhy, dhx, c_desc, cx, dcy, dcx, w_size, w, work_size, work,
                                  reserve_size, reserve):
-        token = int(_array(reserve, np.int64, (1,))[0])
-        problem, X, HX, CX, W, out = self.state[token][:6]
-        config, dtype = problem.config, problem.dtype
-        width = config.num_dirs * config.state_size
-        # the backend hands backward the same inputs and outputs forward saw and made
-        np.testing.assert_array_equal(_array(y, dtype, problem.data_shape(width)), out[0])
-        np.testing.assert_array_equal(self._views(problem, config, dtype, 0, hx, cx, w)[1], HX)
-        np.testing.assert_array_equal(_array(w, dtype, W.shape), W)
-        DY = _array(dy, dtype, problem.data_shape(width))
-        DHY = _array(dhy, dtype, HX.shape)
-        DCY = _array(dcy, dtype, CX.shape) if dcy else None
-        grads = numpy_backend.backprop(problem, X, *self._states(problem, HX, CX), W, *out[:3], DY,
-                                       *self._states(problem, DHY, DCY), out[3])
-        g_h, g_c = self._states(problem, grads[1], grads[2] if config.is_lstm else None)
-        _array(dx, dtype, X.shape)[...] = grads[0] + _padding_poison(problem, DY)
-        _array(dhx, dtype, HX.shape)[...] = g_h
-        if dcx:
-            _array(dcx, dtype, CX.shape)[...] = g_c
-        self.state[token] = self.state[token][:6] + (grads[3],)
+        config, dtype, _, xd, lengths_ptr = self._call(desc, x_desc, dev_lengths, True,
+                                                       work_size, reserve_size)
+
+        def run():
+            self._problem(config, dtype, xd, lengths_ptr, True)
+            token = int(_array(reserve, np.int64, (1,))[0])
+            record = self.state.get(token)
+            self._scribble(work, work_size)
+            if record is None or record[0] != "forward":
+                # No forward's record in this reserve space (BackwardData overwrote it): what
+                # cuDNN would compute from it is garbage.
+                problem = Problem(config, xd["T"], xd["B"], xd["time_major"], dtype,
+                                  xd["lengths"], is_training=True)
+                for ptr, shape in ((dx, problem.data_shape(config.input_size)),
+                                   (dhx, (config.num_pseudo_layers, xd["B"], config.state_size)),
+                                   (dcx, (config.num_pseudo_layers, xd["B"], config.num_units))):
+                    if ptr:
+                        _array(ptr, dtype, shape)[...] = np.nan
+                return
+            problem, X, HX, CX, W, out = record[1:]
+            width = config.num_dirs * config.state_size
+            # the backend hands backward the same inputs and outputs forward saw and made
+            np.testing.assert_array_equal(_array(y, dtype, problem.data_shape(width)), out[0],
+                                          err_msg="y handed to backward data")
+            np.testing.assert_array_equal(self._views(problem, config, dtype, 0, hx, cx, w)[1], HX,
+                                          err_msg="hx handed to backward data")
+            np.testing.assert_array_equal(_array(w, dtype, W.shape), W,
+                                          err_msg="weights handed to backward data")
+            DY = _array(dy, dtype, problem.data_shape(width))
+            DHY = _array(dhy, dtype, HX.shape)
+            DCY = _array(dcy, dtype, CX.shape) if dcy else None
+            grads = numpy_backend.backprop(problem, X, *self._states(problem, HX, CX), W, *out[:3], DY,
+                                           *self._states(problem, DHY, DCY), out[3])
+            g_h, g_c = self._states(problem, grads[1], grads[2] if config.is_lstm else None)
+            # dx at the valid steps only: nothing in cuDNN's documentation says it
+            # writes dx past each length, so the stand-in leaves that as it was.
+            valid = _valid_steps(problem)
+            _array(dx, dtype, X.shape)[valid] = (grads[0] + _padding_poison(problem, DY))[valid]
+            _array(dhx, dtype, HX.shape)[...] = g_h
+            if dcx:
+                _array(dcx, dtype, CX.shape)[...] = g_c
+            # reserveSpace is [in,out] here: its gate activations become gate gradients,
+            # which is what the weight pass reads.
+            after = next(self._tokens)
+            _array(reserve, np.int64, (1,))[0] = after
+            self.state[after] = ("data", problem, X, grads[3])
+
+        _submit(self._stream(handle), run)
 
     def _cudnnRNNBackwardWeights_v8(self, handle, desc, add, dev_lengths, x_desc, x, h_desc, hx,
                                     y_desc, y, w_size, dw, work_size, work, reserve_size, reserve):
         assert add == capi.CUDNN_WGRAD_MODE_ADD
-        token = int(_array(reserve, np.int64, (1,))[0])
-        problem, X = self.state[token][:2]
-        np.testing.assert_array_equal(_array(x, problem.dtype, X.shape), X)
-        dparams = self.state[token][6]
-        _array(dw, dparams.dtype, dparams.shape)[...] += dparams + _padding_poison(problem, X)
+        config, dtype, _, xd, lengths_ptr = self._call(desc, x_desc, dev_lengths, True,
+                                                       work_size, reserve_size)
+
+        def run():
+            self._problem(config, dtype, xd, lengths_ptr, True)
+            token = int(_array(reserve, np.int64, (1,))[0])
+            record = self.state.get(token)
+            self._scribble(work, work_size)
+            target = _array(dw, dtype, (weight_space_elements(config),))
+            if record is None or record[0] != "data":  # no backward data ran on this reserve
+                target[...] = np.nan
+                return
+            problem, X, dparams = record[1:]
+            np.testing.assert_array_equal(_array(x, problem.dtype, X.shape), X,
+                                          err_msg="x handed to backward weights")
+            target[...] += dparams + _padding_poison(problem, X)
+
+        _submit(self._stream(handle), run)
+
+
+def _valid_steps(problem):
+    """[T, B] (or [B, T]) True at the steps before each sequence's length."""
+    steps = np.arange(problem.max_time)[:, None] < problem.full_lengths[None, :]
+    return steps if problem.time_major else steps.T
 
 
 def _padding_poison(problem, data):

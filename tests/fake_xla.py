@@ -130,5 +130,11 @@ class FakeCallFrame:
         return None
 
     def call(self, handler):
-        """Run `handler` on this frame; what it returned (None, or ``ERROR``)."""
-        return handler(ctypes.pointer(self.frame))
+        """Run `handler` on this frame; what it returned (None, or ``ERROR``).
+
+        On the stand-in GPU, the work the handler queued then runs, as XLA waits for its
+        stream before the host reads the results."""
+        result = handler(ctypes.pointer(self.frame))
+        import fake_cuda
+        fake_cuda.synchronize_all()
+        return result

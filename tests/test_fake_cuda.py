@@ -1,4 +1,5 @@
-"""The stand-in GPU itself: its weight-slot table is cuDNN's, its counters count."""
+"""The stand-in GPU itself: its weight-slot table is cuDNN's, its counters count, and it
+lives in time (streams, events, the pool, cuDNN's stream, dropout state, reserve writes)."""
 
 import json
 import os
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 import fake_cuda
-from conftest import benchmark_script
+import pycudnnrnn
+from conftest import assert_ulp_close, benchmark_script, make_case
 from pycudnnrnn.checks import make_config
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "gpu-layout.json")
@@ -65,3 +67,144 @@ def test_host_cost_benchmark_runs_on_the_stand_in(monkeypatch, capsys):
     benchmark_script("gpu_host_bench").main()
     out = capsys.readouterr().out
     assert "forward plan" in out and "fwd+bwd functional" in out
+
+
+# ----------------------------------------------------------------- the stand-in lives in time
+
+def _host(a):
+    return np.asarray(a).view(np.ndarray)
+
+
+def test_work_waits_in_its_stream_until_a_sync(fake_gpu):
+    cp = fake_cuda.FakeCupy()
+    a = cp.asarray(np.arange(4.0))  # a host→device copy: queued on the current stream
+    assert np.isnan(_host(a)).all()  # not there yet: the host has not synchronized
+    cp.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(_host(a), np.arange(4.0))
+
+
+def test_a_stream_runs_in_order_but_two_streams_are_not_ordered(fake_gpu):
+    cp = fake_cuda.FakeCupy()
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        a = cp.asarray(np.ones(4))
+        b = a * 2  # the same stream: runs after the copy
+    np.testing.assert_array_equal(_host(b), 2.0)
+    with side:
+        c = cp.asarray(np.full(4, 3.0))
+    d = c + 1  # the null stream does not wait for `side`
+    assert np.isnan(_host(d)).all()
+    event = side.record()
+    with side:
+        e = cp.asarray(np.full(4, 5.0))
+    cp.cuda.get_current_stream().wait_event(event)
+    f = e * 1  # wait_event orders what `side` did before the event, not after
+    assert np.isnan(_host(f)).all()
+    g = c * 1
+    np.testing.assert_array_equal(_host(g), 3.0)
+
+
+def test_freed_blocks_are_poisoned_in_stream_order_and_reused(fake_gpu):
+    cp = fake_cuda.FakeCupy()
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        a = cp.zeros(64, cp.float32)
+        address = a.data.ptr
+        del a  # freed on `side`: poisoned once `side` gets there
+        b = cp.empty(64, cp.float32)  # the same stream takes it at once
+        assert b.data.ptr == address
+        b[...] = 1.0
+    np.testing.assert_array_equal(_host(b), 1.0)
+    with side:
+        del b
+        fake_cuda._submit(side.ptr, lambda: None)  # more work queued on `side`
+    c = cp.empty(64, cp.float32)  # another stream: not before `side` passed the free
+    assert c.data.ptr != address
+    side.synchronize()
+    d = cp.empty(64, cp.float32)
+    assert d.data.ptr == address and np.isnan(_host(d)).all()
+
+
+def test_strict_mode_runs_streams_out_of_submission_order(strict_gpu):
+    cp = fake_cuda.FakeCupy()
+    order, streams = [], [cp.cuda.Stream(non_blocking=True) for _ in range(3)]
+    for i, s in enumerate(streams):
+        fake_cuda._submit(s.ptr, lambda i=i: order.append(i))
+    cp.cuda.runtime.deviceSynchronize()
+    assert order == [2, 1, 0]
+
+
+def test_cudnn_runs_on_the_stream_set_on_its_handle(fake_gpu):
+    case = make_case("gru", num_units=4)
+    cp = fake_cuda.FakeCupy()
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.params)]
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        y = pycudnnrnn.forward(args[0], args[1], None, args[2], **case.attrs)[0]
+    queued = fake_cuda._queue(side.ptr).ops
+    assert queued and "cudnnSetStream" in fake_gpu.calls
+    side.synchronize()
+    assert_ulp_close(_host(y), case.forward()[0])
+
+
+def test_cudnn_destroy_synchronizes_and_invalidates_a_capture(fake_gpu):
+    from pycudnnrnn.cudnn.descriptors import Handle
+    cp = fake_cuda.FakeCupy()
+    handle = Handle()
+    a = cp.asarray(np.ones(3))
+    handle.close()  # cudaDeviceSynchronize inside
+    np.testing.assert_array_equal(_host(a), 1.0)
+    stream, other = cp.cuda.Stream(non_blocking=True), Handle()
+    stream.begin_capture()
+    other.close()
+    with pytest.raises(RuntimeError, match="StreamCaptureInvalidated"):
+        stream.end_capture()
+
+
+def test_dropout_masks_follow_the_cudnn_state_which_advances(fake_gpu):
+    case = make_case("lstm", num_layers=2, num_units=6, dropout=0.5)
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=6, input_size=3, max_time=4,
+                              batch_size=3, dtype="float64", device="cuda", dropout=0.5)
+    first, second = (fake_cuda.to_host(plan.forward(*args)[0]) for _ in range(2))
+    plain = fake_cuda.to_host(pycudnnrnn.forward(*args, **{**case.attrs, "dropout": 0.0})[0])
+    assert not np.allclose(first, plain) and not np.allclose(first, second)
+
+
+def test_backward_data_overwrites_the_reserve_space_it_is_handed(fake_gpu):
+    """cudnnRNNBackwardData_v8's reserveSpace is [in,out]: the stand-in's call replaces
+    forward's record with its own. (The backend hands it a copy, here in the workspace.)"""
+    case = make_case("lstm")
+    p = pycudnnrnn.RNNPlan(num_layers=1, num_units=4, input_size=3, max_time=4, batch_size=3,
+                           dtype="float64", device="cuda")
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    workspace = fake_cuda._device(np.zeros(p.workspace_nbytes, np.uint8))
+    out = p.forward(*args)
+    grads = [fake_cuda._device(np.ones(a.shape)) for a in out[:3]]
+    p.backprop(*args, *out[:3], *grads, out[3], workspace=workspace)
+    token = lambda buffer, at: int(fake_cuda.to_host(buffer)[at:at + 8].view(np.int64)[0])
+    copy_at = p.workspace_nbytes - p._executor.reserve_bytes
+    assert fake_gpu.state[token(workspace, copy_at)][0] == "data"  # overwritten by cuDNN
+    assert fake_gpu.state[token(out[3], 256)][0] == "forward"  # the caller's, as forward left it
+
+
+def test_temp_space_sizes_grow_with_the_problem():
+    from pycudnnrnn.checks import make_config
+    config = make_config(rnn_mode="lstm", num_layers=2, num_units=8, input_size=4,
+                         input_mode="linear_input", direction="unidirectional", num_proj=0)
+    small = fake_cuda.temp_space_bytes(config, np.float32, 4, 2, True)
+    large = fake_cuda.temp_space_bytes(config, np.float32, 40, 20, True)
+    assert all(b > 10 * a - 10_000 for a, b in zip(small, large)) and large[1] > small[1]
+    assert fake_cuda.temp_space_bytes(config, np.float32, 4, 2, False)[1] == 0
+
+
+def test_gpu_check_gives_a_verdict_per_hazard(tmp_path):
+    check = benchmark_script("gpu_check")
+    xml = tmp_path / "t.xml"
+    cases = [f'<testcase name="{n}"/>' for _, names in check.HAZARDS for n in names]
+    cases[0] = cases[0].replace("/>", "><failure/></testcase>")
+    cases[-1] = cases[-1].replace("/>", "><skipped/></testcase>")
+    xml.write_text(f'<testsuites><testsuite>{"".join(cases)}</testsuite></testsuites>')
+    verdicts = [v for _, v, _ in check.hazard_verdicts(check.test_outcomes(str(xml)))]
+    assert verdicts[0] == "NOT FIXED" and verdicts[-1] == "not settled"
+    assert set(verdicts[1:-1]) == {"fixed"}

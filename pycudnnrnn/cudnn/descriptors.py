@@ -96,7 +96,10 @@ class Owned:
 
     def __init__(self):
         handle = ctypes.c_void_p()
-        getattr(capi.api(), self._create)(ctypes.byref(handle))
+        # Freed by the library that made it (the CI stand-in GPU replaces capi.api() for
+        # a while; a handle it made must not reach the real cudnnDestroy later).
+        self._api = capi.api()
+        getattr(self._api, self._create)(ctypes.byref(handle))
         self._handle = handle
         with _LIVE_LOCK:
             LIVE[type(self).__name__] += 1
@@ -117,7 +120,7 @@ class Owned:
         if handle is not None:
             with _LIVE_LOCK:
                 LIVE[type(self).__name__] -= 1
-            getattr(capi.api(), self._destroy)(handle)
+            getattr(self._api, self._destroy)(handle)
 
     def __enter__(self):
         return self

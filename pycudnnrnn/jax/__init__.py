@@ -99,9 +99,18 @@ class _Op:
                                        for f in dataclasses.fields(self)})
 
 
+def _default_platform() -> str:
+    """The platform of JAX's default device (``jax.default_device`` if set)."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend()
+    return device if isinstance(device, str) else device.platform
+
+
 def _buffer_sizes(problem) -> tuple[int, int]:
-    """reserve_space and workspace bytes: enough for every platform this JAX can run on."""
-    if _has_cuda():
+    """reserve_space and workspace bytes for the platform of JAX's default device (on
+    a GPU, cuDNN's: the CPU's may be twice as large)."""
+    if _default_platform() in ("gpu", "cuda") and _has_cuda():
         try:
             return targets.buffer_sizes(problem, cuda=True)
         except CudnnUnavailableError:

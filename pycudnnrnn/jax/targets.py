@@ -19,9 +19,11 @@ A handler reads the call frame (``pycudnnrnn.jax.xla_ffi``), views XLA's buffers
 without a copy (NumPy on the host; CuPy on XLA's device, with XLA's stream current, on
 CUDA) and runs the cached ``RNNPlan`` for them (``pycudnnrnn.plan.for_call``, the
 functional API's cache) with XLA's result buffers as ``out=`` and XLA's workspace: the
-results are written in place, and on the GPU nothing per call is allocated behind XLA's
-back. ``reserve_space`` and ``workspace`` are sized at trace time by ``buffer_sizes``
-(the most any platform can need); a plan uses their first bytes. Errors (for example
+results are written in place. ``reserve_space`` and ``workspace`` are sized at trace
+time by ``buffer_sizes`` for the platform of JAX's default device; a plan uses their
+first bytes (backprop's copy of the reserve space lives in the workspace). On the GPU,
+temporaries the backend needs beyond these (ragged padding, rows of length 0,
+batch-major states) still come from CuPy's pool. Errors (for example
 lengths out of range, known only when a traced ``sequence_lengths`` arrives) become XLA
 errors with our message.
 """
@@ -123,20 +125,23 @@ def _prefix(buffer, nbytes, name):
     """The first `nbytes` of an XLA byte buffer sized for every platform."""
     if nbytes > buffer.shape[0]:
         raise ValueError(f"{name}: this call needs {nbytes} bytes, XLA allocated "
-                         f"{buffer.shape[0]}")
+                         f"{buffer.shape[0]} (sized at trace time for the platform of "
+                         f"JAX's default device: run the call there, or trace it under "
+                         f"jax.default_device for the device it runs on)")
     return buffer[:nbytes]
 
 
 def buffer_sizes(problem, cuda: bool) -> tuple[int, int]:
-    """``(reserve_space, workspace)`` bytes to allocate at trace time for `problem`.
+    """``(reserve_space, workspace)`` bytes to allocate at trace time for `problem`, on
+    CUDA (device 0's cuDNN plan) or the CPU.
 
     Lengths are unknown then (``problem`` has none: every row runs, the most a plan can
-    need), and so is the platform: the sizes are the largest of the CPU's and, when
-    `cuda`, device 0's cuDNN plan. A handler uses the first bytes its plan needs.
+    need); a handler uses the first bytes its plan needs. Sized for one platform, not
+    the larger of both: the NumPy backend keeps 16-bit data's reserve in float32, twice
+    cuDNN's, and XLA preallocates most of the GPU.
     """
     from ..plan import buffer_nbytes
-    sizes = [buffer_nbytes(problem, None)] + ([buffer_nbytes(problem, 0)] if cuda else [])
-    return tuple(max(column) for column in zip(*sizes))
+    return buffer_nbytes(problem, 0 if cuda else None)
 
 
 def _run(call_frame, target: str, place):
@@ -159,8 +164,10 @@ def _run(call_frame, target: str, place):
         if target == FORWARD:
             reserve = _prefix(out["reserve_space"], plan.reserve_nbytes, "reserve_space") \
                 if call.is_training else None
+            # XLA may run a forward again (remat, jax.checkpoint) and pair its residuals
+            # with the first run's results: masks depend on the seed alone, as on the CPU.
             plan.run_forward(a, out=(out["output"], out["output_h"], out.get("output_c"),
-                                     reserve), workspace=workspace)
+                                     reserve), workspace=workspace, restart_dropout=True)
         else:
             a["reserve_space"] = _prefix(a["reserve_space"], plan.reserve_nbytes,
                                          "reserve_space")

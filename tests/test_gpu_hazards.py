@@ -1,0 +1,579 @@
+"""The GPU hazards of issue 17, each pinned by a test that failed before its fix.
+
+Each runs on the stand-in GPU of ``fake_cuda.py``, which lives in time (queued work,
+poisoned reuse of freed memory, cuDNN writing its ``[in,out]`` reserve space, dropout
+state that advances) and, where it takes the ``device`` fixture, on a real GPU too
+(marked ``gpu``, in ``make gpu-check``). ``docs/gpu.md`` states each guarantee.
+"""
+
+import gc
+import hashlib
+import threading
+
+import numpy as np
+import pytest
+
+import fake_cuda
+import pycudnnrnn
+from conftest import make_case
+from pycudnnrnn import plan as plans
+
+
+def _put_all(device, case):
+    return [None if a is None else device.put(a)
+            for a in (case.input, case.input_h, case.input_c, case.params)]
+
+
+def _grads(device, out, seed=0):
+    rng = np.random.default_rng(seed)
+    return [device.put(rng.standard_normal(a.shape).astype(a.dtype)) for a in out[:3]]
+
+
+def _digest(device, array):
+    return hashlib.sha256(device.get(array).tobytes()).hexdigest()
+
+
+# ----------------------------------------------------------------- 1: the reserve space
+
+def test_one_reserve_space_serves_any_number_of_backprops(device):
+    """cuDNN's backward calls take reserveSpace [in,out]: backprop hands them a copy, so
+    the caller's reserve space is unchanged (hashed around two backprops) and a second
+    backprop from one forward (retain_graph, a JAX vjp called twice) equals the first."""
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8,
+                     dtype=np.float32)
+    args = _put_all(device, case)
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    grads = _grads(device, out)
+    before = _digest(device, out[3])
+    first = pycudnnrnn.backprop(*args, case.sequence_lengths, *out[:3], *grads, out[3],
+                                **case.attrs)
+    first = [device.get(g) for g in first]
+    second = pycudnnrnn.backprop(*args, case.sequence_lengths, *out[:3], *grads, out[3],
+                                 **case.attrs)
+    assert _digest(device, out[3]) == before
+    for name, a, b in zip(("input", "input_h", "input_c", "params"), first, second):
+        assert np.isfinite(a).all(), name
+        np.testing.assert_array_equal(device.get(b), a, err_msg=name)
+
+
+# ----------------------------------------------------------------- 5, 6: streams and syncs
+
+def _ragged_plan(case, **overrides):
+    kwargs = dict(num_layers=case.size["num_layers"], num_units=case.size["num_units"],
+                  input_size=case.size["input_size"], max_time=case.input.shape[0],
+                  batch_size=case.input.shape[1], sequence_lengths=case.sequence_lengths,
+                  dtype=case.input.dtype.name, device="cuda", rnn_mode=case.attrs["rnn_mode"],
+                  direction=case.attrs["direction"])
+    return pycudnnrnn.RNNPlan(**{**kwargs, **overrides})
+
+
+def test_building_a_plan_makes_no_host_sync(fake_gpu):
+    """Its uploads (lengths, row index, padding mask, header) are queued on the current
+    stream, and an event marks them: a run on another stream waits for that event."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("gru", "bidirectional", num_layers=2, lengths="zero", num_units=6)
+    fake_cuda.reset_counts()
+    plan = _ragged_plan(case)
+    assert fake_cuda.COUNTS["sync"] == 0
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.params)]
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        y = plan.forward(args[0], args[1], None, args[2])[0]
+        side.synchronize()
+        np.testing.assert_allclose(fake_cuda.to_host(y), case.forward()[0], rtol=1e-12,
+                                   atol=1e-12)
+
+
+def test_plan_buffers_outlive_work_queued_on_another_stream(fake_gpu):
+    """A plan built on one stream and run on another, then dropped (an LRU eviction):
+    its device buffers are not reused before the other stream's work is done."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("lstm", num_layers=2, lengths="ragged", num_units=6)
+    plan = _ragged_plan(case)
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.input_c,
+                                          case.params)]
+    plan.forward(*args)  # the first run settles the plan's uploads
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        y = plan.forward(*args)[0]  # queued on `side`
+    del plan
+    gc.collect()
+    junk = [cp.zeros(n, cp.uint8) for n in range(1, 4096, 64)]  # the freed blocks, rewritten
+    with side:
+        side.synchronize()
+        np.testing.assert_allclose(fake_cuda.to_host(y), case.forward()[0], rtol=1e-12,
+                                   atol=1e-12)
+    assert junk
+
+
+def test_no_cudnn_handle_is_destroyed_behind_a_capture(fake_gpu):
+    """cudnnDestroy synchronizes the device, which invalidates a capture in progress on
+    any thread: handles live as long as the process (one per thread and device), so
+    neither a thread's exit nor clear_caches destroys one."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("gru", num_units=4)
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.params)]
+    started, finish = threading.Event(), threading.Event()
+
+    def work():
+        pycudnnrnn.forward(args[0], args[1], None, args[2], **case.attrs)  # a handle here
+        started.set()
+        finish.wait()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    started.wait()
+    pycudnnrnn.forward(args[0], args[1], None, args[2], **case.attrs)  # and one here
+    fake_cuda.synchronize_all()
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.begin_capture()
+    finish.set()
+    thread.join()  # the thread's state (and what it kept) is gone
+    gc.collect()
+    plans.clear_caches()
+    gc.collect()
+    stream.end_capture()  # raises if a handle was destroyed meanwhile
+
+
+# ----------------------------------------------------------------- 2: graphs
+
+def _cupy(device):
+    from pycudnnrnn import gpu
+    return gpu.cupy() if device.kind == "stand-in" else pytest.importorskip("cupy")
+
+
+def _same(device, got, want, name):
+    if device.kind == "stand-in":  # the same computation, replayed: the same bits
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_captured_graph_keeps_what_its_replays_use(device):
+    """Capture the functional API, evict every cache, let the pool hand their memory to
+    someone who fills it, replay: the replay equals an eager step, since the graph keeps
+    the plans whose device lengths, row index, mask and header it reads."""
+    from pycudnnrnn import graphs
+    cp = _cupy(device)
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8,
+                     dtype=np.float32)
+    x, h, c, w = _put_all(device, case)
+    lengths = case.sequence_lengths
+    dy, dh, dc = _grads(device, case.forward())
+
+    def step():
+        y, hy, cy, reserve = pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)
+        return (y, hy, cy) + tuple(pycudnnrnn.backprop(x, h, c, w, lengths, y, hy, cy, dy, dh,
+                                                       dc, reserve, **case.attrs))
+
+    step()
+    captured = graphs.capture(step)
+    plans.clear_caches()
+    gc.collect()
+    junk = [cp.empty(n, cp.uint8) for n in range(64, 8192, 64)]
+    for j in junk:
+        j[...] = 7
+    rng = np.random.default_rng(3)
+    with captured.stream:
+        x[...] = device.put(rng.standard_normal(x.shape).astype(np.float32))
+        captured.replay()
+    captured.stream.synchronize()
+    replayed = [device.get(a) for a in captured.outputs]
+    eager = [device.get(a) for a in step()]
+    for i, (got, want) in enumerate(zip(replayed, eager)):
+        _same(device, got, want, f"output {i}")
+
+
+# ----------------------------------------------------------------- 3: dropout under remat
+
+@pytest.fixture
+def xla_stand_in(fake_gpu, monkeypatch):
+    """The stand-in GPU with the CuPy views of raw pointers the XLA CUDA handlers take."""
+    import ctypes
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    monkeypatch.setattr(cp.cuda, "UnownedMemory", lambda ptr, size, owner, device:
+                        (ctypes.c_char * size).from_address(ptr), raising=False)
+    monkeypatch.setattr(cp.cuda, "MemoryPointer", lambda memory, offset: memory, raising=False)
+    return fake_gpu
+
+
+def _xla_forward(case, attributes, sizes):
+    from fake_xla import FakeCallFrame
+    from pycudnnrnn.jax import targets, xla_ffi
+    want = case.forward(is_training=False)
+    results = [np.full(a.shape, np.nan, a.dtype) for a in want[:3] if a.size]
+    results += [np.zeros(n, np.uint8) for n in sizes]
+    operands = [a for a in (case.input, case.input_h, case.input_c, case.params) if a is not None]
+    frame = FakeCallFrame(operands, results, attributes)
+    assert frame.call(xla_ffi.make_handler(targets.cuda_forward)) is None, frame.errors
+    return results
+
+
+def test_a_recomputed_xla_forward_draws_the_same_dropout_masks(xla_stand_in):
+    """XLA may run a forward again (jax.checkpoint, remat) and pairs the recomputed
+    residuals with the first run's loss: on CUDA, a forward's masks depend only on its
+    seed, as on the CPU, never on how many forwards ran before."""
+    from pycudnnrnn import jax as rnn_jax
+    from pycudnnrnn.jax import targets
+    case = make_case("lstm", "bidirectional", num_layers=2, num_units=8, dropout=0.5,
+                     dtype=np.float32)
+    op = rnn_jax._Op(**{"seed": 3, "seed2": 4, "is_training": True, **case.attrs})
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    sizes = targets.buffer_sizes(problem, cuda=True)
+    first = _xla_forward(case, op.attributes(False), sizes)
+    again = _xla_forward(case, op.attributes(False), sizes)
+    plain = case.forward(dropout=0.0)[0]
+    assert not np.allclose(first[0], plain)  # dropout did act
+    for a, b in zip(first[:3], again[:3]):
+        np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------- 8: smaller ones
+
+def _plan_of(case, **overrides):
+    tm = case.attrs["time_major"]
+    T, B = case.input.shape[:2] if tm else case.input.shape[1::-1]
+    kwargs = dict(num_layers=case.size["num_layers"], num_units=case.size["num_units"],
+                  input_size=case.size["input_size"], max_time=T, batch_size=B,
+                  sequence_lengths=case.sequence_lengths, dtype=case.input.dtype.name,
+                  device="cuda", **{k: v for k, v in case.attrs.items()})
+    return pycudnnrnn.RNNPlan(**{**kwargs, **overrides})
+
+
+def test_input_backprop_padding_is_zero_whatever_the_buffer_held(device):
+    """cuDNN need not write dx past each length: backprop zeroes it, also in a caller's
+    buffer (out=) that held NaN."""
+    case = make_case("gru", "bidirectional", num_layers=2, lengths=[4, 2, 3], num_units=8,
+                     time_major=False)
+    p = _plan_of(case)
+    args = [None if a is None else device.put(a)
+            for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = p.forward(*args)
+    grads = _grads(device, out)
+    dx = device.put(np.full(p.input_shape, np.nan))
+    got = p.backprop(*args, *out[:3], *grads, out[3], out=(dx, None, None, None))[0]
+    assert got is dx
+    want = case.backprop(case.forward(), *[device.get(g) for g in grads])[0]
+    np.testing.assert_allclose(device.get(dx), want, rtol=1e-10, atol=1e-12)
+
+
+def test_ragged_batch_major_bfloat16_with_an_empty_row_through_a_plan(device):
+    """The padding zero is a device array of the data's dtype, not an ml_dtypes scalar
+    (CuPy's bfloat16 support is minimal; its kernels need not take one)."""
+    import ml_dtypes
+    if device.kind == "cuda":
+        from pycudnnrnn.cudnn import descriptors, loader
+        cupy = pytest.importorskip("cupy")
+        if tuple(loader.version()) < descriptors.BFLOAT16_SINCE or \
+                int(cupy.__version__.split(".")[0]) < 14:
+            pytest.skip("needs cuDNN >= 9.13 and CuPy 14 for bfloat16")
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths=[4, 0, 2], num_units=8,
+                     time_major=False, dtype=ml_dtypes.bfloat16)
+    p = _plan_of(case)
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    out = p.forward(*args)
+    grads = _grads(device, out)
+    back = p.backprop(*args, *out[:3], *grads, out[3])
+    want_out = case.forward()
+    want_back = case.backprop(want_out, *[device.get(g) for g in grads])
+    for got, want in zip(list(out[:3]) + list(back), list(want_out[:3]) + list(want_back)):
+        got = device.get(got).astype(np.float64)
+        want = np.asarray(want, np.float64)
+        np.testing.assert_allclose(got, want, rtol=4e-2, atol=4e-2 * max(1, np.abs(want).max()))
+
+
+def test_the_layout_check_allocates_no_weight_space(fake_gpu):
+    """cudnnGetRNNWeightParams only computes addresses: the check once per new RNN
+    descriptor allocates nothing the size of the weights (400 MB at 100M parameters)."""
+    case = make_case("lstm", num_layers=2, num_units=64, input_size=64, T=2, B=2)
+    fake_cuda.reset_counts()
+    p = _plan_of(case)
+    assert "cudnnGetRNNWeightParams" in fake_gpu.calls
+    assert fake_cuda.COUNTS["device_alloc_bytes"] < p.params_size * 8 // 4
+
+
+# ----------------------------------------------------------------- 4: foreign arrays
+
+def test_foreign_inputs_live_until_the_work_reading_them_is_done(fake_gpu):
+    """Another library's arrays (taken through DLPack) on its own stream: the caller
+    drops its temporaries right after the call, and its allocator hands their memory to
+    its next request on its stream, which fills it, while cuDNN's work is still queued
+    on CuPy's stream. The functional API keeps them alive until that work is done."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8)
+    theirs, ours = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with theirs:  # the framework's allocations, on its stream
+        foreign = [fake_cuda.FakeFrameworkArray(fake_cuda._device(a))
+                   for a in (case.input, case.input_h, case.input_c, case.params)]
+    with ours:
+        out = pycudnnrnn.forward(*foreign, case.sequence_lengths, **case.attrs)
+    del foreign
+    gc.collect()
+    with theirs:
+        junk = [cp.empty(n, cp.uint8) for n in range(64, 8192, 64)]
+        for j in junk:
+            j[...] = 7
+    with ours:
+        ours.synchronize()
+        for got, want in zip(out[:3], case.forward()[:3]):
+            np.testing.assert_allclose(fake_cuda.to_host(got), want, rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------- 7: JAX's buffers
+
+def test_jax_buffers_are_sized_for_the_platform(fake_gpu):
+    """On CUDA, XLA's reserve space and workspace are the cuDNN plan's, not the larger
+    of the CPU's and cuDNN's (the NumPy backend keeps 16-bit data's reserve in float32:
+    twice cuDNN's for a float16 LSTM)."""
+    from pycudnnrnn.jax import targets
+    case = make_case("lstm", num_layers=4, num_units=32, input_size=32, T=16, B=8,
+                     dtype=np.float16)
+    from pycudnnrnn import jax as rnn_jax
+    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    cuda = plans.RNNPlan.from_problem(problem, 0)
+    cpu = plans.RNNPlan.from_problem(problem, None)
+    assert cpu.reserve_nbytes > cuda.reserve_nbytes  # the case that over-allocated
+    assert targets.buffer_sizes(problem, cuda=True) == (cuda.reserve_nbytes,
+                                                        cuda.workspace_nbytes)
+    assert targets.buffer_sizes(problem, cuda=False) == (cpu.reserve_nbytes, 0)
+
+
+# ----------------------------------------------------------------- on a real GPU only
+#
+# What only real hardware can settle, for `make gpu-check` (its report gives a verdict
+# per hazard from these and the `device`-fixture tests above). CI skips them.
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    return torch
+
+
+def _jax_devices():
+    jax = pytest.importorskip("jax")
+    try:
+        return jax, jax.devices("cuda")[0], jax.devices("cpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX sees no CUDA device")
+
+
+@pytest.mark.gpu
+def test_gpu_jacrev_on_cuda_equals_the_cpu():
+    """Hazard 1 through JAX: jacrev runs one backprop per output element from one
+    forward's reserve space (vmap over cotangents, a loop-invariant reserve)."""
+    jax, cuda, cpu = _jax_devices()
+    from pycudnnrnn import jax as rnn_jax
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", T=3, B=2,
+                     input_size=2, num_units=3, dtype=np.float32)
+    lengths = np.asarray(case.sequence_lengths, np.int32)
+
+    def output(params, x, h, c):
+        return rnn_jax.rnn(x, h, c, params, lengths, **case.attrs)[0]
+
+    jacobians = []
+    for device in (cuda, cpu):
+        with jax.default_device(device):  # XLA's buffers are sized for that platform
+            args = [jax.device_put(a, device) for a in
+                    (case.params, case.input, case.input_h, case.input_c)]
+            jacobians.append(np.asarray(jax.jit(jax.jacrev(output))(*args)))
+    np.testing.assert_allclose(jacobians[0], jacobians[1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_jax_grad_with_and_without_checkpoint_at_dropout():
+    """Hazard 3: the recomputed forward of jax.checkpoint draws the first one's masks."""
+    jax, cuda, _ = _jax_devices()
+    from pycudnnrnn import jax as rnn_jax
+    case = make_case("lstm", "bidirectional", num_layers=3, num_units=16, input_size=8,
+                     T=8, B=4, dtype=np.float32)
+    attrs = {**case.attrs, "dropout": 0.5, "seed": 1, "seed2": 2}
+
+    def loss(params, x, h, c):
+        y = rnn_jax.rnn(x, h, c, params, None, **attrs)[0]
+        return (y * y).sum()
+
+    with jax.default_device(cuda):
+        args = [jax.device_put(a, cuda) for a in
+                (case.params, case.input, case.input_h, case.input_c)]
+        plain = np.asarray(jax.jit(jax.grad(loss))(*args))
+        remat = np.asarray(jax.jit(jax.grad(jax.checkpoint(loss)))(*args))
+        undropped = np.asarray(jax.jit(jax.grad(
+            lambda *a: (rnn_jax.rnn(a[1], a[2], a[3], a[0], None, **case.attrs)[0] ** 2).sum()))(*args))
+    assert not np.allclose(plain, undropped)  # dropout acted
+    np.testing.assert_allclose(remat, plain, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_jax_reserve_is_the_plans():
+    """Hazard 7: XLA's reserve space on CUDA is the cuDNN plan's reserve_nbytes (float16,
+    4 layers, T=512, B=128, H=1024: the issue's case)."""
+    jax, cuda, _ = _jax_devices()
+    import jax.numpy as jnp
+    from pycudnnrnn import jax as rnn_jax
+    T, B, H, L = 512, 128, 1024, 4
+    shapes = dict(input=(T, B, H), input_h=(L, B, H), input_c=(L, B, H))
+    n = pycudnnrnn.params_size(num_layers=L, num_units=H, input_size=H)
+    arrays = [jax.ShapeDtypeStruct(s, jnp.float16) for s in shapes.values()]
+    params = jax.ShapeDtypeStruct((n,), jnp.float16)
+    op = rnn_jax._Op(rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
+                     dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True,
+                     is_training=True)
+    problem = op.problem(*arrays, params)
+    with jax.default_device(cuda):
+        reserve, workspace = rnn_jax._buffer_sizes(problem)
+    plan = plans.RNNPlan.from_problem(problem, 0)
+    cpu = plans.RNNPlan.from_problem(problem, None)
+    print(f"JAX reserve {reserve / 2**20:.0f} MiB, plan {plan.reserve_nbytes / 2**20:.0f} MiB, "
+          f"CPU {cpu.reserve_nbytes / 2**20:.0f} MiB; workspace {workspace / 2**20:.0f} MiB")
+    assert (reserve, workspace) == (plan.reserve_nbytes, plan.workspace_nbytes)
+
+
+@pytest.mark.gpu
+def test_gpu_functional_api_on_a_torch_side_stream():
+    """Hazard 4: PyTorch temporaries freed right after each call on a side stream, their
+    memory refilled there; results equal a synchronized run's."""
+    torch = _torch_cuda()
+    case = make_case("gru", "bidirectional", num_layers=2, lengths="ragged", T=16, B=8,
+                     input_size=16, num_units=32, dtype=np.float32)
+    lengths = case.sequence_lengths
+    cuda = lambda a: torch.from_numpy(a).cuda()
+    params, h = cuda(case.params), cuda(case.input_h)
+    want = pycudnnrnn.forward(cuda(case.input), h, None, params, lengths, **case.attrs)[0]
+    torch.cuda.synchronize()
+    want = want.cpu().numpy()
+    side, results = torch.cuda.Stream(), []
+    with torch.cuda.stream(side):
+        for _ in range(20):
+            x = cuda(case.input)
+            y = pycudnnrnn.forward(x, h, None, params, lengths, **case.attrs)[0]
+            del x
+            junk = torch.full((1 << 18,), float("nan"), device="cuda")  # reuses x's block
+            results.append(y.clone())
+            del junk
+    torch.cuda.synchronize()
+    for got in results:
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_ragged_batch_major_bfloat16_with_an_empty_row_through_pytorch():
+    """Hazard 8 through PyTorch tensors (the plan's twin is above)."""
+    import ml_dtypes
+    torch = _torch_cuda()
+    from pycudnnrnn.cudnn import descriptors, loader
+    cupy = pytest.importorskip("cupy")
+    if tuple(loader.version()) < descriptors.BFLOAT16_SINCE or \
+            int(cupy.__version__.split(".")[0]) < 14:
+        pytest.skip("needs cuDNN >= 9.13 and CuPy 14 for bfloat16")
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths=[4, 0, 2], num_units=8,
+                     time_major=False, dtype=ml_dtypes.bfloat16)
+    to_t = lambda a: torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+    y, hy, cy, _ = pycudnnrnn.forward(*[to_t(a) for a in (case.input, case.input_h,
+                                                          case.input_c, case.params)],
+                                      case.sequence_lengths, **case.attrs)
+    for got, want in zip((y, hy, cy), case.forward()[:3]):
+        got = got.float().cpu().numpy()
+        want = np.asarray(want, np.float64)
+        np.testing.assert_allclose(got, want, rtol=4e-2, atol=4e-2 * max(1, np.abs(want).max()))
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_reduce_overhead_trains_three_steps():
+    """Hazard 8: three training steps under torch.compile(mode="reduce-overhead"); the
+    number of CUDA-graph skips (and their reasons, in the log) goes to the report."""
+    torch = _torch_cuda()
+    from pycudnnrnn.torch import CudnnRNN
+    try:
+        torch._logging.set_logs(perf_hints=True)  # where inductor says why it skips graphs
+    except Exception:  # noqa: BLE001: an older logging API; the counters still tell
+        pass
+    torch.manual_seed(0)
+    model = CudnnRNN(8, 16, 2, rnn_mode="lstm").cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(6, 4, 8, device="cuda")
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        out = model(x)[0]
+        loss = out.square().mean()
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    compiled = torch.compile(step, mode="reduce-overhead")
+    before = model.params.detach().clone()
+    losses = [float(compiled()) for _ in range(3)]
+    from torch._dynamo.utils import counters
+    skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
+    print(f"torch.compile reduce-overhead: losses {losses}, cudagraph_skips {skips}")
+    assert all(np.isfinite(losses)) and not torch.equal(before, model.params.detach())
+
+
+def test_an_unknown_reserve_space_under_capture_is_a_clear_error(fake_gpu):
+    """Hazard 6: a reserve space this process did not note (a copy, or a framework's
+    tensor object rebuilt at each replay) has its header read back, a sync, which a
+    capturing stream refuses: the error says so and what to do."""
+    from pycudnnrnn import gpu
+    cp = gpu.cupy()
+    case = make_case("lstm", num_units=4)
+    p = _plan_of(case)
+    args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.input_c,
+                                          case.params)]
+    out = p.forward(*args)
+    grads = [fake_cuda._device(np.ones(a.shape)) for a in out[:3]]
+    copy = fake_cuda._device(fake_cuda.to_host(out[3]))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            with pytest.raises(ValueError, match="trust_reserve"):
+                p.backprop(*args, *out[:3], *grads, copy)
+        finally:
+            stream.end_capture()
+
+
+@pytest.mark.gpu
+def test_gpu_whether_cudnn_writes_the_reserve_space(cuda_only, monkeypatch):
+    """The measurement behind hazard 1's copy: cuDNN's backward calls handed the caller's
+    reserve space itself. The first backprop must equal one from a copy (what the
+    backend does); whether cuDNN changed the reserve's bytes, and whether a second
+    in-place backprop still agreed, goes to the report: if cuDNN never writes it, the
+    copy (one reserve-sized read and write per backprop) could go."""
+    from pycudnnrnn import cudnn_backend
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", T=12, B=6,
+                     input_size=8, num_units=16, dtype=np.float32)
+    args = _put_all(cuda_only, case)
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    grads = _grads(cuda_only, out)
+
+    def backprop():
+        return [cuda_only.get(g) for g in pycudnnrnn.backprop(
+            *args, case.sequence_lengths, *out[:3], *grads, out[3], **case.attrs)]
+
+    copied = backprop()
+    before = _digest(cuda_only, out[3])
+    monkeypatch.setattr(cudnn_backend.Executor, "_reserve_copy",
+                        lambda self, reserve, workspace:
+                        reserve[cudnn_backend._HEADER:cudnn_backend._HEADER + self.reserve_bytes])
+    in_place = backprop()
+    written = _digest(cuda_only, out[3]) != before
+    again = backprop()
+    second_agrees = all(np.array_equal(a, b) for a, b in zip(again, in_place))
+    print(f"cuDNN reserve space: written by backward {'yes' if written else 'no'}; "
+          f"a second in-place backprop {'agreed' if second_agrees else 'DIFFERED'}")
+    for a, b in zip(in_place, copied):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.fixture
+def cuda_only(monkeypatch):
+    from conftest import Device
+    yield Device("cuda", monkeypatch)
+    plans.clear_caches()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 
 import numpy as np
 
@@ -185,7 +186,7 @@ def _run(call_frame, target: str, place):
 def host_array(buffer: xla_ffi.Buffer) -> np.ndarray:
     """A NumPy view of a host buffer (no copy)."""
     dtype = numpy_dtype(buffer.dtype)
-    count = int(np.prod(buffer.shape, dtype=np.int64))
+    count = math.prod(buffer.shape)  # Python ints: np.prod costs ~10 us a buffer per call
     if count == 0 or not buffer.data:
         return np.empty(buffer.shape, dtype)
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(buffer.data)

@@ -106,7 +106,8 @@ def flat_params(weights, slots, size):
     `slots` are ``(offset, shape)`` pairs. When the weights are contiguous views at their
     slots of one buffer of `size` elements (as the modules' ``flatten_parameters`` lays
     them out), that buffer itself; a bias region no weight covers (``bias=False``) is
-    zeroed in it first (it is the module's and is zero by contract). Otherwise (a
+    zeroed in it first (it is the module's and is zero by contract; it lies outside every
+    weight's view, so no input of the op that calls this changes). Otherwise (a
     parametrization, ``weight_norm``, ``torch.func.functional_call``, autocast) one
     concatenation, zeros where no weight is.
     """

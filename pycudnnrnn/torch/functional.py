@@ -36,7 +36,8 @@ def check_devices(device, names_and_tensors):
         if not isinstance(t, torch.Tensor):
             raise InputTypeError(f"{name}: expected a torch.Tensor, got {type(t).__qualname__}")
         if t.device.type == "meta":
-            raise InputTypeError(f"{name}: expected a tensor with data on {device}, got a tensor "
+            where = "" if device.type == "meta" else f" on {device}"
+            raise InputTypeError(f"{name}: expected a tensor with data{where}, got a tensor "
                                  f"on the meta device (it has no values to compute with)")
         if t.device != device:
             raise InputTypeError(f"{name}: expected device {device} (that of input), got "

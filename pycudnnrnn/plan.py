@@ -170,15 +170,19 @@ class RNNPlan:
 
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                 out=None, workspace=None, gradients="all"):
+                 out=None, workspace=None, gradients="all", trust_reserve=False):
         """Run backprop; returns ``BackpropResult(input_backprop, input_h_backprop,
         input_c_backprop, params_backprop)``, None for those `gradients` ("all", "data" or
-        "weights", as for ``pycudnnrnn.backprop``) leaves out."""
+        "weights", as for ``pycudnnrnn.backprop``) leaves out. `trust_reserve`: the caller
+        vouches that `reserve_space` is this plan's forward's (a framework's autograd
+        formula, which ties the two by construction): see ``trust_reserve``."""
         arrays = self._adopt(dict(
             input=input, input_h=input_h, input_c=input_c, params=params, output=output,
             output_h=output_h, output_c=output_c, output_backprop=output_backprop,
             output_h_backprop=output_h_backprop, output_c_backprop=output_c_backprop,
             reserve_space=reserve_space))
+        if trust_reserve:  # noted on the array adopted here, which lives through the run
+            self.trust_reserve(arrays["reserve_space"])
         results = self.run_backprop(arrays, out=out, workspace=workspace, gradients=gradients,
                                     check_overlaps=True)
         return BackpropResult(*results_like(input, self._xp, results))

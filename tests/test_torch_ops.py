@@ -417,6 +417,7 @@ def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
 
     class PythonFunctionAllocator:
         def __init__(self, malloc, free):
+            seen.setdefault("allocators", []).append(self)
             self.malloc = lambda size: (malloc(size, 0), free)
 
     cuda = types.SimpleNamespace(
@@ -425,6 +426,7 @@ def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
         using_allocator=lambda malloc: Context("using_allocator", malloc(64)[0]),
         memory=types.SimpleNamespace(PythonFunctionAllocator=PythonFunctionAllocator))
     monkeypatch.setattr(gpu, "cupy", lambda: types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(kernels, "_allocators", {}, raising=False)  # none from real CuPy
     stream = types.SimpleNamespace(cuda_stream=0xBEEF)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     monkeypatch.setattr(torch.cuda, "caching_allocator_alloc",
@@ -434,6 +436,14 @@ def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
         pass
     assert seen["entered"] == [("Device", 1), ("ExternalStream", 0xBEEF, 1),
                                ("using_allocator", ("torch", 64, 0, 0xBEEF))]
+    with kernels._on_device(tensor):  # the same (device, stream): the same allocator
+        pass
+    assert len(seen["allocators"]) == 1
+    stream = types.SimpleNamespace(cuda_stream=0xCAFE)  # another stream: its own
+    with kernels._on_device(tensor):
+        pass
+    assert len(seen["allocators"]) == 2
+    assert seen["entered"][-1] == ("using_allocator", ("torch", 64, 0, 0xCAFE))
 
 
 @pytest.mark.parametrize("mode,gradients", [("lstm", "all"), ("gru", "data"),

@@ -256,12 +256,29 @@ def _on_device(tensor):
     cupy = gpu.cupy()
     device = _cuda_index(tensor)
     stream = torch.cuda.current_stream(device)
-    allocator = cupy.cuda.memory.PythonFunctionAllocator(
-        lambda size, device_id: torch.cuda.caching_allocator_alloc(size, device_id, stream),
-        lambda pointer, device_id: torch.cuda.caching_allocator_delete(pointer))
+    allocator = _allocator(cupy, device, stream)
     with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device), \
             cupy.cuda.using_allocator(allocator.malloc):
         yield
+
+
+_allocators: dict = {}  # (device, stream handle) → CuPy allocator on PyTorch's
+_MAX_ALLOCATORS = 256   # streams come from PyTorch's pools: few; a bound all the same
+
+
+def _allocator(cupy, device: int, stream):
+    """CuPy's allocator taking PyTorch's caching allocator on `stream`, one per (device,
+    stream), made once: not a new allocator object per call."""
+    key = (device, stream.cuda_stream)
+    allocator = _allocators.get(key)
+    if allocator is None:
+        allocator = cupy.cuda.memory.PythonFunctionAllocator(
+            lambda size, device_id: torch.cuda.caching_allocator_alloc(size, device_id, stream),
+            lambda pointer, device_id: torch.cuda.caching_allocator_delete(pointer))
+        if len(_allocators) >= _MAX_ALLOCATORS:
+            _allocators.clear()
+        _allocators[key] = allocator
+    return allocator
 
 
 def _detached(*tensors):

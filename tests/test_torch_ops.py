@@ -649,8 +649,6 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
             fake_cuda.FakeDeviceArray)
 
     monkeypatch.setattr(fake_cuda.FakeCupy, "from_dlpack", from_dlpack)
-    # the results' export back to PyTorch (which kernels drops: its outputs are PyTorch's)
-    monkeypatch.setattr(plan, "results_like", lambda like, xp, results: results)
     return imports
 
 
@@ -733,3 +731,26 @@ def test_the_autograd_formula_trusts_the_reserve_and_the_public_op_does_not(monk
     grads = [torch.randn_like(t) for t in out[:3]]
     torch.ops.pycudnnrnn.backprop(*detached, *out[:3], *grads, out[3], *args[6:12], "all")
     assert seen == [True, False]
+
+
+def test_the_planned_path_imports_each_tensor_once_and_exports_nothing(torch_on_stand_in,
+                                                                       monkeypatch):
+    """Stand-in GPU: the ops' CUDA path took every tensor in through DLPack once (inputs,
+    PyTorch-allocated results and workspace) and then exported the plan's results back
+    to PyTorch, four DLPack round trips a call it threw away."""
+    from pycudnnrnn import plan
+    from pycudnnrnn.torch import kernels
+    exports = []
+    monkeypatch.setattr(plan, "results_like",
+                        lambda like, xp, results: exports.append(results) or results)
+    imports = torch_on_stand_in
+    x, h, c, params, lengths, seed, attrs = _stand_in_call()
+    fwd = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    # x, h, c, params; output, output_h, output_c, reserve; workspace
+    assert (len(imports), exports) == (9, [])
+    imports.clear()
+    grads = [torch.randn_like(t) for t in fwd[:3]]
+    kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed, attrs,
+                             "all", True)
+    # 11 arguments; dx, dh, dc, dparams; workspace
+    assert (len(imports), exports) == (16, [])

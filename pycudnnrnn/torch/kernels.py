@@ -185,7 +185,10 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
            _empty((run.reserve_nbytes,), input, torch.uint8) if is_training else None)
     # The plan remembers the reserve tensor's identity by the tensor itself, so backward
     # reads no header back from the GPU.
-    run.forward(input, input_h, input_c, params, out=out, workspace=_workspace(run, input))
+    # Each tensor crosses DLPack once, into the plan; the results are `out` already, so
+    # they are not exported back (return_results=False).
+    run.forward(input, input_h, input_c, params, out=out, workspace=_workspace(run, input),
+                return_results=False)
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
             out[3] if is_training else input.new_empty((0,), dtype=torch.uint8))
 
@@ -204,7 +207,7 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
     grads = run.backprop(input, input_h, input_c, params, output, output_h, output_c,
                          output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                          out=out, workspace=_workspace(run, input), gradients=gradients,
-                         trust_reserve=trust_reserve)
+                         trust_reserve=trust_reserve, return_results=False)
     # Ours where computed; an empty tensor for the c gradient of other cells.
     return tuple(None if g is None else o if o is not None else input.new_empty((0,))
                  for g, o in zip(grads, out))

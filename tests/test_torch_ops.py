@@ -417,6 +417,7 @@ def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
 
     class PythonFunctionAllocator:
         def __init__(self, malloc, free):
+            seen.setdefault("allocators", []).append(self)
             self.malloc = lambda size: (malloc(size, 0), free)
 
     cuda = types.SimpleNamespace(
@@ -425,6 +426,7 @@ def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
         using_allocator=lambda malloc: Context("using_allocator", malloc(64)[0]),
         memory=types.SimpleNamespace(PythonFunctionAllocator=PythonFunctionAllocator))
     monkeypatch.setattr(gpu, "cupy", lambda: types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(kernels, "_allocators", {}, raising=False)  # none from real CuPy
     stream = types.SimpleNamespace(cuda_stream=0xBEEF)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     monkeypatch.setattr(torch.cuda, "caching_allocator_alloc",
@@ -434,6 +436,14 @@ def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
         pass
     assert seen["entered"] == [("Device", 1), ("ExternalStream", 0xBEEF, 1),
                                ("using_allocator", ("torch", 64, 0, 0xBEEF))]
+    with kernels._on_device(tensor):  # the same (device, stream): the same allocator
+        pass
+    assert len(seen["allocators"]) == 1
+    stream = types.SimpleNamespace(cuda_stream=0xCAFE)  # another stream: its own
+    with kernels._on_device(tensor):
+        pass
+    assert len(seen["allocators"]) == 2
+    assert seen["entered"][-1] == ("using_allocator", ("torch", 64, 0, 0xCAFE))
 
 
 @pytest.mark.parametrize("mode,gradients", [("lstm", "all"), ("gru", "data"),
@@ -608,3 +618,139 @@ def test_obscure_argument_errors_are_clear():
     for seed in (torch.zeros(2), torch.tensor(1.5), torch.tensor(True)):
         with pytest.raises(TypeError, match="seed: expected an integer or a 0-d integer tensor"):
             prt.rnn(x, h, None, model.params, rnn_mode="gru", seed=seed)
+
+
+@pytest.fixture
+def torch_on_stand_in(fake_gpu, monkeypatch):
+    """CPU tensors taken as tensors on the stand-in GPU by kernels' planned path (no CUDA
+    tensors exist without CUDA): plans are built for device 0 and the stand-in's DLPack
+    import adopts the tensors' memory (the stand-in's device memory is host memory)."""
+    import fake_cuda
+    import numpy as np
+
+    from pycudnnrnn import plan
+    from pycudnnrnn.torch import kernels
+    monkeypatch.setattr(kernels, "_plan_device", lambda tensor: 0)
+    kind = plan.device_kind
+    monkeypatch.setattr(plan, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
+        a, torch.Tensor) else kind(name, a, strict))
+    imports = []
+    take = fake_cuda.FakeCupy.from_dlpack
+
+    def from_dlpack(self, a):
+        if not isinstance(a, torch.Tensor):
+            return take(self, a)
+        imports.append(tuple(a.shape))  # not the tensor: that would keep it alive
+        # by address, no reference: the stand-in keeps the views it sees, and a DLPack
+        # view would keep the tensor object alive with them (a CuPy view dies with the call)
+        assert a.is_contiguous()
+        dtype = torch.empty(0, dtype=a.dtype).numpy().dtype
+        return fake_cuda._array(a.data_ptr(), dtype, tuple(a.shape)).view(
+            fake_cuda.FakeDeviceArray)
+
+    monkeypatch.setattr(fake_cuda.FakeCupy, "from_dlpack", from_dlpack)
+    return imports
+
+
+def _stand_in_call(mode="lstm"):
+    x, h, c, params, lengths, seed, *attrs = _op_args(mode, dropout=0.0)
+    x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
+    names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
+    return x, h, c, params, lengths.numpy(), seed, dict(zip(names, attrs[:6]))
+
+
+def test_a_trusted_reserve_is_not_read_back_on_the_stand_in_gpu(torch_on_stand_in):
+    """Hazard 6: backprop from the ops' autograd formula read the reserve space's header
+    back from the GPU (a sync; an error under CUDA-graph capture) whenever the tensor
+    object was not forward's own (CUDA-graph trees rebuild them at every replay). Trusted,
+    it reads nothing; untrusted (the public op), a rebuilt tensor is still checked."""
+    import gc
+
+    import fake_cuda
+    from conftest import assert_ulp_close
+    from pycudnnrnn.torch import kernels
+    x, h, c, params, lengths, seed, attrs = _stand_in_call()
+    fwd = list(kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True))
+    grads = [torch.randn_like(t) for t in fwd[:3]]
+    # another tensor object over the same memory (no view: its _base would keep forward's)
+    fwd[3] = _rebuilt(fwd[3])
+    gc.collect()
+    results = []
+    for trust in (False, True):  # untrusted first: the stand-in keeps views it saw alive
+        fake_cuda.reset_counts()
+        results.append(kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3],
+                                                lengths, seed, attrs, "all", trust))
+        fake_cuda.synchronize_all()
+        counts = {k: fake_cuda.COUNTS[k] for k in ("device_to_host", "sync")}
+        assert counts == ({"device_to_host": 0, "sync": 0} if trust else
+                          {"device_to_host": 1, "sync": 1}), (trust, counts)
+    for trusted, checked in zip(*results):
+        assert_ulp_close(trusted.numpy(), checked.numpy())
+    wrong = dict(attrs, direction="unidirectional")  # still a wrong identity is refused
+    fwd2 = kernels.planned_forward(x, h[:, :2].contiguous(), c[:, :2].contiguous(),
+                                   params[:_params_size(wrong)],
+                                   lengths, seed, wrong, True)
+    with pytest.raises(ValueError, match="reserve_space"):
+        kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, _rebuilt(fwd2[3]),
+                                 lengths, seed, attrs, "all", False)
+
+
+def _rebuilt(tensor):
+    """A new tensor object over `tensor`'s memory, as CUDA-graph trees make at replays."""
+    return torch.empty(0, dtype=tensor.dtype).set_(tensor.untyped_storage())
+
+
+def _params_size(attrs):
+    return pycudnnrnn.params_size(rnn_mode=attrs["rnn_mode"], num_layers=2, num_units=H,
+                                  input_size=I, direction=attrs["direction"])
+
+
+@pytest.mark.parametrize("weights", [False, True])
+def test_the_autograd_formula_trusts_the_reserve_and_the_public_op_does_not(monkeypatch,
+                                                                           weights):
+    from pycudnnrnn.torch import kernels
+    seen = []
+    run = kernels.run_backprop
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("trust_reserve", args[15] if len(args) > 15 else False))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "run_backprop", spy)
+    torch.manual_seed(0)
+    if weights:
+        model = prt.LSTM(I, H, 2, batch_first=True)
+        model(torch.randn(B, T, I))[0].sum().backward()
+    else:
+        args = _op_args("gru")
+        torch.ops.pycudnnrnn.forward(*args)[0].sum().backward()
+    assert seen == [True]
+    args = _op_args("gru")
+    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args[:6]]
+    out = [t.detach() for t in torch.ops.pycudnnrnn.forward(*args)]
+    grads = [torch.randn_like(t) for t in out[:3]]
+    torch.ops.pycudnnrnn.backprop(*detached, *out[:3], *grads, out[3], *args[6:12], "all")
+    assert seen == [True, False]
+
+
+def test_the_planned_path_imports_each_tensor_once_and_exports_nothing(torch_on_stand_in,
+                                                                       monkeypatch):
+    """Stand-in GPU: the ops' CUDA path took every tensor in through DLPack once (inputs,
+    PyTorch-allocated results and workspace) and then exported the plan's results back
+    to PyTorch, four DLPack round trips a call it threw away."""
+    from pycudnnrnn import plan
+    from pycudnnrnn.torch import kernels
+    exports = []
+    monkeypatch.setattr(plan, "results_like",
+                        lambda like, xp, results: exports.append(results) or results)
+    imports = torch_on_stand_in
+    x, h, c, params, lengths, seed, attrs = _stand_in_call()
+    fwd = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    # x, h, c, params; output, output_h, output_c, reserve; workspace
+    assert (len(imports), exports) == (9, [])
+    imports.clear()
+    grads = [torch.randn_like(t) for t in fwd[:3]]
+    kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed, attrs,
+                             "all", True)
+    # 11 arguments; dx, dh, dc, dparams; workspace
+    assert (len(imports), exports) == (16, [])

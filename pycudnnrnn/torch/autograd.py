@@ -103,16 +103,18 @@ def _backward_core(ctx, needs_data, needs_weights, d_output, d_output_h, d_outpu
     grads = (zeros(d_output, out), zeros(d_output_h, out_h),
              zeros(d_output_c, out_c) if lstm else out_c)
     gradients = "all" if needs_data and needs_weights else "data" if needs_data else "weights"
+    # The reserve is this forward's own by construction: the ops trust it (True below),
+    # so CUDA reads no header back (a sync, and an error under CUDA-graph capture).
     if s.has_biases is None:
         dx, dh, dc, dparams = _backprop_without_autograd(
             backprop, input, input_h, input_c, weights[0], sequence_lengths, seed, out, out_h,
             out_c, *grads, reserve, s.rnn_mode, s.input_mode, s.direction, s.dropout,
-            s.num_proj, s.time_major, gradients)
+            s.num_proj, s.time_major, gradients, True)
         return dx, dh, dc if lstm else None, [dparams]
     dx, dh, dc, dparams = _backprop_without_autograd(
         backprop_weights, input, input_h, input_c, weights, s.has_biases, sequence_lengths, seed,
         out, out_h, out_c, *grads, reserve, s.rnn_mode, s.direction, s.dropout, s.num_proj,
-        s.time_major, gradients)
+        s.time_major, gradients, True)
     # Views of the one flat gradient, so that each weight's .grad is one too.
     weight_grads = [dparams[o:o + math.prod(shape)].view(shape) for o, shape in s.slots] \
         if needs_weights else [None] * s.num_weights

@@ -108,8 +108,13 @@ def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, 
 
 def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                  output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                 attrs, gradients):
-    """``pycudnnrnn.backprop`` on tensors; skipped gradients come back as None."""
+                 attrs, gradients, trust_reserve=False):
+    """``pycudnnrnn.backprop`` on tensors; skipped gradients come back as None.
+
+    `trust_reserve`: `reserve_space` is known to be the forward's (the ops' autograd
+    formula), so on CUDA no header is read back from the GPU (a sync, refused under
+    CUDA-graph capture) even when the tensor object is not forward's own.
+    """
     arrays = _detached(input, input_h, input_c, params, output, output_h, output_c,
                        output_backprop, output_h_backprop, output_c_backprop)
     lengths = host_lengths(sequence_lengths)
@@ -117,7 +122,8 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
         return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
                             **split_seed(seed), **attrs, gradients=gradients)
     with _on_device(input):
-        return planned_backprop(*arrays, reserve_space, lengths, seed, attrs, gradients)
+        return planned_backprop(*arrays, reserve_space, lengths, seed, attrs, gradients,
+                                trust_reserve)
 
 
 class ModulePlans:
@@ -179,14 +185,17 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
            _empty((run.reserve_nbytes,), input, torch.uint8) if is_training else None)
     # The plan remembers the reserve tensor's identity by the tensor itself, so backward
     # reads no header back from the GPU.
-    run.forward(input, input_h, input_c, params, out=out, workspace=_workspace(run, input))
+    # Each tensor crosses DLPack once, into the plan; the results are `out` already, so
+    # they are not exported back (return_results=False).
+    run.forward(input, input_h, input_c, params, out=out, workspace=_workspace(run, input),
+                return_results=False)
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
             out[3] if is_training else input.new_empty((0,), dtype=torch.uint8))
 
 
 def planned_backprop(input, input_h, input_c, params, output, output_h, output_c,
                      output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                     lengths, seed, attrs, gradients):
+                     lengths, seed, attrs, gradients, trust_reserve=False):
     """Backprop on a cached ``RNNPlan``, into buffers PyTorch allocates (any device)."""
     run = _plan(input, input_h, input_c, params, lengths, seed, attrs, True)
     lstm = attrs["rnn_mode"] == "lstm"
@@ -197,14 +206,15 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
            _empty((run.params_size,), input) if weights else None)
     grads = run.backprop(input, input_h, input_c, params, output, output_h, output_c,
                          output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                         out=out, workspace=_workspace(run, input), gradients=gradients)
+                         out=out, workspace=_workspace(run, input), gradients=gradients,
+                         trust_reserve=trust_reserve, return_results=False)
     # Ours where computed; an empty tensor for the c gradient of other cells.
     return tuple(None if g is None else o if o is not None else input.new_empty((0,))
                  for g, o in zip(grads, out))
 
 
 def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
-    device = None if input.device.type == "cpu" else _cuda_index(input)
+    device = _plan_device(input)
     attributes = dict(attrs, **split_seed(seed), is_training=is_training)
 
     def build():
@@ -218,6 +228,11 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
            None if lengths is None else lengths.tolist(), sorted(attributes.items()),
            gpu.get_allow_tf32())
     return _module_plans.get(device, int(seed), key, build)
+
+
+def _plan_device(tensor):
+    """The device index a plan for `tensor` is built on; None on the CPU."""
+    return None if tensor.device.type == "cpu" else _cuda_index(tensor)
 
 
 def _empty(shape, like, dtype=None):
@@ -244,12 +259,29 @@ def _on_device(tensor):
     cupy = gpu.cupy()
     device = _cuda_index(tensor)
     stream = torch.cuda.current_stream(device)
-    allocator = cupy.cuda.memory.PythonFunctionAllocator(
-        lambda size, device_id: torch.cuda.caching_allocator_alloc(size, device_id, stream),
-        lambda pointer, device_id: torch.cuda.caching_allocator_delete(pointer))
+    allocator = _allocator(cupy, device, stream)
     with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device), \
             cupy.cuda.using_allocator(allocator.malloc):
         yield
+
+
+_allocators: dict = {}  # (device, stream handle) → CuPy allocator on PyTorch's
+_MAX_ALLOCATORS = 256   # streams come from PyTorch's pools: few; a bound all the same
+
+
+def _allocator(cupy, device: int, stream):
+    """CuPy's allocator taking PyTorch's caching allocator on `stream`, one per (device,
+    stream), made once: not a new allocator object per call."""
+    key = (device, stream.cuda_stream)
+    allocator = _allocators.get(key)
+    if allocator is None:
+        allocator = cupy.cuda.memory.PythonFunctionAllocator(
+            lambda size, device_id: torch.cuda.caching_allocator_alloc(size, device_id, stream),
+            lambda pointer, device_id: torch.cuda.caching_allocator_delete(pointer))
+        if len(_allocators) >= _MAX_ALLOCATORS:
+            _allocators.clear()
+        _allocators[key] = allocator
+    return allocator
 
 
 def _detached(*tensors):

@@ -110,18 +110,26 @@ def backprop(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: 
              output_c: Tensor, output_backprop: Tensor, output_h_backprop: Tensor,
              output_c_backprop: Tensor, reserve_space: Tensor, rnn_mode: str, input_mode: str,
              direction: str, dropout: float, num_proj: int, time_major: bool,
-             gradients: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``pycudnnrnn.backprop``; the gradients `gradients` leaves out are empty ``(0,)``."""
+             gradients: str, trust_reserve: bool = False
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``pycudnnrnn.backprop``; the gradients `gradients` leaves out are empty ``(0,)``.
+
+    `trust_reserve` is for the forward ops' autograd formula, which passes the forward's
+    own reserve space: on CUDA its header is then not read back from the GPU (a sync,
+    refused under CUDA-graph capture) when the tensor object is not forward's (CUDA-graph
+    trees rebuild them). Left False, a reserve space of unknown origin is checked.
+    """
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
     return _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                          output_c, output_backprop, output_h_backprop, output_c_backprop,
-                         reserve_space, attrs, gradients, [params])
+                         reserve_space, attrs, gradients, [params], trust_reserve)
 
 
 @backprop.register_fake
 def _backprop_fake(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                    output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                   rnn_mode, input_mode, direction, dropout, num_proj, time_major, gradients):
+                   rnn_mode, input_mode, direction, dropout, num_proj, time_major, gradients,
+                   trust_reserve=False):
     _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
                  sequence_lengths=sequence_lengths, seed=seed, output=output,
                  output_backprop=output_backprop, reserve_space=reserve_space)
@@ -135,20 +143,22 @@ def backprop_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
                      output_backprop: Tensor, output_h_backprop: Tensor,
                      output_c_backprop: Tensor, reserve_space: Tensor, rnn_mode: str,
                      direction: str, dropout: float, num_proj: int, time_major: bool,
-                     gradients: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``backprop`` with torch.nn's weights; the params gradient is flat (cuDNN's layout)."""
+                     gradients: str, trust_reserve: bool = False
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``backprop`` with torch.nn's weights; the params gradient is flat (cuDNN's layout);
+    `trust_reserve` as for ``backprop``."""
     attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
     params = _weights_params(input, input_h, input_c, weights, has_biases, attrs, True)
     return _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                          output_c, output_backprop, output_h_backprop, output_c_backprop,
-                         reserve_space, attrs, gradients, weights)
+                         reserve_space, attrs, gradients, weights, trust_reserve)
 
 
 @backprop_weights.register_fake
 def _backprop_weights_fake(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
                            output, output_h, output_c, output_backprop, output_h_backprop,
                            output_c_backprop, reserve_space, rnn_mode, direction, dropout,
-                           num_proj, time_major, gradients):
+                           num_proj, time_major, gradients, trust_reserve=False):
     _refuse_meta(input=input, input_h=input_h, input_c=input_c, sequence_lengths=sequence_lengths,
                  seed=seed, output=output, output_backprop=output_backprop,
                  reserve_space=reserve_space, **{f"weights[{k}]": w for k, w in enumerate(weights)})
@@ -161,13 +171,13 @@ def _backprop_weights_fake(input, input_h, input_c, weights, has_biases, sequenc
 
 def _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                   output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                  attrs, gradients, weights):
+                  attrs, gradients, weights, trust_reserve):
     lstm = attrs["rnn_mode"] == "lstm"
     grads = kernels.run_backprop(input, input_h, input_c if lstm else None, params,
                                  sequence_lengths, seed, output, output_h,
                                  output_c if lstm else None, output_backprop, output_h_backprop,
                                  output_c_backprop if lstm else None, reserve_space, attrs,
-                                 gradients)
+                                 gradients, trust_reserve)
     given = list(_tensors(input, input_h, input_c, *weights, output, output_h, output_c,
                           output_backprop, output_h_backprop, output_c_backprop, reserve_space))
     return tuple(input.new_empty((0,)) if g is None else _fresh(g, given) for g in grads)

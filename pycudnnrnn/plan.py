@@ -157,14 +157,16 @@ class RNNPlan:
 
     # ------------------------------------------------------------------ runs
     def forward(self, input, input_h, input_c, params, out=None, workspace=None,
-                return_results=True):
+                return_results=True, check_overlaps=True):
         """Run forward; returns ``ForwardResult(output, output_h, output_c, reserve_space)``.
 
         `return_results=False` (for a caller whose `out` buffers are the results) returns
         None, without exporting the results to the inputs' library (a DLPack round trip
-        each)."""
+        each). `check_overlaps=False` is for an adapter whose allocator has just made the
+        `out` and `workspace` buffers (see ``run_forward``)."""
         arrays = self._adopt(dict(input=input, input_h=input_h, input_c=input_c, params=params))
-        results = self.run_forward(arrays, out=out, workspace=workspace, check_overlaps=True)
+        results = self.run_forward(arrays, out=out, workspace=workspace,
+                                   check_overlaps=check_overlaps)
         given = out[3] if out is not None and len(out) == 4 else None
         if given is not None and given is not results[3] and self.device_index is not None \
                 and self.problem.is_training:
@@ -178,14 +180,15 @@ class RNNPlan:
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                  out=None, workspace=None, gradients="all", trust_reserve=False,
-                 return_results=True):
+                 return_results=True, check_overlaps=True):
         """Run backprop; returns ``BackpropResult(input_backprop, input_h_backprop,
         input_c_backprop, params_backprop)``, None for those `gradients` ("all", "data" or
         "weights", as for ``pycudnnrnn.backprop``) leaves out. `trust_reserve`: the caller
         vouches that `reserve_space` is this plan's forward's (a framework's autograd
         formula, which ties the two by construction): see ``trust_reserve``.
-        `return_results` as for ``forward``: False returns which gradients were computed
-        (a tuple of True and None) rather than the gradients."""
+        `return_results` and `check_overlaps` as for ``forward``: ``return_results=False``
+        returns which gradients were computed (a tuple of True and None) rather than the
+        gradients."""
         arrays = self._adopt(dict(
             input=input, input_h=input_h, input_c=input_c, params=params, output=output,
             output_h=output_h, output_c=output_c, output_backprop=output_backprop,
@@ -194,7 +197,7 @@ class RNNPlan:
         if trust_reserve:  # noted on the array adopted here, which lives through the run
             self.trust_reserve(arrays["reserve_space"])
         results = self.run_backprop(arrays, out=out, workspace=workspace, gradients=gradients,
-                                    check_overlaps=True)
+                                    check_overlaps=check_overlaps)
         if not return_results:
             return tuple(None if r is None else True for r in results)
         return BackpropResult(*results_like(input, self._xp, results))

@@ -754,3 +754,22 @@ def test_the_planned_path_imports_each_tensor_once_and_exports_nothing(torch_on_
                              "all", True)
     # 11 arguments; dx, dh, dc, dparams; workspace
     assert (len(imports), exports) == (16, [])
+
+
+def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_stand_in,
+                                                                    monkeypatch):
+    """The kernels' planned path (CUDA) hands the plan buffers PyTorch has just allocated:
+    the per-call pass over every array that refuses shared memory (for callers' own
+    out=) is not paid."""
+    from pycudnnrnn import plan as plans
+    from pycudnnrnn.torch import kernels
+
+    def refuse(*args):
+        raise AssertionError("the op ran the overlap check")
+    monkeypatch.setattr(plans, "_refuse_overlaps", refuse)
+    x, h, c, params, lengths, seed, attrs = _stand_in_call()
+    fwd = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    grads = [torch.randn_like(t) for t in fwd[:3]]
+    got = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed,
+                                   attrs, "all", True)
+    assert all(g is not None for g in got)

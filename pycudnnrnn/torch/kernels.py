@@ -188,7 +188,7 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
     # Each tensor crosses DLPack once, into the plan; the results are `out` already, so
     # they are not exported back (return_results=False).
     run.forward(input, input_h, input_c, params, out=out, workspace=_workspace(run, input),
-                return_results=False)
+                return_results=False, check_overlaps=False)  # fresh buffers: no overlap
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
             out[3] if is_training else input.new_empty((0,), dtype=torch.uint8))
 
@@ -207,7 +207,8 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
     grads = run.backprop(input, input_h, input_c, params, output, output_h, output_c,
                          output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                          out=out, workspace=_workspace(run, input), gradients=gradients,
-                         trust_reserve=trust_reserve, return_results=False)
+                         trust_reserve=trust_reserve, return_results=False,
+                         check_overlaps=False)
     # Ours where computed; an empty tensor for the c gradient of other cells.
     return tuple(None if g is None else o if o is not None else input.new_empty((0,))
                  for g, o in zip(grads, out))

@@ -266,11 +266,7 @@ def test_ragged_batch_major_bfloat16_with_an_empty_row_through_a_plan(device):
     (CuPy's bfloat16 support is minimal; its kernels need not take one)."""
     import ml_dtypes
     if device.kind == "cuda":
-        from pycudnnrnn.cudnn import descriptors, loader
-        cupy = pytest.importorskip("cupy")
-        if tuple(loader.version()) < descriptors.BFLOAT16_SINCE or \
-                int(cupy.__version__.split(".")[0]) < 14:
-            pytest.skip("needs cuDNN >= 9.13 and CuPy 14 for bfloat16")
+        _skip_without_gpu_bfloat16()
     case = make_case("lstm", "bidirectional", num_layers=2, lengths=[4, 0, 2], num_units=8,
                      time_major=False, dtype=ml_dtypes.bfloat16)
     p = _plan_of(case)
@@ -463,15 +459,20 @@ def test_gpu_functional_api_on_a_torch_side_stream():
 
 
 @pytest.mark.gpu
-def test_gpu_ragged_batch_major_bfloat16_with_an_empty_row_through_pytorch():
-    """Hazard 8 through PyTorch tensors (the plan's twin is above)."""
-    import ml_dtypes
-    torch = _torch_cuda()
+def _skip_without_gpu_bfloat16():
+    """bfloat16 on the real GPU needs cuDNN >= 9.13 and CuPy 14."""
     from pycudnnrnn.cudnn import descriptors, loader
     cupy = pytest.importorskip("cupy")
     if tuple(loader.version()) < descriptors.BFLOAT16_SINCE or \
             int(cupy.__version__.split(".")[0]) < 14:
         pytest.skip("needs cuDNN >= 9.13 and CuPy 14 for bfloat16")
+
+
+def test_gpu_ragged_batch_major_bfloat16_with_an_empty_row_through_pytorch():
+    """Hazard 8 through PyTorch tensors (the plan's twin is above)."""
+    import ml_dtypes
+    torch = _torch_cuda()
+    _skip_without_gpu_bfloat16()
     case = make_case("lstm", "bidirectional", num_layers=2, lengths=[4, 0, 2], num_units=8,
                      time_major=False, dtype=ml_dtypes.bfloat16)
     to_t = lambda a: torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)

@@ -261,11 +261,11 @@ def _blame_state_layers(input_h, input_c, time_major, D, params, rnn_mode, input
                          f"got shape {tuple(input_h.shape)}")
 
 
-def _state_mismatch(name, given, expected, what, other, time_major, input_shape):
+def _state_mismatch(name, given, expected, what, time_major, input_shape):
     """The ValueError for a state whose shape disagrees with input_h's or input's, saying
     where L·D and B were read from (and the likely cause: batch-major data read as
     time-major)."""
-    message = (f"{name}: expected shape {tuple(expected)} {what} (L·D from {other}'s shape, B "
+    message = (f"{name}: expected shape {tuple(expected)} {what} (L·D from input_h's shape, B "
                f"from input's), got {tuple(given)}")
     b_axis = 1 if time_major else 0
     if len(given) == 3 and given[b_axis] == input_shape[1 - b_axis] != input_shape[b_axis]:
@@ -347,7 +347,7 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
     state = (LD, B) if time_major else (B, LD)
     if tuple(input_h.shape) != state + (P,):
         raise _state_mismatch("input_h", input_h.shape, state + (P,), state_name.format("P"),
-                              "input_h", time_major, tuple(input.shape))
+                              time_major, tuple(input.shape))
 
     if lstm:
         if input_c is None:
@@ -359,8 +359,7 @@ def check_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode
             _blame_state_layers(input_h, input_c, time_major, D, params, rnn_mode,
                                 input_size, input_mode, direction, num_proj)
             raise _state_mismatch("input_c", input_c.shape, state + (H,),
-                                  state_name.format("H"), "input_h", time_major,
-                                  tuple(input.shape))
+                                  state_name.format("H"), time_major, tuple(input.shape))
     else:
         H = P
     num_proj = _integer("num_proj", num_proj, 0)

@@ -1,9 +1,12 @@
-"""pycudnnrnn.jax: the RNN as a native JAX operation through XLA's FFI (CPU here).
+"""pycudnnrnn.jax: the RNN as a native JAX operation (CPU here).
 
 Every result is held against the eager NumPy backend (``pycudnnrnn.forward`` and
-``backprop``) on the same arrays: the FFI path runs that backend, so the two agree to the
-last bit unless a buffer, an attribute or a layout is mistranslated. The CUDA handlers on
-the stand-in GPU run it on cuDNN's batch (zero-length rows left out): a few ulps there.
+``backprop``) on the same arrays. The CPU has two lowerings, both tested (the `lowering`
+fixture): XLA's own operations (``pycudnnrnn.jax.scan``, wherever no dropout mask is
+drawn), a different computation, held within a few dozen ulps; and the custom call that
+runs the NumPy backend, which agrees to the last bit unless a buffer, an attribute or a
+layout is mistranslated. The CUDA handlers on the stand-in GPU run it on cuDNN's batch
+(zero-length rows left out): a few ulps there.
 """
 
 import ctypes
@@ -55,26 +58,49 @@ def _jax_rnn(case, **overrides):
     return lambda x, h, c, p, lengths: rnn_jax.rnn(x, h, c, p, lengths, **attrs)
 
 
-def _assert_same(ours, expected):
+@pytest.fixture(params=["scan", "custom call"])
+def lowering(request, monkeypatch):
+    """Each of the CPU's lowerings of ``rnn`` in turn (see the module docstring)."""
+    if request.param == "custom call":
+        monkeypatch.setattr(rnn_jax.scan, "applies", lambda problem: False)
+    return request.param
+
+
+@pytest.fixture
+def custom_call(monkeypatch):
+    """The NumPy backend's custom call on the CPU, for what only it does (folding)."""
+    monkeypatch.setattr(rnn_jax.scan, "applies", lambda problem: False)
+
+
+#: XLA's tanh, sigmoid and products against NumPy's: dozens of ulps of an array's scale
+#: after a few steps (a gate, layout or mask mistake is off by orders of magnitude more);
+#: 16-bit results, computed in float32 and rounded once, by at most their own last unit.
+SCAN_ULPS = 64
+
+
+def _assert_same(ours, expected, lowering="custom call"):
     for a, b in zip(ours, expected):
-        np.testing.assert_array_equal(np.asarray(a), b)
+        if lowering == "custom call":
+            np.testing.assert_array_equal(np.asarray(a), b)
+        else:
+            assert_ulp_close(a, b, ulps=1 if b.dtype.itemsize == 2 else SCAN_ULPS)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_jit_equals_numpy_backend(name):
+def test_jit_equals_numpy_backend(name, lowering):
     case = _case(name)
     f = jax.jit(_jax_rnn(case))
     ours = f(case.input, case.input_h, case.input_c, case.params, _lengths(case))
-    _assert_same(ours, case.forward()[:3])
+    _assert_same(ours, case.forward()[:3], lowering)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
-def test_other_dtypes_equal_numpy_backend(dtype):
+def test_other_dtypes_equal_numpy_backend(dtype, lowering):
     case = _case("gru-bi-ragged", dtype=np.dtype(dtype))
     with jax.enable_x64(dtype == "float64"):  # JAX keeps float64 only with x64 on
         ours = jax.jit(_jax_rnn(case))(*_args(case))
         assert ours[0].dtype == np.dtype(dtype)
-        _assert_same(ours, case.forward()[:3])
+        _assert_same(ours, case.forward()[:3], lowering)
 
 
 def test_any_int_seeds_give_the_eager_masks():
@@ -85,12 +111,12 @@ def test_any_int_seeds_give_the_eager_masks():
     assert not np.array_equal(np.asarray(ours[0]), case.forward()[0])  # the seeds matter
 
 
-def test_inference_equals_numpy_backend_and_eager_call_works():
+def test_inference_equals_numpy_backend_and_eager_call_works(lowering):
     case = _case("lstm-bi-2layer-zero-lengths")
     expected = case.forward(is_training=False)[:3]
     args = (case.input, case.input_h, case.input_c, case.params, _lengths(case))
-    _assert_same(jax.jit(_jax_rnn(case, is_training=False))(*args), expected)
-    _assert_same(_jax_rnn(case, is_training=False)(*args), expected)  # no jit: eager FFI call
+    _assert_same(jax.jit(_jax_rnn(case, is_training=False))(*args), expected, lowering)
+    _assert_same(_jax_rnn(case, is_training=False)(*args), expected, lowering)  # no jit
 
 
 def _loss_weights(case, outputs):
@@ -100,7 +126,7 @@ def _loss_weights(case, outputs):
 
 @pytest.mark.parametrize("name", ["lstm-bi-2layer-zero-lengths", "gru-bi-ragged",
                                   "rnn_relu-batch-major", "lstm-projection-bi", "lstm-dropout"])
-def test_grad_through_jit_equals_backprop(name):
+def test_grad_through_jit_equals_backprop(name, lowering):
     case = _case(name)
     fwd = case.forward()
     dy, dh, dc = _loss_weights(case, fwd[:3])
@@ -118,7 +144,66 @@ def test_grad_through_jit_equals_backprop(name):
     expected = case.backprop(fwd, dy, dh, dc if lstm else np.zeros((0,), np.float32))
     expected = expected if lstm else (expected[0], expected[1], expected[3])
     for ours, theirs in zip(grads, expected):
-        np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
+        if lowering == "scan":  # JAX's own derivative of XLA's forward
+            assert_ulp_close(ours, theirs, ulps=SCAN_ULPS)
+        else:
+            np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
+
+
+def _custom_calls(f, *args):
+    """How often each of our targets appears in the lowered program of ``grad(f)``."""
+    text = jax.jit(jax.grad(f)).lower(*args).as_text()
+    return {t: text.count(t) for t in ("pycudnnrnn_forward", "pycudnnrnn_backprop",
+                                        "pycudnnrnn_check_lengths")}
+
+
+@pytest.mark.parametrize("lengths", ["none", "known", "traced"])
+def test_cpu_training_step_is_xla_s_own_operations(lengths):
+    """No custom call runs the RNN on the CPU unless dropout draws masks; traced lengths
+    pass one call that range-checks them (known ones are checked at trace time)."""
+    case = _case("gru-bi-ragged")
+    f = _jax_rnn(case)
+    known = _lengths(case) if lengths == "known" else None
+    loss = lambda p, lens: jnp.sum(f(case.input, case.input_h, None, p,  # noqa: E731
+                                     known if lens is None else lens)[0])
+    traced = _lengths(case) if lengths == "traced" else None
+    assert _custom_calls(loss, case.params, traced) == {
+        "pycudnnrnn_forward": 0, "pycudnnrnn_backprop": 0,
+        "pycudnnrnn_check_lengths": int(lengths == "traced")}
+    dropout = _case("lstm-dropout")
+    g = _jax_rnn(dropout)
+    masked = lambda p: jnp.sum(g(*_args(dropout)[:3], p, _lengths(dropout))[0])  # noqa: E731
+    calls = _custom_calls(masked, dropout.params)
+    assert calls["pycudnnrnn_forward"] == calls["pycudnnrnn_backprop"] == 1
+
+
+def test_nan_padding_and_unused_states_reach_no_gradient(lowering):
+    """A zero-length row's initial state and the input's padding may hold anything: NaN
+    there stays out of every other result and of the weight gradients."""
+    case = _case("lstm-bi-2layer-zero-lengths")
+    x, h, c = case.input.copy(), case.input_h.copy(), case.input_c.copy()
+    zero = case.sequence_lengths.index(0)
+    h[:, zero], c[:, zero] = np.nan, np.nan
+    for b, n in enumerate(case.sequence_lengths):
+        x[n:, b] = np.nan
+    lengths = _lengths(case)
+    f = _jax_rnn(case)
+    outputs = jax.jit(f)(x, h, c, case.params, lengths)
+    expected = pycudnnrnn.forward(x, h, c, case.params, lengths, **case.attrs)
+    _assert_same(outputs, expected[:3], lowering)
+    assert np.isnan(np.asarray(outputs[1])[:, zero]).all()  # output_h: its initial state
+    grad = jax.jit(jax.grad(lambda p: jnp.nansum(f(x, h, c, p, lengths)[0])))(case.params)
+    assert np.isfinite(np.asarray(grad)).all()
+
+
+def test_cpu_scan_has_forward_mode_derivatives():
+    """XLA's own operations are differentiated by JAX, forward mode too (the custom calls,
+    on the GPU, have only reverse mode): jacfwd agrees with jacrev."""
+    case = _case("gru-bi-ragged")
+    f = lambda x: _jax_rnn(case)(x, case.input_h, None, case.params,  # noqa: E731
+                                 _lengths(case))[1]
+    np.testing.assert_allclose(jax.jacfwd(f)(case.input), jax.jacrev(f)(case.input),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_grad_under_checkpoint_recomputes_the_same_forward():
@@ -169,7 +254,7 @@ def _one_call_no_loop(f, *args):
 
 
 @pytest.mark.parametrize("time_major", [True, False])
-def test_vmap_inference_folds_into_one_call_and_equals_a_loop(time_major):
+def test_vmap_inference_folds_into_one_call_and_equals_a_loop(time_major, custom_call):
     case, xs, hs, lengths = _mapped_problem(time_major=time_major)
     f = lambda x, h, lens: _jax_rnn(case, is_training=False)(x, h, None, case.params, lens)  # noqa
     mapped = jax.jit(jax.vmap(f))
@@ -292,7 +377,7 @@ def test_known_lengths_out_of_range_raise_at_the_call():
         _jax_rnn(case)(*args)
 
 
-def test_handler_error_surfaces_as_python_exception_with_our_message():
+def test_handler_error_surfaces_as_python_exception_with_our_message(lowering):
     case = _case("lstm-bi-2layer-zero-lengths")
     f = jax.jit(_jax_rnn(case))
     args = _args(case)
@@ -301,12 +386,12 @@ def test_handler_error_surfaces_as_python_exception_with_our_message():
                                         r"\(max_time\), got 9 at index 1") as info:
         jax.block_until_ready(f(*args))
     assert "INVALID_ARGUMENT" in str(info.value)
-    _assert_same(f(*_args(case)), case.forward()[:3])  # and the next call is fine
+    _assert_same(f(*_args(case)), case.forward()[:3], lowering)  # and the next call is fine
 
 
 @pytest.mark.parametrize("dtype,value", [("int64", 2 ** 32 + 3), ("int64", 2 ** 63 - 1),
                                          ("uint32", 2 ** 32 - 1), ("uint64", 2 ** 64 - 1)])
-def test_traced_wide_lengths_are_checked_in_their_own_type(dtype, value):
+def test_traced_wide_lengths_are_checked_in_their_own_type(dtype, value, lowering):
     """With x64 on, a traced int64 2**32 + 3 used to wrap at the int32 cast to 3 and run;
     now the handler range-checks the value itself, and names it."""
     case = _case("gru-bi-ragged")
@@ -320,20 +405,20 @@ def test_traced_wide_lengths_are_checked_in_their_own_type(dtype, value):
     assert_ulp_close(ran, pycudnnrnn.forward(*_args(case)[:4], [3, 0, 2], **case.attrs)[1])
 
 
-def test_vmapped_inference_names_the_element_and_index_of_a_bad_length():
+def test_vmapped_inference_names_the_element_and_index_of_a_bad_length(lowering):
     case, xs, hs, lengths = _mapped_problem()
     f = jax.jit(jax.vmap(lambda x, h, lens: _jax_rnn(case, is_training=False)(
         x, h, None, case.params, lens)[0]))
     bad = lengths.copy()
     bad[2, 1] = 9
-    with pytest.raises(Exception, match=r"got 9 at index 1 of vmapped element 2\n"):
+    with pytest.raises(Exception, match=r"got 9 at index 1 of vmapped element 2(\n|$)"):
         jax.block_until_ready(f(xs, hs, bad))
     nested = jax.jit(jax.vmap(jax.vmap(lambda x, h, lens: _jax_rnn(case, is_training=False)(
         x, h, None, case.params, lens)[0])))
     stack = lambda a: np.stack([a, a])  # noqa: E731
     worse = stack(lengths)
     worse[1, 2, 0] = -1
-    with pytest.raises(Exception, match=r"got -1 at index 0 of vmapped element \(1, 2\)\n"):
+    with pytest.raises(Exception, match=r"got -1 at index 0 of vmapped element \(1, 2\)(\n|$)"):
         jax.block_until_ready(nested(stack(xs), stack(hs), worse))
 
 
@@ -422,12 +507,12 @@ def _bfloat16_forward_or_skip(**options):
         pytest.skip(f"this pycudnnrnn has no bfloat16: {exc}")
 
 
-def test_bfloat16_jit_equals_numpy_backend():
+def test_bfloat16_jit_equals_numpy_backend(lowering):
     case, expected = _bfloat16_forward_or_skip(rnn_mode="gru", direction="bidirectional",
                                                lengths="zero")
     ours = jax.jit(_jax_rnn(case))(*_args(case))
     assert ours[0].dtype == jnp.bfloat16
-    _assert_same(ours, expected[:3])
+    _assert_same(ours, expected[:3], lowering)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -721,7 +806,7 @@ def test_handler_errors_and_metadata_without_xla():
     assert np.isnan(results[0]).all()  # a metadata query runs nothing
 
 
-def test_inference_cannot_be_differentiated_and_says_so():
+def test_inference_cannot_be_differentiated_and_says_so(lowering):
     case = _case("gru-bi-ragged")
     f = _jax_rnn(case, is_training=False)
     loss = lambda p: jnp.sum(f(case.input, case.input_h, None, p, _lengths(case))[0])  # noqa
@@ -729,7 +814,7 @@ def test_inference_cannot_be_differentiated_and_says_so():
         jax.grad(loss)(case.params)
 
 
-def test_vmap_of_vmap_folds_both_axes_into_one_call():
+def test_vmap_of_vmap_folds_both_axes_into_one_call(custom_call):
     case, xs, hs, lengths = _mapped_problem(N=2)
     f = lambda x, h: _jax_rnn(case, is_training=False)(x, h, None, case.params, None)  # noqa
     xss, hss = np.stack([xs, -xs]), np.stack([hs, hs])
@@ -741,7 +826,7 @@ def test_vmap_of_vmap_folds_both_axes_into_one_call():
     assert _one_call_no_loop(twice, xss, hss)
 
 
-def test_inference_functions_do_not_grow_with_seeds():
+def test_inference_functions_do_not_grow_with_seeds(custom_call):
     """The inference function was cached per dropout and seed, which inference ignores:
     one more per seed, for the life of the process."""
     from pycudnnrnn import jax as rnn_jax

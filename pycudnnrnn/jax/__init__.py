@@ -1,8 +1,12 @@
 """pycudnnrnn as a native JAX operation: ``jit``, ``grad``, ``vmap`` and ``lax.scan``.
 
-``rnn`` lowers to two XLA custom calls (``pycudnnrnn.jax.targets``) whose handlers are
-ctypes callbacks, registered with ``jax.ffi.register_ffi_target`` for the CPU (NumPy
-backend on host buffers) and for CUDA (cuDNN on XLA's stream). Nothing is compiled.
+On the CPU, ``rnn`` is written in JAX's own operations (``pycudnnrnn.jax.scan``), which
+XLA compiles with the rest of the program; JAX differentiates, batches and shards them.
+Elsewhere, and on the CPU when dropout draws masks (which only the NumPy backend's
+generator gives), it lowers to two XLA custom calls (``pycudnnrnn.jax.targets``) whose
+handlers are ctypes callbacks, registered with ``jax.ffi.register_ffi_target`` for the
+CPU (NumPy backend on host buffers) and for CUDA (cuDNN on XLA's stream); what follows
+is about them. Nothing is compiled.
 
 * Shapes, dtypes and attributes are checked at trace time by ``pycudnnrnn.checks``
   (``ValueError``/``TypeError`` naming the argument); ``sequence_lengths`` is an
@@ -36,9 +40,9 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from .. import checks
-from . import targets
+from . import scan, targets
 from ..errors import CudnnUnavailableError
-from .targets import BACKPROP, FORWARD
+from .targets import BACKPROP, CHECK_LENGTHS, FORWARD
 
 __all__ = ["rnn"]
 
@@ -268,7 +272,14 @@ def _inference(op: _Op, has_lengths: bool):
         return outputs, (True,) * len(outputs)
 
     # custom_vmap functions cannot be differentiated; say why in our words, not JAX's.
-    inference = jax.custom_vjp(lambda *operands: forward(*operands))
+    return _not_differentiable(forward)
+
+
+def _not_differentiable(function):
+    """`function`, whose gradient is refused with our message: inference keeps no
+    reserve_space, on every platform (the CPU's ``scan`` could differentiate it, but a
+    program that does would then fail on a GPU)."""
+    wrapped = jax.custom_vjp(lambda *operands: function(*operands))
 
     def cannot_differentiate(*operands):
         raise ValueError("is_training: rnn(..., is_training=False) cannot be differentiated "
@@ -278,8 +289,29 @@ def _inference(op: _Op, has_lengths: bool):
     def unreachable(residuals, cotangents):  # the forward rule has raised already
         raise AssertionError("unreachable")
 
-    inference.defvjp(cannot_differentiate, unreachable)
-    return inference
+    wrapped.defvjp(cannot_differentiate, unreachable)
+    return wrapped
+
+
+# --------------------------------------------------------------------------- the CPU: scan
+
+def _on_the_cpu(op: _Op, problem, input, input_h, input_c, params, lengths, given):
+    """``rnn`` in JAX's own operations (``pycudnnrnn.jax.scan``), which XLA compiles for
+    the CPU. `lengths` are as ``_check_lengths`` made them, `given` as the caller passed
+    them: known ones were checked at trace time, traced ones pass a custom call that
+    range-checks them."""
+    if not isinstance(given, jax.core.Tracer):  # (a constant is a tracer under jit now)
+        lengths = scan.constant_lengths(given, problem.max_time)
+    else:
+        register()
+        lengths = jax.ffi.ffi_call(
+            CHECK_LENGTHS, _result_type([lengths])(lengths.shape, lengths.dtype),
+            vmap_method="broadcast_all")(lengths, max_time=np.int64(problem.max_time))
+        lengths = lengths.astype(jnp.int32)  # in [0, max_time] now
+    run = functools.partial(scan.rnn, problem)
+    if not op.is_training:
+        run = _not_differentiable(run)
+    return run(input, input_h, input_c, params, lengths)
 
 
 # --------------------------------------------------------------------------- gradients
@@ -330,8 +362,9 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     """The RNN forward as a JAX operation (TensorFlow's ``CudnnRNNV3``, minus reserve_space).
 
     Usable under ``jax.jit``, ``jax.grad`` (with respect to input, input_h, input_c and
-    params), ``jax.vmap`` and ``jax.lax.scan``. Runs on the CPU (NumPy backend) and on
-    CUDA GPUs (cuDNN on XLA's stream), wherever XLA places the computation.
+    params), ``jax.vmap`` and ``jax.lax.scan``. Runs on the CPU (JAX's own operations,
+    or the NumPy backend when dropout draws masks) and on CUDA GPUs (cuDNN on XLA's
+    stream).
 
     Parameters
     ----------
@@ -371,6 +404,9 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     input, input_h, input_c, params, lengths = _vary_alike(input, input_h, input_c, params,
                                                            lengths)
     empty_c = jnp.zeros((0,), problem.dtype)
+    if _default_platform() == "cpu" and scan.applies(problem):
+        return _on_the_cpu(op, problem, input, input_h, input_c, params, lengths,
+                           sequence_lengths)
     if op.is_training:
         results = _training(op, input, input_h, input_c, params, lengths)
     else:  # inference draws no masks: one cached function whatever the dropout and seeds

@@ -42,6 +42,7 @@ from .xla_ffi import DataType
 
 FORWARD = "pycudnnrnn_forward"
 BACKPROP = "pycudnnrnn_backprop"
+CHECK_LENGTHS = "pycudnnrnn_check_lengths"
 
 #: The op attributes every call carries, with the types they are lowered as.
 OP_ATTRIBUTES = ("rnn_mode", "input_mode", "direction", "dropout", "seed", "seed2",
@@ -230,6 +231,25 @@ def cpu_backprop(call_frame):
     _run(call_frame, BACKPROP, _Host())
 
 
+def cpu_check_lengths(call_frame):
+    """``pycudnnrnn_check_lengths``: traced lengths range-checked, then copied to the
+    result (which the computation reads, so XLA cannot leave the check out).
+
+    The call of ``pycudnnrnn.jax.scan``, whose RNN is XLA's own; operand and result
+    ``sequence_lengths`` (any integer type; ``[N, ..., B]`` under ``vmap``), attribute
+    ``max_time`` (i64).
+    """
+    from .. import checks
+    max_time = xla_ffi.attributes(call_frame)["max_time"]
+    (lengths,), (result,) = xla_ffi.buffers(call_frame)
+    lengths = host_array(lengths)
+    if lengths.ndim == 1:
+        checks.check_lengths(lengths, lengths.shape[0], max_time)
+    else:
+        _flat_lengths(lengths, max_time)
+    host_array(result)[...] = lengths
+
+
 # --------------------------------------------------------------------------- CUDA
 
 class _Device:
@@ -288,5 +308,6 @@ def handlers() -> dict:
     the process (XLA keeps their addresses)."""
     return {("cpu", FORWARD): xla_ffi.make_handler(cpu_forward),
             ("cpu", BACKPROP): xla_ffi.make_handler(cpu_backprop),
+            ("cpu", CHECK_LENGTHS): xla_ffi.make_handler(cpu_check_lengths),
             ("CUDA", FORWARD): xla_ffi.make_handler(cuda_forward),
             ("CUDA", BACKPROP): xla_ffi.make_handler(cuda_backprop)}

@@ -1,0 +1,165 @@
+"""The RNN in JAX's own operations, for XLA's CPU: one ``lax.scan`` per pseudo-layer.
+
+On the CPU a custom call runs the NumPy backend one time step at a time from Python,
+between XLA's own kernels; written in JAX, the same function is compiled by XLA whole
+(each step's products and gate arithmetic fused), and is differentiated, batched and
+sharded by JAX itself. It computes what ``pycudnnrnn.numpy_backend`` computes, step for
+step (``docs/semantics.md``); the tests hold the two together.
+
+* The input transform of all steps is one product per pseudo-layer, outside the scan;
+  inside, one product with the stacked recurrent matrices, gates in cuDNN's order.
+* A ragged batch: a row runs the steps ``t < length`` and then keeps its state; the
+  reverse direction reads each row backwards from its own last step; padding of the
+  output is zero. A row's state is zeroed where it does not run before it meets the
+  weights, so that an initial state that is never used (even NaN) cannot reach the
+  weight gradients, as in the NumPy backend.
+* float16 and bfloat16 compute in float32 and round once, when results leave.
+
+Dropout masks are drawn by the NumPy backend's generator, which JAX cannot reproduce:
+a training call that applies dropout stays on the custom call (``pycudnnrnn.jax``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import dtypes, layout
+
+
+def rnn(problem, input, input_h, input_c, params, lengths):
+    """``(output, output_h, output_c)`` for a checked `problem`; `lengths` is None (every
+    row runs every step) or an integer ``[B]`` array whose values are in range."""
+    c = problem.config
+    cdt = dtypes.compute_dtype(problem.dtype)
+    tm = problem.time_major
+    x = (input if tm else jnp.swapaxes(input, 0, 1)).astype(cdt)
+    h0 = (input_h if tm else jnp.swapaxes(input_h, 0, 1)).astype(cdt)
+    c0 = (input_c if tm else jnp.swapaxes(input_c, 0, 1)).astype(cdt) if c.is_lstm else None
+    params = params.astype(cdt)
+    rows = _Rows(lengths, problem.max_time)
+    x = rows.zero_padding(x)  # padding may hold anything, even NaN
+    blocks = layout.pseudo_layer_blocks(c)
+    output_h, output_c = [], []
+    for layer in range(c.num_layers):
+        outputs = []
+        for direction in range(c.num_dirs):
+            k = layer * c.num_dirs + direction
+            cell = _Cell(c, blocks[k], params)
+            carry = (h0[k], c0[k]) if c.is_lstm else (h0[k],)
+            y, carry = rows.scan(cell, cell.input_transform(x), carry, reverse=direction == 1)
+            outputs.append(y)
+            output_h.append(carry[0])
+            if c.is_lstm:
+                output_c.append(carry[1])
+        x = outputs[0] if c.num_dirs == 1 else jnp.concatenate(outputs, axis=-1)
+
+    def leave(a, axes):
+        a = a.astype(problem.dtype)
+        return a if tm else jnp.swapaxes(a, *axes)
+
+    output = leave(x, (0, 1))
+    output_h = leave(jnp.stack(output_h), (0, 1))
+    output_c = leave(jnp.stack(output_c), (0, 1)) if c.is_lstm \
+        else jnp.zeros((0,), problem.dtype)
+    return output, output_h, output_c
+
+
+class _Rows:
+    """Which rows run at which step, and the scan over steps that honours it."""
+
+    def __init__(self, lengths, max_time):
+        self.lengths = lengths
+        if lengths is not None:
+            t = jnp.arange(max_time)[:, None]
+            self.running = t < lengths[None, :]                            # [T, B]
+            # The step a row reads at scan step t when it runs backwards: its own last
+            # step first; padding stays in place. Its own inverse.
+            self.backwards = jnp.where(self.running, lengths[None, :] - 1 - t, t)
+
+    def zero_padding(self, x):
+        return x if self.lengths is None else jnp.where(self.running[..., None], x, 0)
+
+    def _reverse(self, a):
+        """`a` [T, B, W] with each row's steps in reverse order (padding stays)."""
+        return jnp.take_along_axis(a, self.backwards[..., None], axis=0)
+
+    def scan(self, cell, xw, carry, reverse):
+        """Run `cell` over the steps of `xw` [T, B, G·H] from `carry`; ``(y, carry)``."""
+        if self.lengths is None:
+            def step(carry, xw_t):
+                carry = cell(carry, xw_t)
+                return carry, carry[0]
+            carry, y = jax.lax.scan(step, carry, xw, reverse=reverse)
+            return y, carry
+
+        def ragged_step(carry, inputs):
+            xw_t, running = inputs
+            running = running[:, None]
+            safe = tuple(jnp.where(running, s, 0) for s in carry)
+            new = cell(safe, xw_t)
+            carry = tuple(jnp.where(running, n, s) for n, s in zip(new, carry))
+            return carry, jnp.where(running, new[0], 0)
+
+        if reverse:
+            xw = self._reverse(xw)
+        carry, y = jax.lax.scan(ragged_step, carry, (xw, self.running))
+        return (self._reverse(y) if reverse else y), carry
+
+
+class _Cell:
+    """One pseudo-layer's weights and its step, in cuDNN's gate order."""
+
+    def __init__(self, config, blocks, params):
+        self.mode = config.rnn_mode
+        self.H = config.num_units
+        self.gates = config.num_gates
+        view = lambda block: None if block is None else block.view(params)  # noqa: E731
+        self.w_input, self.w_rec = view(blocks.w_input), view(blocks.w_recurrent)
+        self.w_proj = view(blocks.w_projection)
+        self.b_input, self.b_rec = view(blocks.b_input), view(blocks.b_recurrent)
+
+    def input_transform(self, x):
+        """``W x + b`` of every step, [T, B, G·H]: both biases, except GRU's recurrent
+        ones, which sit inside ``r ⊙ (R_h h + b_Rh)``."""
+        bias = self.b_input if self.mode == "gru" else self.b_input + self.b_rec
+        if self.w_input is None:  # skip input: x is added to every gate
+            return jnp.tile(x, (1, 1, self.gates)) + bias
+        return x @ self.w_input.T + bias
+
+    def __call__(self, carry, xw):
+        H = self.H
+        rec = carry[0] @ self.w_rec.T
+        if self.mode == "lstm":
+            h, c = carry
+            g = xw + rec
+            i, f = jax.nn.sigmoid(g[:, :H]), jax.nn.sigmoid(g[:, H:2 * H])
+            o = jax.nn.sigmoid(g[:, 3 * H:])
+            c = f * c + i * jnp.tanh(g[:, 2 * H:3 * H])
+            h = o * jnp.tanh(c)
+            return (h if self.w_proj is None else h @ self.w_proj.T), c
+        if self.mode == "gru":
+            (h,) = carry
+            rec = rec + self.b_rec
+            rz = jax.nn.sigmoid(xw[:, :2 * H] + rec[:, :2 * H])
+            r, z = rz[:, :H], rz[:, H:]
+            n = jnp.tanh(xw[:, 2 * H:] + r * rec[:, 2 * H:])
+            return ((h - n) * z + n,)
+        pre = xw + rec
+        return (jnp.tanh(pre) if self.mode == "rnn_tanh" else jax.nn.relu(pre),)
+
+
+def applies(problem) -> bool:
+    """Whether this module computes `problem`: everything but dropout masks."""
+    c = problem.config
+    return not (problem.is_training and c.dropout > 0 and c.num_layers > 1)
+
+
+def constant_lengths(lengths, max_time):
+    """Lengths known at trace time (checked already) as a constant, or None when every
+    row runs every step: no masks to apply."""
+    if lengths is None:
+        return None
+    lengths = np.asarray(lengths)
+    return None if bool((lengths == max_time).all()) else jnp.asarray(lengths, jnp.int32)

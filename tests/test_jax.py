@@ -360,6 +360,7 @@ def test_import_pycudnnrnn_does_not_import_jax():
 
 _STRUCTS = ["XLA_FFI_Extension_Base", "XLA_FFI_Api_Version", "XLA_FFI_Error_Create_Args",
             "XLA_FFI_Buffer", "XLA_FFI_ByteSpan", "XLA_FFI_Scalar", "XLA_FFI_Array",
+            "XLA_FFI_Error_GetMessage_Args", "XLA_FFI_Error_Destroy_Args",
             "XLA_FFI_Args", "XLA_FFI_Rets", "XLA_FFI_Attrs", "XLA_FFI_Stream_Get_Args",
             "XLA_FFI_DeviceOrdinal_Get_Args", "XLA_FFI_Metadata", "XLA_FFI_Metadata_Extension",
             "XLA_FFI_Api", "XLA_FFI_CallFrame"]
@@ -719,6 +720,27 @@ def test_handler_errors_and_metadata_without_xla():
     assert (metadata.api_version.major_version, metadata.api_version.minor_version) == \
         xla_ffi.API_VERSION
     assert np.isnan(results[0]).all()  # a metadata query runs nothing
+
+
+@pytest.mark.parametrize("entry", ["XLA_FFI_Stream_Get", "XLA_FFI_DeviceOrdinal_Get"])
+def test_an_error_xla_returns_is_reported_and_destroyed_once(entry):
+    """An XLA_FFI_Error* an API call returns is the caller's: its message goes into our
+    exception, then it is destroyed (it leaked, and its message was lost)."""
+    from fake_xla import FakeCallFrame
+    read = {"XLA_FFI_Stream_Get": xla_ffi.stream,
+            "XLA_FFI_DeviceOrdinal_Get": xla_ffi.device_ordinal}[entry]
+    frame = FakeCallFrame([], [], {}, fail={entry: "no GPU context here"})
+    with pytest.raises(RuntimeError, match=f"^{entry} failed: no GPU context here$"):
+        read(frame.frame)
+    [error] = frame.xla_errors
+    assert frame.destroyed == [error] and not frame.misuse
+    assert frame.asked[-2:] == ["XLA_FFI_Error_GetMessage", "XLA_FFI_Error_Destroy"]
+
+    # through a handler, it becomes the handler's own error for XLA, with that message
+    frame = FakeCallFrame([], [], {}, fail={entry: "no GPU context here"})
+    assert frame.call(xla_ffi.make_handler(read)) == frame.ERROR
+    assert frame.errors[0][0].startswith(f"RuntimeError: {entry} failed: no GPU context here")
+    assert frame.destroyed == list(frame.xla_errors)
 
 
 def test_inference_cannot_be_differentiated_and_says_so():

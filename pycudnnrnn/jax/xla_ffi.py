@@ -124,6 +124,30 @@ class XLA_FFI_Error_Create_Args(ctypes.Structure):
                 ("errc", ctypes.c_int)]
 
 
+# struct XLA_FFI_Error_GetMessage_Args {
+#   size_t struct_size;
+#   XLA_FFI_Extension_Base* extension_start;
+#   XLA_FFI_Error* error;
+#   const char* message;  // out
+# };
+class XLA_FFI_Error_GetMessage_Args(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("extension_start", _EXTENSION),
+                ("error", ctypes.c_void_p),
+                ("message", ctypes.c_char_p)]
+
+
+# struct XLA_FFI_Error_Destroy_Args {
+#   size_t struct_size;
+#   XLA_FFI_Extension_Base* extension_start;
+#   XLA_FFI_Error* error;
+# };
+class XLA_FFI_Error_Destroy_Args(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("extension_start", _EXTENSION),
+                ("error", ctypes.c_void_p)]
+
+
 # struct XLA_FFI_Buffer {
 #   size_t struct_size;
 #   XLA_FFI_Extension_Base* extension_start;
@@ -264,6 +288,10 @@ class XLA_FFI_Metadata_Extension(ctypes.Structure):
 
 # typedef XLA_FFI_Error* XLA_FFI_Error_Create(XLA_FFI_Error_Create_Args* args);
 ERROR_CREATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(XLA_FFI_Error_Create_Args))
+# typedef void XLA_FFI_Error_GetMessage(XLA_FFI_Error_GetMessage_Args* args);
+ERROR_GET_MESSAGE = ctypes.CFUNCTYPE(None, ctypes.POINTER(XLA_FFI_Error_GetMessage_Args))
+# typedef void XLA_FFI_Error_Destroy(XLA_FFI_Error_Destroy_Args* args);
+ERROR_DESTROY = ctypes.CFUNCTYPE(None, ctypes.POINTER(XLA_FFI_Error_Destroy_Args))
 # typedef XLA_FFI_Error* XLA_FFI_Stream_Get(XLA_FFI_Stream_Get_Args* args);
 STREAM_GET = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(XLA_FFI_Stream_Get_Args))
 # typedef XLA_FFI_Error* XLA_FFI_DeviceOrdinal_Get(XLA_FFI_DeviceOrdinal_Get_Args* args);
@@ -302,8 +330,8 @@ class XLA_FFI_Api(ctypes.Structure):
                 ("api_version", XLA_FFI_Api_Version),
                 ("internal_api", ctypes.c_void_p),
                 ("XLA_FFI_Error_Create", ERROR_CREATE),
-                ("XLA_FFI_Error_GetMessage", ctypes.c_void_p),
-                ("XLA_FFI_Error_Destroy", ctypes.c_void_p),
+                ("XLA_FFI_Error_GetMessage", ERROR_GET_MESSAGE),
+                ("XLA_FFI_Error_Destroy", ERROR_DESTROY),
                 ("XLA_FFI_Handler_Register", ctypes.c_void_p),
                 ("XLA_FFI_Stream_Get", STREAM_GET),
                 ("XLA_FFI_Type_Register", ctypes.c_void_p),
@@ -415,7 +443,7 @@ def stream(call_frame) -> int:
     api = call_frame.api.contents
     args = XLA_FFI_Stream_Get_Args(ctypes.sizeof(XLA_FFI_Stream_Get_Args), None,
                                    call_frame.ctx, None)
-    _raise_on_error(api.XLA_FFI_Stream_Get(ctypes.byref(args)), "XLA_FFI_Stream_Get")
+    _raise_on_error(api, api.XLA_FFI_Stream_Get(ctypes.byref(args)), "XLA_FFI_Stream_Get")
     return args.stream or 0
 
 
@@ -429,14 +457,32 @@ def device_ordinal(call_frame) -> int:
         raise RuntimeError("this XLA has no XLA_FFI_DeviceOrdinal_Get; a newer jaxlib is needed")
     args = XLA_FFI_DeviceOrdinal_Get_Args(ctypes.sizeof(XLA_FFI_DeviceOrdinal_Get_Args), None,
                                           call_frame.ctx, 0)
-    _raise_on_error(api.XLA_FFI_DeviceOrdinal_Get(ctypes.byref(args)),
+    _raise_on_error(api, api.XLA_FFI_DeviceOrdinal_Get(ctypes.byref(args)),
                     "XLA_FFI_DeviceOrdinal_Get")
     return int(args.device_ordinal)
 
 
-def _raise_on_error(error, function):
-    if error:  # an XLA_FFI_Error*; we do not own it, so we only report it
-        raise RuntimeError(f"{function} failed")
+def _raise_on_error(api, error, function):
+    """A RuntimeError with XLA's message if an API call returned an ``XLA_FFI_Error*``.
+
+    The caller owns such an error: its message is read, then it is destroyed, as the
+    header's own helpers do (``xla/ffi/api/api.h``: ``GetErrorMessage``, then
+    ``DestroyError``); the message lives in the error, so it is copied first.
+    """
+    if not error:
+        return
+    message = None
+    try:
+        if _api_has(api, "XLA_FFI_Error_GetMessage"):
+            args = XLA_FFI_Error_GetMessage_Args(
+                ctypes.sizeof(XLA_FFI_Error_GetMessage_Args), None, error, None)
+            api.XLA_FFI_Error_GetMessage(ctypes.byref(args))
+            message = args.message.decode("utf-8", "replace") if args.message else None
+    finally:
+        if _api_has(api, "XLA_FFI_Error_Destroy"):
+            api.XLA_FFI_Error_Destroy(ctypes.byref(XLA_FFI_Error_Destroy_Args(
+                ctypes.sizeof(XLA_FFI_Error_Destroy_Args), None, error)))
+    raise RuntimeError(f"{function} failed" + (f": {message}" if message else ""))
 
 
 def answer_metadata(call_frame) -> bool:

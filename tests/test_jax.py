@@ -816,6 +816,29 @@ def test_an_error_xla_returns_is_reported_and_destroyed_once(entry):
     assert frame.destroyed == list(frame.xla_errors)
 
 
+def test_scratch_takes_xla_memory_for_one_call_and_gives_it_back_once():
+    """xla_ffi.Scratch against fake_xla's allocator, which refuses what XLA's would be
+    corrupted by (a double free) or refuses itself (an alignment over 16 bytes)."""
+    from fake_xla import FakeCallFrame
+    frame = FakeCallFrame([], [], {})
+    scratch = xla_ffi.Scratch(frame.frame)
+    a, b = scratch.allocate(100, 16), scratch.allocate(7)
+    assert a % 16 == 0 and frame.live == {a: 100, b: 7}
+    scratch.free_all()
+    assert not frame.live and sorted(frame.frees) == sorted(frame.allocations)
+    scratch.free_all()  # nothing left
+    assert len(frame.frees) == 2 and not frame.misuse
+    free = xla_ffi.XLA_FFI_DeviceMemory_Free_Args(
+        ctypes.sizeof(xla_ffi.XLA_FFI_DeviceMemory_Free_Args), None, frame.CTX, 100, a)
+    with pytest.raises(RuntimeError, match="XLA_FFI_DeviceMemory_Free failed: .*freed already"):
+        xla_ffi._raise_on_error(frame.api, frame.api.XLA_FFI_DeviceMemory_Free(ctypes.byref(free)),
+                                "XLA_FFI_DeviceMemory_Free")
+    assert len(frame.misuse) == 1 and "freed already" in frame.misuse[0]
+    with pytest.raises(RuntimeError, match="Unsupported alignment: 32"):
+        scratch.allocate(8, 32)
+    assert frame.destroyed == list(frame.xla_errors)
+
+
 def test_inference_cannot_be_differentiated_and_says_so():
     case = _case("gru-bi-ragged")
     f = _jax_rnn(case, is_training=False)

@@ -831,8 +831,8 @@ def test_scratch_takes_xla_memory_for_one_call_and_gives_it_back_once():
     free = xla_ffi.XLA_FFI_DeviceMemory_Free_Args(
         ctypes.sizeof(xla_ffi.XLA_FFI_DeviceMemory_Free_Args), None, frame.CTX, 100, a)
     with pytest.raises(RuntimeError, match="XLA_FFI_DeviceMemory_Free failed: .*freed already"):
-        xla_ffi._raise_on_error(frame.api, frame.api.XLA_FFI_DeviceMemory_Free(ctypes.byref(free)),
-                                "XLA_FFI_DeviceMemory_Free")
+        error = frame.api.XLA_FFI_DeviceMemory_Free(ctypes.byref(free))
+        xla_ffi._raise_on_error(frame.api, error, "XLA_FFI_DeviceMemory_Free")
     assert len(frame.misuse) == 1 and "freed already" in frame.misuse[0]
     with pytest.raises(RuntimeError, match="Unsupported alignment: 32"):
         scratch.allocate(8, 32)

@@ -508,11 +508,11 @@ class Scratch:
     the handler is done: XLA's own ``ScratchAllocator`` (``xla/ffi/api/ffi.h``).
 
     Freeing at the end of the call, with the work that uses the memory still queued on
-    XLA's stream, is what that class does (its destructor frees every block as the
-    handler returns; ``XLA_FFI_DeviceMemory_Free`` in ``xla/ffi/ffi_api.cc`` hands the
-    block straight back to XLA's allocator, with no sync): XLA gives the memory again
-    only to work it orders after this call's. So it is safe for work queued on that
-    stream, and only for that.
+    XLA's stream, is what that class does: its destructor frees every block as the
+    handler returns, and ``XLA_FFI_DeviceMemory_Free`` (``xla/ffi/ffi_api.cc``) hands
+    the block straight back to XLA's allocator, with no sync. What we rely on is what
+    that design relies on: XLA gives the memory again only to work it orders after this
+    call's, on its stream. So the blocks are for work queued on that stream alone.
     """
 
     #: The largest alignment ``XLA_FFI_DeviceMemory_Allocate`` accepts (``ffi_api.cc``).

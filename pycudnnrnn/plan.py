@@ -65,8 +65,9 @@ class RNNPlan:
     that does not exist, output_c of other cells or an inference reserve_space, is
     ignored; given ones must be C-contiguous, of the result's shape and dtype,
     reserve_space uint8 of ``reserve_nbytes``), and ``workspace=`` a uint8 buffer of at
-    least ``workspace_nbytes``. The results are then those buffers. On the GPU a run
-    works on CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a
+    least ``workspace_nbytes``. The results are then those buffers; other temporaries
+    come from CuPy's current allocator (``cupy.cuda.using_allocator`` for a framework's).
+    On the GPU a run works on CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a
     framework's stream) and makes no host↔device copy, no sync and no size query; from
     its second call on it can be captured in a CUDA graph (``pycudnnrnn.graphs``).
     """

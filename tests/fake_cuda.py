@@ -51,9 +51,10 @@ What it adds besides, to catch GPU bugs a CPU test would miss:
   x or dy handed to cuDNN spreads into the gradients (0 · NaN = NaN), so the backend must
   zero it;
 * counters (``COUNTS``) of host↔device copies and syncs (host data turned into device
-  arrays, device data read back, scalars read from device arrays, synchronize) and of
-  device allocations and copies; while a stream captures a graph, transfers and syncs
-  raise, as CUDA refuses them.
+  arrays, device data read back, scalars read from device arrays, synchronize), of
+  device allocations and copies, and of blocks taken from a pool (``pool_alloc``: none
+  where ``using_allocator`` put another allocator in place); while a stream captures a
+  graph, transfers and syncs raise, as CUDA refuses them.
 
 ``install(monkeypatch)`` is the one way in: it replaces ``pycudnnrnn.gpu.cupy`` and
 ``pycudnnrnn.cudnn.capi.api``, the only two places the library finds CuPy and cuDNN.
@@ -324,12 +325,14 @@ class FakeMemoryPool:
     freed block reads poison, or whatever its next owner wrote.
     """
 
-    def __init__(self):
+    def __init__(self, counter="pool_alloc"):
         self.free = collections.defaultdict(list)  # bytes → [[block, stream, poisoned]]
         self.blocks = []  # every block, kept: queued work may still read freed ones
         self.malloc = self  # ``using_allocator(pool.malloc)`` names this pool
+        self.counter = counter  # the COUNTS entry of its blocks (CuPy's: "pool_alloc")
 
     def take(self, nbytes):
+        COUNTS[self.counter] += 1
         size = max(_BLOCK, -(-int(nbytes) // _BLOCK) * _BLOCK)
         stream = current_stream().ptr
         with _lock:
@@ -368,14 +371,18 @@ class _PoolRoot(np.ndarray):
             release[0].give_back(release[1], release[2])
 
 
-def _allocator() -> FakeMemoryPool:
+def _allocator():
+    """The current thread's: a stand-in pool, or a CuPy allocator function (bytes →
+    ``MemoryPointer``; the stand-in's MemoryPointer is the memory itself)."""
     stack = getattr(_local, "allocators", None)
     return stack[-1] if stack else _DEVICE_POOL[0]
 
 
 class _UsingAllocator:
     def __init__(self, malloc):
-        self.pool = malloc if isinstance(malloc, FakeMemoryPool) else None
+        # a pool's malloc names the pool; any other callable allocates by itself
+        self.pool = malloc if isinstance(malloc, FakeMemoryPool) or callable(malloc) \
+            else None
 
     def __enter__(self):
         stack = getattr(_local, "allocators", None)
@@ -394,6 +401,10 @@ def _empty(shape, dtype):
     shape = tuple(int(n) for n in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
     nbytes = math.prod(shape) * dtype.itemsize
     pool = _allocator()
+    if not isinstance(pool, FakeMemoryPool):  # its owner frees it, not the last array
+        root = np.frombuffer(pool(nbytes), np.uint8, nbytes)
+        flat = root.view(FakeDeviceArray)
+        return flat.view(dtype).reshape(shape)
     block = pool.take(nbytes)
     # The root's base is the block, and NumPy collapses a view's base only through
     # arrays of the view's own type: every view keeps the root, and so the block.

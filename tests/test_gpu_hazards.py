@@ -340,6 +340,48 @@ def test_jax_buffers_are_sized_for_the_platform(fake_gpu):
     assert targets.buffer_sizes(problem, cuda=False) == (cpu.reserve_nbytes, 0)
 
 
+# ----------------------------------------------------------------- JAX's temporaries
+
+def test_xla_temporaries_are_xlas_and_freed_behind_their_queued_work(xla_stand_in):
+    """A CUDA call's temporaries come from XLA's allocator, none from CuPy's pool (XLA
+    preallocates most of the GPU), and go back to XLA as the call returns, its cuDNN
+    work still queued on XLA's stream: XLA may hand them at once to the next call
+    there. Two calls back to back (batch-major states and XLA's workspace too small:
+    temporaries in both), one sync, and both are right."""
+    import ctypes
+    from fake_xla import FakeCallFrame
+    from pycudnnrnn import jax as rnn_jax
+    from pycudnnrnn.jax import targets, xla_ffi
+    handler = xla_ffi.make_handler(targets.cuda_forward)
+
+    def frame_of(case):
+        op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+        reserve = targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+                                                  case.params), cuda=True)[0]
+        want = [a for a in case.forward()[:3] if a.size]
+        results = [np.full(a.shape, np.nan, a.dtype) for a in want]
+        results += [np.zeros(reserve, np.uint8), np.zeros(1, np.uint8)]  # workspace: 1 byte
+        operands = [a for a in (case.input, case.input_h, case.input_c, case.params)
+                    if a is not None]
+        return FakeCallFrame(operands, results, op.attributes(False)), results, want
+
+    cases = [make_case("lstm", "bidirectional", num_units=8, time_major=False,
+                       dtype=np.float32),
+             make_case("gru", num_layers=2, num_units=8, time_major=False, dtype=np.float32)]
+    for case in cases:  # builds the plans (their own buffers: CuPy's pool, kept)
+        assert frame_of(case)[0].call(handler) is None
+    calls = [frame_of(case) for case in cases]
+    fake_cuda.reset_counts()
+    for frame, _, _ in calls:  # queued, not run: no sync between the calls
+        assert handler(ctypes.pointer(frame.frame)) is None, frame.errors
+        assert frame.allocations and not frame.live and not frame.misuse
+    fake_cuda.synchronize_all()
+    assert fake_cuda.COUNTS["pool_alloc"] == 0
+    for _, results, want in calls:
+        for got, expected in zip(results, want):
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
 # ----------------------------------------------------------------- on a real GPU only
 #
 # What only real hardware can settle, for `make gpu-check` (its report gives a verdict

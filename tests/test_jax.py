@@ -445,7 +445,9 @@ def test_import_pycudnnrnn_does_not_import_jax():
 
 _STRUCTS = ["XLA_FFI_Extension_Base", "XLA_FFI_Api_Version", "XLA_FFI_Error_Create_Args",
             "XLA_FFI_Buffer", "XLA_FFI_ByteSpan", "XLA_FFI_Scalar", "XLA_FFI_Array",
+            "XLA_FFI_Error_GetMessage_Args", "XLA_FFI_Error_Destroy_Args",
             "XLA_FFI_Args", "XLA_FFI_Rets", "XLA_FFI_Attrs", "XLA_FFI_Stream_Get_Args",
+            "XLA_FFI_DeviceMemory_Allocate_Args", "XLA_FFI_DeviceMemory_Free_Args",
             "XLA_FFI_DeviceOrdinal_Get_Args", "XLA_FFI_Metadata", "XLA_FFI_Metadata_Extension",
             "XLA_FFI_Api", "XLA_FFI_CallFrame"]
 
@@ -652,6 +654,24 @@ def _forward_frame(case, op, sizes, lengths=None):
     return FakeCallFrame(operands, results, op.attributes(lengths is not None)), expected, results
 
 
+def _backprop_frame(case, op, sizes, expected, outputs, reserve):
+    """A backprop call frame for the forward that gave `outputs` and `reserve`, with a
+    workspace of ``sizes[1]`` bytes; its gradient buffers and the NumPy backend's."""
+    from fake_xla import FakeCallFrame
+    lstm = op.lstm
+    dy, dh, dc = _loss_weights(case, expected[:3])
+    operands = [a for a in (case.input, case.input_h, case.input_c, case.params,
+                            _lengths(case)) if a is not None]
+    operands += outputs + [dy, dh] + ([dc] if lstm else []) + [reserve]
+    grads = [np.full(a.shape, np.nan, a.dtype) for a in (case.input, case.input_h,
+                                                           case.input_c, case.params)
+             if a is not None]
+    frame = FakeCallFrame(operands, grads + [np.zeros(sizes[1], np.uint8)],
+                          op.attributes(case.sequence_lengths is not None))
+    reference = case.backprop(expected, dy, dh, dc if lstm else np.zeros((0,), np.float32))
+    return frame, grads, [r for r in reference if r.size]
+
+
 @pytest.mark.parametrize("name, lengths", [("lstm-bi-2layer-zero-lengths", "zero"),
                                            ("gru-skip-input-batch-major", None),
                                            ("gru-bi-ragged", "ragged"),
@@ -670,19 +690,12 @@ def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
     outputs, reserve = results[:-2], results[-2]
     for ours, want in zip(outputs, [e for e in expected[:3] if e.size]):
         assert_ulp_close(ours, want)  # cuDNN's batch leaves zero-length rows out
-    assert frame.asked == ["XLA_FFI_DeviceOrdinal_Get", "XLA_FFI_Stream_Get"]
+    asked = frame.asked  # then temporaries, if any (see the test below)
+    assert asked[:2] == ["XLA_FFI_DeviceOrdinal_Get", "XLA_FFI_Stream_Get"]
+    assert set(asked[2:]) <= {"XLA_FFI_DeviceMemory_Allocate", "XLA_FFI_DeviceMemory_Free"}
     assert stand_in_gpu and set(stand_in_gpu) == {frame.stream}  # cuDNN ran on XLA's stream
 
-    lstm = op.lstm
-    dy, dh, dc = _loss_weights(case, expected[:3])
-    operands = [a for a in (case.input, case.input_h, case.input_c, case.params,
-                            _lengths(case)) if a is not None]
-    operands += outputs + [dy, dh] + ([dc] if lstm else []) + [reserve]
-    grads = [np.full(a.shape, np.nan, a.dtype) for a in (case.input, case.input_h,
-                                                           case.input_c, case.params)
-             if a is not None]
-    backward = FakeCallFrame(operands, grads + [np.zeros(sizes[1], np.uint8)],
-                             op.attributes(case.sequence_lengths is not None))
+    backward, grads, reference = _backprop_frame(case, op, sizes, expected, outputs, reserve)
     fake_cuda.reset_counts()
     assert backward.call(xla_ffi.make_handler(ffi_targets.cuda_backprop)) is None, \
         backward.errors
@@ -690,16 +703,14 @@ def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
     # host (only traced lengths do), so a training step does not sync XLA's stream.
     reads = 1 if case.sequence_lengths else 0
     assert fake_cuda.COUNTS["device_to_host"] == reads and fake_cuda.COUNTS["sync"] == reads
-    reference = case.backprop(expected, dy, dh, dc if lstm else np.zeros((0,), np.float32))
-    reference = [r for r in reference if r.size]
     for ours, theirs in zip(grads, reference):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
 
     # A second forward finds its plan cached: no copy between host and device and no sync
     # (but for the lengths: traced, they come to the host on every call); and, time-major
     # and without lengths, XLA's buffers are written in place with no allocation (the
-    # backend makes temporaries to zero ragged padding, to leave rows of length 0 out of
-    # cuDNN and to make batch-major states time-major).
+    # backend makes temporaries, from XLA, to zero ragged padding, to leave rows of
+    # length 0 out of cuDNN and to make batch-major states time-major).
     fake_cuda.reset_counts()
     frame, _, results = _forward_frame(case, op, sizes)
     assert frame.call(xla_ffi.make_handler(ffi_targets.cuda_forward)) is None, frame.errors
@@ -708,7 +719,70 @@ def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
     reads = 1 if case.sequence_lengths else 0
     assert traffic == {"host_to_device": 0, "device_to_host": reads, "sync": reads}
     if case.attrs["time_major"] and case.sequence_lengths is None:
-        assert fake_cuda.COUNTS["device_alloc"] == 0
+        assert fake_cuda.COUNTS["device_alloc"] == 0 and not frame.allocations
+
+
+@pytest.mark.parametrize("name, lengths", [("lstm-bi-2layer-zero-lengths", "zero"),
+                                           ("rnn_relu-batch-major", "ragged"),
+                                           ("gru-skip-input-batch-major", None),
+                                           ("lstm-projection-bi", None)])
+@pytest.mark.parametrize("xla_workspace", ["sized", "too small"])
+def test_cuda_handler_temporaries_come_from_xla(stand_in_gpu, name, lengths, xla_workspace):
+    """Every temporary of a CUDA call (rows of length 0 left out, ragged padding zeroed,
+    batch-major states, a workspace where XLA's is too small, backprop's copy of the
+    reserve space) comes from XLA's allocator, all of it freed by the end of the call:
+    none from CuPy's pool, out of sight of an XLA that preallocates most of the GPU."""
+    import fake_cuda
+    from pycudnnrnn.jax import targets as ffi_targets
+    case = _case(name, lengths=lengths)
+    op = _op(case)
+    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+                                                case.params), cuda=True)
+    if xla_workspace == "too small":
+        sizes = (sizes[0], 1)
+    forward = xla_ffi.make_handler(ffi_targets.cuda_forward)
+    frame, expected, results = _forward_frame(case, op, sizes)
+    assert frame.call(forward) is None, frame.errors  # builds the plan (CuPy's pool: kept)
+
+    fake_cuda.reset_counts()
+    frame, _, results = _forward_frame(case, op, sizes)
+    assert frame.call(forward) is None, frame.errors
+    outputs, reserve = results[:-2], results[-2]
+    for ours, want in zip(outputs, [e for e in expected[:3] if e.size]):
+        assert_ulp_close(ours, want)
+    backward, grads, reference = _backprop_frame(case, op, sizes, expected, outputs, reserve)
+    assert backward.call(xla_ffi.make_handler(ffi_targets.cuda_backprop)) is None, \
+        backward.errors
+    for ours, theirs in zip(grads, reference):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+    assert fake_cuda.COUNTS["pool_alloc"] == 0
+    assert fake_cuda.COUNTS["xla_alloc"] == len(frame.allocations) + len(backward.allocations)
+    for call in (frame, backward):  # every allocation freed once, by the end of its call
+        assert sorted(call.frees) == sorted(call.allocations) and not call.live
+    # time-major, all rows full and XLA's workspace large enough: nothing to allocate
+    needs = xla_workspace == "too small" or not case.attrs["time_major"] or bool(lengths)
+    assert bool(frame.allocations) == bool(backward.allocations) == needs
+
+
+def test_xla_out_of_memory_is_an_xla_error_and_nothing_leaks(stand_in_gpu):
+    """XLA's allocator refusing a temporary: the call fails with XLA's message (its
+    error destroyed), and what the call had taken from XLA goes back."""
+    from pycudnnrnn.jax import targets as ffi_targets
+    case = _case("rnn_relu-batch-major", lengths="ragged")
+    op = _op(case)
+    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+                                                case.params), cuda=True)
+    forward = xla_ffi.make_handler(ffi_targets.cuda_forward)
+    frame, _, _ = _forward_frame(case, op, sizes)
+    assert frame.call(forward) is None, frame.errors
+    frame, _, _ = _forward_frame(case, op, sizes)
+    frame.fail["XLA_FFI_DeviceMemory_Allocate"] = "RESOURCE_EXHAUSTED: Out of memory"
+    assert frame.call(forward) == frame.ERROR
+    [(message, code)] = frame.errors
+    assert "XLA_FFI_DeviceMemory_Allocate failed: RESOURCE_EXHAUSTED: Out of memory" \
+        in message and code == xla_ffi.ErrorCode.INTERNAL
+    assert frame.destroyed == list(frame.xla_errors) and not frame.live
 
 
 def test_trace_time_buffer_sizes_are_remembered(stand_in_gpu, monkeypatch):
@@ -804,6 +878,50 @@ def test_handler_errors_and_metadata_without_xla():
     assert (metadata.api_version.major_version, metadata.api_version.minor_version) == \
         xla_ffi.API_VERSION
     assert np.isnan(results[0]).all()  # a metadata query runs nothing
+
+
+@pytest.mark.parametrize("entry", ["XLA_FFI_Stream_Get", "XLA_FFI_DeviceOrdinal_Get"])
+def test_an_error_xla_returns_is_reported_and_destroyed_once(entry):
+    """An XLA_FFI_Error* an API call returns is the caller's: its message goes into our
+    exception, then it is destroyed (it leaked, and its message was lost)."""
+    from fake_xla import FakeCallFrame
+    read = {"XLA_FFI_Stream_Get": xla_ffi.stream,
+            "XLA_FFI_DeviceOrdinal_Get": xla_ffi.device_ordinal}[entry]
+    frame = FakeCallFrame([], [], {}, fail={entry: "no GPU context here"})
+    with pytest.raises(RuntimeError, match=f"^{entry} failed: no GPU context here$"):
+        read(frame.frame)
+    [error] = frame.xla_errors
+    assert frame.destroyed == [error] and not frame.misuse
+    assert frame.asked[-2:] == ["XLA_FFI_Error_GetMessage", "XLA_FFI_Error_Destroy"]
+
+    # through a handler, it becomes the handler's own error for XLA, with that message
+    frame = FakeCallFrame([], [], {}, fail={entry: "no GPU context here"})
+    assert frame.call(xla_ffi.make_handler(read)) == frame.ERROR
+    assert frame.errors[0][0].startswith(f"RuntimeError: {entry} failed: no GPU context here")
+    assert frame.destroyed == list(frame.xla_errors)
+
+
+def test_scratch_takes_xla_memory_for_one_call_and_gives_it_back_once():
+    """xla_ffi.Scratch against fake_xla's allocator, which refuses what XLA's would be
+    corrupted by (a double free) or refuses itself (an alignment over 16 bytes)."""
+    from fake_xla import FakeCallFrame
+    frame = FakeCallFrame([], [], {})
+    scratch = xla_ffi.Scratch(frame.frame)
+    a, b = scratch.allocate(100, 16), scratch.allocate(7)
+    assert a % 16 == 0 and frame.live == {a: 100, b: 7}
+    scratch.free_all()
+    assert not frame.live and sorted(frame.frees) == sorted(frame.allocations)
+    scratch.free_all()  # nothing left
+    assert len(frame.frees) == 2 and not frame.misuse
+    free = xla_ffi.XLA_FFI_DeviceMemory_Free_Args(
+        ctypes.sizeof(xla_ffi.XLA_FFI_DeviceMemory_Free_Args), None, frame.CTX, 100, a)
+    with pytest.raises(RuntimeError, match="XLA_FFI_DeviceMemory_Free failed: .*freed already"):
+        error = frame.api.XLA_FFI_DeviceMemory_Free(ctypes.byref(free))
+        xla_ffi._raise_on_error(frame.api, error, "XLA_FFI_DeviceMemory_Free")
+    assert len(frame.misuse) == 1 and "freed already" in frame.misuse[0]
+    with pytest.raises(RuntimeError, match="Unsupported alignment: 32"):
+        scratch.allocate(8, 32)
+    assert frame.destroyed == list(frame.xla_errors)
 
 
 def test_inference_cannot_be_differentiated_and_says_so(lowering):

@@ -22,14 +22,18 @@ functional API's cache) with XLA's result buffers as ``out=`` and XLA's workspac
 results are written in place. ``reserve_space`` and ``workspace`` are sized at trace
 time by ``buffer_sizes`` for the platform of JAX's default device; a plan uses their
 first bytes (backprop's copy of the reserve space lives in the workspace). On the GPU,
-temporaries the backend needs beyond these (ragged padding, rows of length 0,
-batch-major states) still come from CuPy's pool. Errors (for example
-lengths out of range, known only when a traced ``sequence_lengths`` arrives) become XLA
-errors with our message.
+every temporary the run needs beyond these (ragged padding, rows of length 0,
+batch-major states, a workspace where XLA's is too small) comes from XLA's allocator
+(``xla_ffi.Scratch``) and goes back to it when the call ends: none from CuPy's pool,
+behind the back of an XLA that preallocates most of the GPU. (A plan built on a cache
+miss keeps its own few buffers, from CuPy's pool: they outlive the call.) Errors (for
+example lengths out of range, known only when a traced ``sequence_lengths`` arrives)
+become XLA errors with our message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -162,14 +166,15 @@ def _run(call_frame, target: str, place):
                               place.device)
         workspace = out.pop("workspace")
         workspace = workspace[:plan.workspace_nbytes] \
-            if workspace.shape[0] >= plan.workspace_nbytes else None  # None: the plan's own
+            if workspace.shape[0] >= plan.workspace_nbytes else None  # None: a temporary
         if target == FORWARD:
             reserve = _prefix(out["reserve_space"], plan.reserve_nbytes, "reserve_space") \
                 if call.is_training else None
             # XLA may run a forward again (remat, jax.checkpoint) and pair its residuals
             # with the first run's results: masks depend on the seed alone, as on the CPU.
-            plan.run_forward(a, out=(out["output"], out["output_h"], out.get("output_c"),
-                                     reserve), workspace=workspace, restart_dropout=True)
+            run = functools.partial(
+                plan.run_forward, a, out=(out["output"], out["output_h"], out.get("output_c"),
+                                          reserve), workspace=workspace, restart_dropout=True)
         else:
             a["reserve_space"] = _prefix(a["reserve_space"], plan.reserve_nbytes,
                                          "reserve_space")
@@ -177,9 +182,12 @@ def _run(call_frame, target: str, place):
             # reserve space is this plan's by construction: reading its header back
             # would sync XLA's stream at every training step.
             plan.trust_reserve(a["reserve_space"])
-            plan.run_backprop(a, out=(out["input_backprop"], out["input_h_backprop"],
-                                      out.get("input_c_backprop"), out["params_backprop"]),
-                              workspace=workspace)
+            run = functools.partial(
+                plan.run_backprop, a, out=(out["input_backprop"], out["input_h_backprop"],
+                                           out.get("input_c_backprop"), out["params_backprop"]),
+                workspace=workspace)
+        with place.temporaries():  # not the plan's build: its buffers outlive the call
+            run()
 
 
 # --------------------------------------------------------------------------- the CPU
@@ -220,6 +228,10 @@ class _Host:
     def host_lengths(lengths):
         return lengths
 
+    @staticmethod
+    def temporaries():
+        return contextlib.nullcontext()  # the NumPy backend's are host memory
+
 
 def cpu_forward(call_frame):
     """``pycudnnrnn_forward`` on host buffers, with the NumPy backend."""
@@ -252,9 +264,15 @@ def cpu_check_lengths(call_frame):
 
 # --------------------------------------------------------------------------- CUDA
 
+#: Where a temporary from XLA starts: cudaMalloc's alignment (CuPy's pool's blocks have
+#: it), which CUDA libraries and CuPy's kernels may assume; XLA promises 16 bytes at most.
+_ALIGNMENT = 256
+
+
 class _Device:
     """XLA's device and stream for this call, made current for CuPy (and so for cuDNN,
-    whose handle follows CuPy's current stream); XLA's buffers as CuPy views."""
+    whose handle follows CuPy's current stream); XLA's buffers as CuPy views; XLA's
+    allocator as CuPy's for the run's temporaries."""
 
     def __init__(self, call_frame):
         from .. import gpu
@@ -262,6 +280,7 @@ class _Device:
         self.device = xla_ffi.device_ordinal(call_frame)
         self._device = cp.cuda.Device(self.device)
         self._stream = cp.cuda.ExternalStream(xla_ffi.stream(call_frame), self.device)
+        self._scratch = xla_ffi.Scratch(call_frame)
 
     def __enter__(self):
         self._device.__enter__()
@@ -278,18 +297,38 @@ class _Device:
         cp = self.cupy
         dtype = numpy_dtype(buffer.dtype)
         storage = dtypes.storage_dtype(dtype, cp)
-        count = int(np.prod(buffer.shape, dtype=np.int64))
-        if count == 0 or not buffer.data:
-            array = cp.empty(buffer.shape, storage)
-        else:
-            memory = cp.cuda.UnownedMemory(buffer.data, count * dtype.itemsize, None,
-                                           self.device)
-            array = cp.ndarray(buffer.shape, storage, cp.cuda.MemoryPointer(memory, 0))
+        nbytes = math.prod(buffer.shape) * dtype.itemsize
+        array = cp.ndarray(buffer.shape, storage, self._memory(buffer.data, nbytes))
         return array if storage == dtype else dtypes.Bfloat16Bits(array)
+
+    def _memory(self, ptr, nbytes):
+        cp = self.cupy  # an empty buffer's may be null: no memory, no pool block either
+        memory = cp.cuda.UnownedMemory(ptr if nbytes else 0, nbytes, None, self.device)
+        return cp.cuda.MemoryPointer(memory, 0)
 
     def host_lengths(self, lengths):
         """Lengths steer cuDNN's descriptors, so they come to the host (a stream sync)."""
         return None if lengths is None else self.cupy.asnumpy(lengths)
+
+    @contextlib.contextmanager
+    def temporaries(self):
+        """CuPy allocating from XLA (``cupy.cuda.using_allocator``, this thread only):
+        whatever the run makes, in the plan or in CuPy's kernels, is XLA's memory; all of
+        it goes back to XLA when the call ends, after its work is queued on XLA's stream
+        (see ``xla_ffi.Scratch`` for why that is safe)."""
+        try:
+            with self.cupy.cuda.using_allocator(self._allocate):
+                yield
+        finally:
+            self._scratch.free_all()
+
+    def _allocate(self, nbytes):
+        """CuPy's allocator: `nbytes` from XLA's, aligned to ``_ALIGNMENT``."""
+        if not nbytes:
+            return self._memory(0, 0)
+        alignment = xla_ffi.Scratch.MAX_ALIGNMENT
+        ptr = self._scratch.allocate(nbytes + _ALIGNMENT - alignment, alignment)
+        return self._memory(-(-ptr // _ALIGNMENT) * _ALIGNMENT, nbytes)
 
 
 def cuda_forward(call_frame):

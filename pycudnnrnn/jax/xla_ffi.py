@@ -14,7 +14,8 @@ handler that reads the fields of an older version works with newer XLAs; we decl
 ``struct_size`` before using a later entry of the API table.
 
 This module knows nothing about JAX, NumPy or cuDNN: it turns a call frame into Python
-values (``Buffer``, attribute dict, stream, device) and Python errors into XLA errors.
+values (``Buffer``, attribute dict, stream, device), lends XLA's device memory for one
+call (``Scratch``) and turns Python errors into XLA errors, and XLA's into Python's.
 """
 
 from __future__ import annotations
@@ -124,6 +125,30 @@ class XLA_FFI_Error_Create_Args(ctypes.Structure):
                 ("errc", ctypes.c_int)]
 
 
+# struct XLA_FFI_Error_GetMessage_Args {
+#   size_t struct_size;
+#   XLA_FFI_Extension_Base* extension_start;
+#   XLA_FFI_Error* error;
+#   const char* message;  // out
+# };
+class XLA_FFI_Error_GetMessage_Args(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("extension_start", _EXTENSION),
+                ("error", ctypes.c_void_p),
+                ("message", ctypes.c_char_p)]
+
+
+# struct XLA_FFI_Error_Destroy_Args {
+#   size_t struct_size;
+#   XLA_FFI_Extension_Base* extension_start;
+#   XLA_FFI_Error* error;
+# };
+class XLA_FFI_Error_Destroy_Args(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("extension_start", _EXTENSION),
+                ("error", ctypes.c_void_p)]
+
+
 # struct XLA_FFI_Buffer {
 #   size_t struct_size;
 #   XLA_FFI_Extension_Base* extension_start;
@@ -222,6 +247,40 @@ class XLA_FFI_Stream_Get_Args(ctypes.Structure):
                 ("stream", ctypes.c_void_p)]
 
 
+# struct XLA_FFI_DeviceMemory_Allocate_Args {
+#   size_t struct_size;
+#   XLA_FFI_Extension_Base* extension_start;
+#
+#   XLA_FFI_ExecutionContext* ctx;
+#   size_t size;
+#   size_t alignment;
+#   void* data;  // out
+# };
+class XLA_FFI_DeviceMemory_Allocate_Args(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("extension_start", _EXTENSION),
+                ("ctx", ctypes.c_void_p),
+                ("size", ctypes.c_size_t),
+                ("alignment", ctypes.c_size_t),
+                ("data", ctypes.c_void_p)]
+
+
+# struct XLA_FFI_DeviceMemory_Free_Args {
+#   size_t struct_size;
+#   XLA_FFI_Extension_Base* extension_start;
+#
+#   XLA_FFI_ExecutionContext* ctx;
+#   size_t size;
+#   void* data;
+# };
+class XLA_FFI_DeviceMemory_Free_Args(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("extension_start", _EXTENSION),
+                ("ctx", ctypes.c_void_p),
+                ("size", ctypes.c_size_t),
+                ("data", ctypes.c_void_p)]
+
+
 # struct XLA_FFI_DeviceOrdinal_Get_Args {
 #   size_t struct_size;
 #   XLA_FFI_Extension_Base* extension_start;
@@ -264,8 +323,18 @@ class XLA_FFI_Metadata_Extension(ctypes.Structure):
 
 # typedef XLA_FFI_Error* XLA_FFI_Error_Create(XLA_FFI_Error_Create_Args* args);
 ERROR_CREATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(XLA_FFI_Error_Create_Args))
+# typedef void XLA_FFI_Error_GetMessage(XLA_FFI_Error_GetMessage_Args* args);
+ERROR_GET_MESSAGE = ctypes.CFUNCTYPE(None, ctypes.POINTER(XLA_FFI_Error_GetMessage_Args))
+# typedef void XLA_FFI_Error_Destroy(XLA_FFI_Error_Destroy_Args* args);
+ERROR_DESTROY = ctypes.CFUNCTYPE(None, ctypes.POINTER(XLA_FFI_Error_Destroy_Args))
 # typedef XLA_FFI_Error* XLA_FFI_Stream_Get(XLA_FFI_Stream_Get_Args* args);
 STREAM_GET = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(XLA_FFI_Stream_Get_Args))
+# typedef XLA_FFI_Error* XLA_FFI_DeviceMemory_Allocate(XLA_FFI_DeviceMemory_Allocate_Args* args);
+DEVICE_MEMORY_ALLOCATE = ctypes.CFUNCTYPE(ctypes.c_void_p,
+                                          ctypes.POINTER(XLA_FFI_DeviceMemory_Allocate_Args))
+# typedef XLA_FFI_Error* XLA_FFI_DeviceMemory_Free(XLA_FFI_DeviceMemory_Free_Args* args);
+DEVICE_MEMORY_FREE = ctypes.CFUNCTYPE(ctypes.c_void_p,
+                                      ctypes.POINTER(XLA_FFI_DeviceMemory_Free_Args))
 # typedef XLA_FFI_Error* XLA_FFI_DeviceOrdinal_Get(XLA_FFI_DeviceOrdinal_Get_Args* args);
 DEVICE_ORDINAL_GET = ctypes.CFUNCTYPE(ctypes.c_void_p,
                                       ctypes.POINTER(XLA_FFI_DeviceOrdinal_Get_Args))
@@ -302,16 +371,16 @@ class XLA_FFI_Api(ctypes.Structure):
                 ("api_version", XLA_FFI_Api_Version),
                 ("internal_api", ctypes.c_void_p),
                 ("XLA_FFI_Error_Create", ERROR_CREATE),
-                ("XLA_FFI_Error_GetMessage", ctypes.c_void_p),
-                ("XLA_FFI_Error_Destroy", ctypes.c_void_p),
+                ("XLA_FFI_Error_GetMessage", ERROR_GET_MESSAGE),
+                ("XLA_FFI_Error_Destroy", ERROR_DESTROY),
                 ("XLA_FFI_Handler_Register", ctypes.c_void_p),
                 ("XLA_FFI_Stream_Get", STREAM_GET),
                 ("XLA_FFI_Type_Register", ctypes.c_void_p),
                 ("XLA_FFI_ExecutionContext_Get", ctypes.c_void_p),
                 ("XLA_FFI_State_Set", ctypes.c_void_p),
                 ("XLA_FFI_State_Get", ctypes.c_void_p),
-                ("XLA_FFI_DeviceMemory_Allocate", ctypes.c_void_p),
-                ("XLA_FFI_DeviceMemory_Free", ctypes.c_void_p),
+                ("XLA_FFI_DeviceMemory_Allocate", DEVICE_MEMORY_ALLOCATE),
+                ("XLA_FFI_DeviceMemory_Free", DEVICE_MEMORY_FREE),
                 ("XLA_FFI_ThreadPool_Schedule", ctypes.c_void_p),
                 ("XLA_FFI_ThreadPool_NumThreads", ctypes.c_void_p),
                 ("XLA_FFI_Future_Create", ctypes.c_void_p),
@@ -415,7 +484,7 @@ def stream(call_frame) -> int:
     api = call_frame.api.contents
     args = XLA_FFI_Stream_Get_Args(ctypes.sizeof(XLA_FFI_Stream_Get_Args), None,
                                    call_frame.ctx, None)
-    _raise_on_error(api.XLA_FFI_Stream_Get(ctypes.byref(args)), "XLA_FFI_Stream_Get")
+    _raise_on_error(api, api.XLA_FFI_Stream_Get(ctypes.byref(args)), "XLA_FFI_Stream_Get")
     return args.stream or 0
 
 
@@ -429,14 +498,86 @@ def device_ordinal(call_frame) -> int:
         raise RuntimeError("this XLA has no XLA_FFI_DeviceOrdinal_Get; a newer jaxlib is needed")
     args = XLA_FFI_DeviceOrdinal_Get_Args(ctypes.sizeof(XLA_FFI_DeviceOrdinal_Get_Args), None,
                                           call_frame.ctx, 0)
-    _raise_on_error(api.XLA_FFI_DeviceOrdinal_Get(ctypes.byref(args)),
+    _raise_on_error(api, api.XLA_FFI_DeviceOrdinal_Get(ctypes.byref(args)),
                     "XLA_FFI_DeviceOrdinal_Get")
     return int(args.device_ordinal)
 
 
-def _raise_on_error(error, function):
-    if error:  # an XLA_FFI_Error*; we do not own it, so we only report it
-        raise RuntimeError(f"{function} failed")
+class Scratch:
+    """Device memory from XLA's allocator for one call, all freed by ``free_all`` when
+    the handler is done: XLA's own ``ScratchAllocator`` (``xla/ffi/api/ffi.h``).
+
+    Freeing at the end of the call, with the work that uses the memory still queued on
+    XLA's stream, is what that class does: its destructor frees every block as the
+    handler returns, and ``XLA_FFI_DeviceMemory_Free`` (``xla/ffi/ffi_api.cc``) hands
+    the block straight back to XLA's allocator, with no sync. What we rely on is what
+    that design relies on: XLA gives the memory again only to work it orders after this
+    call's, on its stream. So the blocks are for work queued on that stream alone.
+    """
+
+    #: The largest alignment ``XLA_FFI_DeviceMemory_Allocate`` accepts (``ffi_api.cc``).
+    MAX_ALIGNMENT = 16
+
+    def __init__(self, call_frame):
+        self._api, self._ctx, self._blocks = call_frame.api.contents, call_frame.ctx, []
+
+    def allocate(self, size: int, alignment: int = 1) -> int:
+        """The address of `size` bytes aligned to `alignment` (a power of two up to
+        ``MAX_ALIGNMENT``), from ``XLA_FFI_DeviceMemory_Allocate``.
+
+        Raises RuntimeError on an XLA that has no such entry or cannot allocate.
+        """
+        api = self._api
+        if not (_api_has(api, "XLA_FFI_DeviceMemory_Allocate") and
+                _api_has(api, "XLA_FFI_DeviceMemory_Free")):
+            raise RuntimeError("this XLA has no XLA_FFI_DeviceMemory_Allocate/_Free; a "
+                               "newer jaxlib is needed")
+        args = XLA_FFI_DeviceMemory_Allocate_Args(
+            ctypes.sizeof(XLA_FFI_DeviceMemory_Allocate_Args), None, self._ctx, size,
+            alignment, None)
+        _raise_on_error(api, api.XLA_FFI_DeviceMemory_Allocate(ctypes.byref(args)),
+                        "XLA_FFI_DeviceMemory_Allocate")
+        self._blocks.append((size, args.data))
+        return args.data or 0
+
+    def free_all(self):
+        """Give every block back to XLA (``XLA_FFI_DeviceMemory_Free``); a failure is
+        raised once all were tried."""
+        blocks, self._blocks, failure = self._blocks, [], None
+        for size, data in blocks:
+            args = XLA_FFI_DeviceMemory_Free_Args(
+                ctypes.sizeof(XLA_FFI_DeviceMemory_Free_Args), None, self._ctx, size, data)
+            try:
+                _raise_on_error(self._api,
+                                self._api.XLA_FFI_DeviceMemory_Free(ctypes.byref(args)),
+                                "XLA_FFI_DeviceMemory_Free")
+            except RuntimeError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+
+def _raise_on_error(api, error, function):
+    """A RuntimeError with XLA's message if an API call returned an ``XLA_FFI_Error*``.
+
+    The caller owns such an error: its message is read, then it is destroyed, as the
+    header's own helpers do (``xla/ffi/api/api.h``: ``GetErrorMessage``, then
+    ``DestroyError``); the message lives in the error, so it is copied first.
+    """
+    if not error:
+        return
+    message = None
+    try:
+        if _api_has(api, "XLA_FFI_Error_GetMessage"):
+            args = XLA_FFI_Error_GetMessage_Args(
+                ctypes.sizeof(XLA_FFI_Error_GetMessage_Args), None, error, None)
+            api.XLA_FFI_Error_GetMessage(ctypes.byref(args))
+            message = args.message.decode("utf-8", "replace") if args.message else None
+    finally:
+        if _api_has(api, "XLA_FFI_Error_Destroy"):
+            api.XLA_FFI_Error_Destroy(ctypes.byref(XLA_FFI_Error_Destroy_Args(
+                ctypes.sizeof(XLA_FFI_Error_Destroy_Args), None, error)))
+    raise RuntimeError(f"{function} failed" + (f": {message}" if message else ""))
 
 
 def answer_metadata(call_frame) -> bool:

@@ -10,9 +10,9 @@ step (``docs/semantics.md``); the tests hold the two together.
   inside, one product with the stacked recurrent matrices, gates in cuDNN's order.
 * A ragged batch: a row runs the steps ``t < length`` and then keeps its state; the
   reverse direction reads each row backwards from its own last step; padding of the
-  output is zero. A row's state is zeroed where it does not run before it meets the
-  weights, so that an initial state that is never used (even NaN) cannot reach the
-  weight gradients, as in the NumPy backend.
+  output is zero. The state of a row of length 0 is zeroed before it meets the weights,
+  so that an initial state that is never used (even NaN) cannot reach the weight
+  gradients, as in the NumPy backend; the row's output_h is that state as it came.
 * float16 and bfloat16 compute in float32 and round once, when results leave.
 
 Dropout masks are drawn by the NumPy backend's generator, which JAX cannot reproduce:
@@ -97,14 +97,18 @@ class _Rows:
         def ragged_step(carry, inputs):
             xw_t, running = inputs
             running = running[:, None]
-            safe = tuple(jnp.where(running, s, 0) for s in carry)
-            new = cell(safe, xw_t)
+            new = cell(carry, xw_t)
             carry = tuple(jnp.where(running, n, s) for n, s in zip(new, carry))
             return carry, jnp.where(running, new[0], 0)
 
         if reverse:
             xw = self._reverse(xw)
-        carry, y = jax.lax.scan(ragged_step, carry, (xw, self.running))
+        # A row of length 0 never runs: its state is zeroed once, before any step reads
+        # it, and given back as it came. (A row that has ended holds finite states.)
+        started = (self.lengths > 0)[:, None]
+        final, y = jax.lax.scan(ragged_step, tuple(jnp.where(started, s, 0) for s in carry),
+                                (xw, self.running))
+        carry = tuple(jnp.where(started, f, s) for f, s in zip(final, carry))
         return (self._reverse(y) if reverse else y), carry
 
 

@@ -232,6 +232,33 @@ def test_a_recomputed_xla_forward_draws_the_same_dropout_masks(xla_stand_in):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_keyed_forward_run_again_draws_its_masks_and_leaves_the_state(device):
+    """A framework's recomputation (torch.utils.checkpoint) runs a forward again: given
+    its key, it draws that forward's masks, and later forwards draw what they would
+    have drawn without it; a key too old to replay warns."""
+    from pycudnnrnn import cudnn_resources
+    case = make_case("lstm", num_layers=2, num_units=8, dropout=0.5, dtype=np.float32)
+    args = _put_all(device, case)
+
+    def outputs(p, keys):
+        return [device.get(p.forward(*args, dropout_key=k)[0]) for k in keys]
+
+    p = _plan_of(case, seed=7)
+    a, b, again, c = outputs(p, ["a", "b", "a", "c"])
+    np.testing.assert_array_equal(again, a)
+    assert not np.array_equal(a, b)
+    del p
+    gc.collect()
+    plans.clear_caches()  # the seed's states are made again: the same sequence of masks
+    p = _plan_of(case, seed=7)
+    reference = outputs(p, ["a", "b", "c"])
+    for got, want in zip((a, b, c), reference):
+        np.testing.assert_array_equal(got, want)
+    outputs(p, range(cudnn_resources.DROPOUT_REPLAYS_KEPT))
+    with pytest.warns(RuntimeWarning, match="no longer kept"):
+        outputs(p, ["a"])
+
+
 # ----------------------------------------------------------------- 8: smaller ones
 
 def _plan_of(case, **overrides):

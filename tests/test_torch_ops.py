@@ -7,6 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import numpy as np  # noqa: E402
+
 import pycudnnrnn  # noqa: E402
 import pycudnnrnn.torch as prt  # noqa: E402
 
@@ -24,8 +26,8 @@ def _op_args(mode="lstm", num_proj=0, is_training=True, dropout=0.0, lengths=(5,
     h = torch.randn(B, L * D, P, **grad)
     c = torch.randn(B, L * D, H, **grad) if mode == "lstm" else None
     params = (torch.rand(n, dtype=torch.float64) - 0.5).requires_grad_()
-    lengths = None if lengths is None else torch.tensor(lengths)
-    return (x, h, c, params, lengths, torch.tensor(12345), mode, "linear_input", "bidirectional",
+    lengths = None if lengths is None else list(lengths)
+    return (x, h, c, params, lengths, 12345, mode, "linear_input", "bidirectional",
             dropout, num_proj, False, is_training)
 
 
@@ -56,8 +58,19 @@ def test_fake_gives_the_real_shapes_and_reserve_size(mode, is_training):
     assert (real[3].numel() > 0) == is_training
 
 
-def test_on_cuda_the_fake_leaves_the_reserve_size_to_the_device():
-    """cuDNN's reserve size needs the GPU and the lengths: a size known only at run time."""
+def test_the_ops_take_seed_and_lengths_as_host_values():
+    """A CPU tensor among a CUDA graph's inputs (the seed, the lengths) made Inductor's
+    CUDA-graph trees skip the graph; a CUDA one would be read back with a sync."""
+    for name in ("forward", "forward_weights", "backprop", "backprop_weights"):
+        schema = getattr(torch.ops.pycudnnrnn, name).default._schema
+        types = {a.name: str(a.type) for a in schema.arguments}
+        assert (types["seed"], types["sequence_lengths"]) == ("int", "Optional[List[int]]"), \
+            name  # SymInt and SymInt[]? in the schema's own spelling
+
+
+def test_without_a_gpu_to_ask_the_cuda_fake_leaves_the_reserve_size_to_run_time():
+    """Tracing for CUDA on a PyTorch without CUDA (torch.export, say): cuDNN's reserve
+    size needs the GPU, so it is a size known only at run time."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     args = _op_args("lstm", num_proj=2)
@@ -455,14 +468,14 @@ def test_the_planned_path_cuda_takes_equals_the_functional_api(mode, gradients):
     x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
     names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
     attrs = dict(zip(names, attrs[:6]))
-    planned = kernels.planned_forward(x, h, c, params, lengths.numpy(), seed, attrs, True)
+    planned = kernels.planned_forward(x, h, c, params, np.array(lengths), seed, attrs, True)
     direct = pycudnnrnn.forward(x, h, c, params, lengths, **kernels.split_seed(seed), **attrs)
     assert all(isinstance(t, torch.Tensor) for t in planned)
     for ours, theirs in zip(planned, direct):
         assert torch.equal(ours, theirs)
     grads = [torch.randn_like(t) for t in planned[:3]]
     ours = kernels.planned_backprop(x, h, c, params, *planned[:3], *grads, planned[3],
-                                    lengths.numpy(), seed, attrs, gradients)
+                                    np.array(lengths), seed, attrs, gradients)
     theirs = pycudnnrnn.backprop(x, h, c, params, lengths, *direct[:3], *grads, direct[3],
                                  **kernels.split_seed(seed), **attrs, gradients=gradients)
     for a, b in zip(ours, theirs):
@@ -622,15 +635,25 @@ def test_obscure_argument_errors_are_clear():
 
 @pytest.fixture
 def torch_on_stand_in(fake_gpu, monkeypatch):
-    """CPU tensors taken as tensors on the stand-in GPU by kernels' planned path (no CUDA
-    tensors exist without CUDA): plans are built for device 0 and the stand-in's DLPack
-    import adopts the tensors' memory (the stand-in's device memory is host memory)."""
+    """CPU tensors taken as tensors on the stand-in GPU by kernels' planned path and the
+    ops (no CUDA tensors exist without CUDA): plans are built for device 0 and the
+    stand-in's DLPack import adopts the tensors' memory (the stand-in's device memory is
+    host memory). A plan's run finishes its queued work before it returns: PyTorch frees
+    a CPU tensor (the workspace, a temporary) at once, not in a stream's order as its
+    CUDA allocator does."""
     import fake_cuda
     import numpy as np
 
     from pycudnnrnn import plan
     from pycudnnrnn.torch import kernels
     monkeypatch.setattr(kernels, "_plan_device", lambda tensor: 0)
+    monkeypatch.setattr(kernels, "on_gpu", lambda tensor: True)
+    for name in ("forward", "backprop"):
+        def drained(*args, _run=getattr(plan.RNNPlan, name), **kwargs):
+            results = _run(*args, **kwargs)
+            fake_cuda.synchronize_all()
+            return results
+        monkeypatch.setattr(plan.RNNPlan, name, drained)
     kind = plan.device_kind
     monkeypatch.setattr(plan, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
         a, torch.Tensor) else kind(name, a, strict))
@@ -652,11 +675,11 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
     return imports
 
 
-def _stand_in_call(mode="lstm"):
-    x, h, c, params, lengths, seed, *attrs = _op_args(mode, dropout=0.0)
+def _stand_in_call(mode="lstm", dropout=0.0):
+    x, h, c, params, lengths, seed, *attrs = _op_args(mode, dropout=dropout)
     x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
     names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
-    return x, h, c, params, lengths.numpy(), seed, dict(zip(names, attrs[:6]))
+    return x, h, c, params, np.array(lengths), seed, dict(zip(names, attrs[:6]))
 
 
 def test_a_trusted_reserve_is_not_read_back_on_the_stand_in_gpu(torch_on_stand_in):
@@ -773,3 +796,135 @@ def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_st
     got = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed,
                                    attrs, "all", True)
     assert all(g is not None for g in got)
+
+
+def test_the_fake_reserve_size_on_cuda_is_static_and_the_kernels(torch_on_stand_in,
+                                                                 monkeypatch):
+    """The fake sized cuDNN's reserve space as data-dependent (an unbacked size, which
+    CUDA graphs refuse). It is now the size every row takes, asked of cuDNN at trace
+    time, and the kernel allocates that, also for lengths that leave a row out (the plan
+    uses its start, whose header is still known without a read-back)."""
+    import contextlib
+
+    import fake_cuda
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from pycudnnrnn.torch import kernels
+    x, h, c, params, lengths, seed, attrs = _stand_in_call(dropout=0.5)
+    real = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    run = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
+    assert real[3].numel() > run.reserve_nbytes  # the empty row leaves cuDNN's part short
+    grads = [torch.randn_like(t) for t in real[:3]]
+    fake_cuda.reset_counts()
+    kernels.planned_backprop(x, h, c, params, *real[:3], *grads, real[3], lengths, seed,
+                             attrs, "all", False)  # untrusted, yet known: no read-back
+    assert fake_cuda.COUNTS["device_to_host"] == 0
+    monkeypatch.setattr(kernels, "_on_device", lambda t: contextlib.nullcontext())  # no CUDA
+    monkeypatch.setattr(kernels, "on_gpu", lambda t: t.device.type == "cuda")
+    args = _op_args("lstm", dropout=0.5)
+    with FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True):
+        on_cuda = [torch.empty(a.shape, dtype=a.dtype, device="cuda:0")
+                   if isinstance(a, torch.Tensor) else a for a in args]
+        reserve = torch.ops.pycudnnrnn.forward(*on_cuda)[3]
+    assert type(reserve.shape[0]) is int and reserve.shape[0] == real[3].numel()
+
+
+def test_a_cuda_training_step_traces_with_no_cpu_tensor_nor_size_known_at_run_time(
+        fake_gpu, monkeypatch):
+    """Stand-in GPU, fake CUDA tensors: a module's training forward with dropout and
+    ragged lengths, then the backprop its autograd formula calls, trace to a graph of
+    CUDA tensors alone with no unbacked size: what Inductor's CUDA-graph trees need not
+    to skip the graph (a CPU seed or lengths tensor, or the reserve's size learnt at
+    run time, made them skip). Autograd itself is not traced: its Function wants a CUDA
+    device guard, which this PyTorch has not."""
+    import contextlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+    from torch.utils._pytree import tree_leaves
+    from pycudnnrnn.torch import kernels
+    monkeypatch.setattr(kernels, "_on_device", lambda t: contextlib.nullcontext())  # no CUDA
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # compile's door: the op
+    model = prt.CudnnRNN(I, H, 2, rnn_mode="lstm", dropout=0.5, device="meta")
+    seen = []  # the forward op's arguments, as the module gave them
+    forward = torch.ops.pycudnnrnn.forward
+    monkeypatch.setattr(prt.autograd, "forward", lambda *args: seen.append(args) or forward(*args))
+
+    def step(x, params):
+        out, h_n, c_n = torch.func.functional_call(
+            model, {"params": params}, (x,), {"sequence_lengths": [5, 0, 2]})
+        (x, h0, c0, params, lengths, seed, *attrs, is_training), = seen
+        assert is_training and (lengths, seed) == ([5, 0, 2], model.gpu_seed)
+        results = forward(x, h0, c0, params, lengths, seed, *attrs, is_training)
+        grads = [torch.ones_like(t) for t in results[:3]]
+        return torch.ops.pycudnnrnn.backprop(x, h0, c0, params, lengths, seed, *results[:3],
+                                             *grads, results[3], *attrs, "all", True)
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        x = torch.randn(T, B, I, device="cuda:0")
+        params = torch.randn(model.params.shape, device="cuda:0")
+        graph = make_fx(step)(x, params)
+    ops = [str(n.target) for n in graph.graph.nodes if "pycudnnrnn" in str(n.target)]
+    assert sorted(set(ops)) == ["pycudnnrnn.backprop.default", "pycudnnrnn.forward.default"]
+    for node in graph.graph.nodes:
+        for value in tree_leaves(node.meta.get("val")):
+            if isinstance(value, torch.Tensor):
+                assert value.device.type == "cuda", (node.format_node(), value.device)
+            assert not free_unbacked_symbols(value), node.format_node()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_recomputes_the_forward_with_its_dropout_masks(torch_on_stand_in,
+                                                                  reentrant):
+    """Stand-in GPU, whose dropout state advances: torch.utils.checkpoint runs a
+    module's forward again in backward, which drew new masks and paired them with the
+    first forward's loss. Each forward is named by PyTorch's generator state, which
+    checkpoint restores: the recomputed forward draws the first one's masks, so the
+    gradients equal a plain run's from the same generator state."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    model = prt.LSTM(I, H, 2, dropout=0.5, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *model.parameters()]
+
+    def loss_and_grads(run):
+        for t in inputs:
+            t.grad = None
+        torch.manual_seed(3)
+        loss = run(x).square().sum()
+        loss.backward()  # not autograd.grad: reentrant checkpoint refuses it
+        return (loss.detach(), *(t.grad for t in inputs))
+
+    plain = loss_and_grads(lambda x: model(x)[0])
+    checkpointed = loss_and_grads(
+        lambda x: checkpoint(lambda x: model(x)[0], x, use_reentrant=reentrant))
+    for got, want in zip(checkpointed, plain):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert not torch.equal(model(x)[0], model(x)[0])  # still fresh masks each call
+    model.dropout = 0.0
+    torch.manual_seed(3)
+    assert model(x)[0].square().sum() != plain[0]  # dropout did act
+
+
+def test_the_forward_allocates_no_room_for_backprops_reserve_copy(torch_on_stand_in,
+                                                                  monkeypatch):
+    """Stand-in GPU: forward took a training workspace sized for backprop too (cuDNN's
+    workspace plus room for the copy of the reserve space backprop hands cuDNN). It now
+    takes cuDNN's forward workspace only: PyTorch allocates outputs, reserve and that."""
+    from pycudnnrnn.torch import kernels
+    allocated = []
+    empty = kernels._empty
+
+    def counted(shape, like, dtype=None):
+        tensor = empty(shape, like, dtype)
+        allocated.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    monkeypatch.setattr(kernels, "_empty", counted)
+    x, h, c, params, lengths, seed, attrs = _stand_in_call()
+    run = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
+    results = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    assert 0 < run.forward_workspace_nbytes < run.workspace_nbytes
+    assert sum(allocated) == sum(r.numel() * r.element_size() for r in results) + \
+        run.forward_workspace_nbytes

@@ -19,7 +19,10 @@ generator, so each step has a fresh mask and ``torch.manual_seed`` reproduces a 
 CUDA each module keeps one seed (drawn from PyTorch's generator when it is built, or
 given): cuDNN keeps one dropout state per (device, seed), initialises it once and
 advances it at every training call, as PyTorch's own RNNs do, instead of re-seeding
-(6 MiB of state and a slow initialisation) per step.
+(6 MiB of state and a slow initialisation) per step. Either way a forward run again from
+the same PyTorch generator state (``torch.utils.checkpoint``'s recomputation) draws the
+same masks: on the CPU the seed comes from the generator, on CUDA the op names each
+forward by the generator's state (``kernels.dropout_key``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .. import layout
 from ..checks import make_config
 from . import kernels
 from .autograd import apply
-from .functional import check_devices, lengths_tensor
+from .functional import check_devices, lengths_list
 
 _SEED_BOUND = 2 ** 62
 
@@ -89,11 +92,12 @@ class SeededRNN:
                          attrs, has_biases, self.training or grad)
 
     def _seed(self, input, dropout):
+        """The op's seed: an int (a host value: no CPU tensor in a CUDA graph)."""
         if dropout == 0:
-            return torch.zeros((), dtype=torch.int64)
-        if input.device.type == "cpu":  # a fresh mask per step, from PyTorch's generator
-            return _draw_seed()
-        return torch.tensor(self.gpu_seed, dtype=torch.int64)  # cuDNN advances its state
+            return 0
+        if not kernels.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
+            return _draw_seed().item()
+        return self.gpu_seed  # cuDNN advances its state
 
 
 class FlatRNN(SeededRNN, torch.nn.Module):
@@ -161,5 +165,5 @@ class FlatRNN(SeededRNN, torch.nn.Module):
             raise TypeError("input: expected a tensor with data, got a tensor on the meta "
                             "device (it has no values to compute with)")
         attrs = dict(self.layer_attrs, time_major=time_major)
-        return self._run(input, h0, c0, [self.params], None, lengths_tensor(sequence_lengths),
+        return self._run(input, h0, c0, [self.params], None, lengths_list(sequence_lengths),
                          attrs, self.config.num_layers)

@@ -7,10 +7,14 @@ rule and, for the forwards, an autocast rule; ``pycudnnrnn.torch.autograd`` give
 forwards their autograd formulas. ``forward_weights`` and ``backprop_weights`` take
 torch.nn's list of weights (the drop-in modules' parameters) in place of ``params``.
 
-Arguments are the functional API's, with two changes for tracing: the dropout seed is a
-0-d int64 tensor (a Python int would be baked into a compiled graph, so a fresh seed per
-step would recompile), and ``sequence_lengths`` is an optional integer tensor.
-Outputs are always fresh tensors (never views of the inputs).
+Arguments are the functional API's, with two changes: the dropout seed is one 64-bit
+int (``seed`` and ``seed2`` combined), and ``sequence_lengths`` an optional list of ints.
+Both are host values, not tensors: a CPU tensor among a CUDA graph's inputs makes
+Inductor's CUDA-graph trees skip the graph, and a CUDA one would be read back with a
+sync. Lengths steer cuDNN's descriptors, so a graph holds for the lengths it was traced
+with (Dynamo guards on them, or traces them as symbols). Outputs are always fresh tensors
+(never views of the inputs); the reserve space's size depends on shapes and attributes
+alone (``kernels.reserve_nbytes``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 import torch._dynamo  # noqa: F401  (see below)
 from torch import Tensor
 
-from .. import layout
+from .. import errors, layout
 from . import flat_weights, kernels
 
 _LIB = "pycudnnrnn"
@@ -37,7 +41,7 @@ _LIB = "pycudnnrnn"
 
 @torch.library.custom_op(f"{_LIB}::forward", mutates_args=())
 def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: Tensor,
-            sequence_lengths: Optional[Tensor], seed: Tensor, rnn_mode: str, input_mode: str,
+            sequence_lengths: Optional[list[int]], seed: int, rnn_mode: str, input_mode: str,
             direction: str, dropout: float, num_proj: int, time_major: bool,
             is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.forward``: (output, output_h, output_c, reserve_space)."""
@@ -50,8 +54,7 @@ def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: T
 @forward.register_fake
 def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_mode, input_mode,
                   direction, dropout, num_proj, time_major, is_training):
-    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
-                 sequence_lengths=sequence_lengths, seed=seed)
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params)
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
     problem = kernels.problem(input, input_h, input_c, params, attrs, is_training)
     return _forward_results(problem, input, input_h, input_c)
@@ -59,8 +62,9 @@ def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_m
 
 @torch.library.custom_op(f"{_LIB}::forward_weights", mutates_args=())
 def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
-                    weights: list[Tensor], has_biases: bool, sequence_lengths: Optional[Tensor],
-                    seed: Tensor, rnn_mode: str, direction: str, dropout: float, num_proj: int,
+                    weights: list[Tensor], has_biases: bool,
+                    sequence_lengths: Optional[list[int]], seed: int, rnn_mode: str,
+                    direction: str, dropout: float, num_proj: int,
                     time_major: bool, is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``forward`` with torch.nn's weights (``_flat_weights`` order) for ``params``.
 
@@ -77,8 +81,8 @@ def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
 @forward_weights.register_fake
 def _forward_weights_fake(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
                           rnn_mode, direction, dropout, num_proj, time_major, is_training):
-    _refuse_meta(input=input, input_h=input_h, input_c=input_c, sequence_lengths=sequence_lengths,
-                 seed=seed, **{f"weights[{k}]": w for k, w in enumerate(weights)})
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c,
+                 **{f"weights[{k}]": w for k, w in enumerate(weights)})
     attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
     problem, _ = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
                                               attrs, is_training)
@@ -90,11 +94,22 @@ def _forward_results(problem, input, input_h, input_c):
     c = problem.config
     output = input.new_empty(problem.data_shape(c.num_dirs * c.state_size))
     output_c = input_c.new_empty(input_c.shape) if c.is_lstm else input.new_empty((0,))
-    nbytes = kernels.reserve_nbytes(problem, input.device)
-    if nbytes is None:  # only the device knows (cuDNN): a size the graph learns at run time
+    nbytes = _fake_reserve_nbytes(problem, input)
+    if nbytes is None:  # a size the graph learns at run time (CUDA graphs then leave it out)
         nbytes = torch.library.get_ctx().new_dynamic_size()
     reserve = input.new_empty((nbytes,), dtype=torch.uint8)
     return output, input_h.new_empty(input_h.shape), output_c, reserve
+
+
+def _fake_reserve_nbytes(problem, like):
+    """``kernels.reserve_nbytes``, or None where no GPU can tell it (tracing for CUDA on
+    a machine without one: a PyTorch without CUDA, or no cuDNN)."""
+    try:
+        return kernels.reserve_nbytes(problem, like)
+    except errors.CudnnError:
+        raise
+    except (errors.CudnnUnavailableError, RuntimeError, AssertionError):
+        return None  # AssertionError: "Torch not compiled with CUDA enabled"
 
 
 def _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training):
@@ -106,7 +121,7 @@ def _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_trai
 
 @torch.library.custom_op(f"{_LIB}::backprop", mutates_args=())
 def backprop(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: Tensor,
-             sequence_lengths: Optional[Tensor], seed: Tensor, output: Tensor, output_h: Tensor,
+             sequence_lengths: Optional[list[int]], seed: int, output: Tensor, output_h: Tensor,
              output_c: Tensor, output_backprop: Tensor, output_h_backprop: Tensor,
              output_c_backprop: Tensor, reserve_space: Tensor, rnn_mode: str, input_mode: str,
              direction: str, dropout: float, num_proj: int, time_major: bool,
@@ -130,16 +145,16 @@ def _backprop_fake(input, input_h, input_c, params, sequence_lengths, seed, outp
                    output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                    rnn_mode, input_mode, direction, dropout, num_proj, time_major, gradients,
                    trust_reserve=False):
-    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
-                 sequence_lengths=sequence_lengths, seed=seed, output=output,
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params, output=output,
                  output_backprop=output_backprop, reserve_space=reserve_space)
     return _backprop_results(input, input_h, input_c, params.shape, rnn_mode, gradients)
 
 
 @torch.library.custom_op(f"{_LIB}::backprop_weights", mutates_args=())
 def backprop_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
-                     weights: list[Tensor], has_biases: bool, sequence_lengths: Optional[Tensor],
-                     seed: Tensor, output: Tensor, output_h: Tensor, output_c: Tensor,
+                     weights: list[Tensor], has_biases: bool,
+                     sequence_lengths: Optional[list[int]], seed: int, output: Tensor,
+                     output_h: Tensor, output_c: Tensor,
                      output_backprop: Tensor, output_h_backprop: Tensor,
                      output_c_backprop: Tensor, reserve_space: Tensor, rnn_mode: str,
                      direction: str, dropout: float, num_proj: int, time_major: bool,
@@ -159,9 +174,9 @@ def _backprop_weights_fake(input, input_h, input_c, weights, has_biases, sequenc
                            output, output_h, output_c, output_backprop, output_h_backprop,
                            output_c_backprop, reserve_space, rnn_mode, direction, dropout,
                            num_proj, time_major, gradients, trust_reserve=False):
-    _refuse_meta(input=input, input_h=input_h, input_c=input_c, sequence_lengths=sequence_lengths,
-                 seed=seed, output=output, output_backprop=output_backprop,
-                 reserve_space=reserve_space, **{f"weights[{k}]": w for k, w in enumerate(weights)})
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, output=output,
+                 output_backprop=output_backprop, reserve_space=reserve_space,
+                 **{f"weights[{k}]": w for k, w in enumerate(weights)})
     attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
     problem, _ = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
                                               attrs, True)

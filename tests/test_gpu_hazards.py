@@ -514,22 +514,39 @@ def test_gpu_ragged_batch_major_bfloat16_with_an_empty_row_through_pytorch():
 
 @pytest.mark.gpu
 def test_gpu_torch_compile_reduce_overhead_trains_three_steps():
-    """Hazard 8: three training steps under torch.compile(mode="reduce-overhead"); the
-    number of CUDA-graph skips (and their reasons, in the log) goes to the report."""
+    """Hazard 8: three training steps under torch.compile(mode="reduce-overhead") of a
+    module with dropout and lengths with an empty row. CUDA-graph trees skipped the
+    graph (a CPU seed and lengths tensor among its inputs, the reserve's size learnt at
+    run time): now none is skipped ("skipping cudagraphs" in their log, or a skip
+    counted) and no pycudnnrnn op is left out of a graph partition; the steps train.
+    What the log said goes to the report."""
+    import logging
     torch = _torch_cuda()
+    from torch._dynamo.utils import counters
     from pycudnnrnn.torch import CudnnRNN
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect(logging.DEBUG)
     try:
-        torch._logging.set_logs(perf_hints=True)  # where inductor says why it skips graphs
+        torch._logging.set_logs(cudagraphs=True, perf_hints=True)  # skips and partitions
     except Exception:  # noqa: BLE001: an older logging API; the counters still tell
         pass
+    logging.getLogger("torch").addHandler(handler)
+    counters.clear()
+    torch._dynamo.reset()
     torch.manual_seed(0)
-    model = CudnnRNN(8, 16, 2, rnn_mode="lstm").cuda()
+    model = CudnnRNN(8, 16, 2, rnn_mode="lstm", dropout=0.3).cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(6, 4, 8, device="cuda")
+    lengths = [6, 4, 0, 5]
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        out = model(x)[0]
+        out = model(x, sequence_lengths=lengths)[0]
         loss = out.square().mean()
         loss.backward()
         optimizer.step()
@@ -537,11 +554,54 @@ def test_gpu_torch_compile_reduce_overhead_trains_three_steps():
 
     compiled = torch.compile(step, mode="reduce-overhead")
     before = model.params.detach().clone()
-    losses = [float(compiled()) for _ in range(3)]
-    from torch._dynamo.utils import counters
+    try:
+        losses = [float(compiled()) for _ in range(3)]
+    finally:
+        logging.getLogger("torch").removeHandler(handler)
+        try:
+            torch._logging.set_logs()
+        except Exception:  # noqa: BLE001
+            pass
     skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
-    print(f"torch.compile reduce-overhead: losses {losses}, cudagraph_skips {skips}")
+    said = [m for m in messages if "skipping cudagraphs" in m or
+            ("reason=" in m and "pycudnnrnn" in m)]
+    print(f"torch.compile reduce-overhead: losses {losses}, cudagraph_skips {skips}, "
+          f"what the log said: {said or 'nothing'}")
     assert all(np.isfinite(losses)) and not torch.equal(before, model.params.detach())
+    assert len(set(losses)) == 3  # trained, with fresh masks each step
+    assert skips == 0 and not said, said
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_gpu_torch_checkpoint_at_dropout_equals_plain(reentrant):
+    """Hazard 3 through PyTorch: torch.utils.checkpoint runs a module's forward again in
+    backward; cuDNN's dropout state had advanced, so the recomputed forward drew new
+    masks and backprop paired them with the first forward's loss. Each forward is named
+    by PyTorch's CUDA generator state, which checkpoint restores: the gradients equal a
+    plain run's from the same generator state."""
+    torch = _torch_cuda()
+    from torch.utils.checkpoint import checkpoint
+    import pycudnnrnn.torch as prt
+    torch.manual_seed(0)
+    model = prt.LSTM(6, 8, 2, dropout=0.5, device="cuda", dtype=torch.float64)
+    x = torch.randn(5, 3, 6, device="cuda", dtype=torch.float64, requires_grad=True)
+    inputs = [x, *model.parameters()]
+
+    def loss_and_grads(run):
+        for t in inputs:
+            t.grad = None
+        torch.manual_seed(3)
+        loss = run(x).square().sum()
+        loss.backward()
+        return (loss.detach(), *(t.grad for t in inputs))
+
+    plain = loss_and_grads(lambda x: model(x)[0])
+    checkpointed = loss_and_grads(
+        lambda x: checkpoint(lambda x: model(x)[0], x, use_reentrant=reentrant))
+    for got, want in zip(checkpointed, plain):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert not torch.equal(model(x)[0], model(x)[0])  # fresh masks each call
 
 
 def test_an_unknown_reserve_space_under_capture_is_a_clear_error(fake_gpu):

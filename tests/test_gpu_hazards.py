@@ -513,13 +513,20 @@ def test_gpu_ragged_batch_major_bfloat16_with_an_empty_row_through_pytorch():
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile_reduce_overhead_trains_three_steps():
-    """Hazard 8: three training steps under torch.compile(mode="reduce-overhead") of a
-    module with dropout and lengths with an empty row. CUDA-graph trees skipped the
-    graph (a CPU seed and lengths tensor among its inputs, the reserve's size learnt at
-    run time): now none is skipped ("skipping cudagraphs" in their log, or a skip
-    counted) and no pycudnnrnn op is left out of a graph partition; the steps train.
-    What the log said goes to the report."""
+@pytest.mark.parametrize("config", ["plain", "dropout", "lengths"])
+def test_gpu_torch_compile_reduce_overhead_trains_three_steps(config):
+    """Hazard 8: three training steps under torch.compile(mode="reduce-overhead").
+
+    "plain" (no sequence_lengths, no dropout: the call holds no CPU tensor, the seed is
+    None): CUDA-graph trees skipped the graph (a CPU seed tensor among its inputs, the
+    reserve's size learnt at run time); now none is skipped ("skipping cudagraphs" in
+    their log, or a skip counted) and no pycudnnrnn op is left out of a graph partition.
+    "dropout" and "lengths" (lengths with an empty row): the seed and the lengths are
+    host tensors cuDNN needs on the host, so the trees may skip graphs or leave the op
+    out of them; the steps must still train and equal eager ones (the same masks: each
+    step starts from the same generator state, which names the dropout forward, and a
+    second forward under that name replays its masks). What the log said goes to the
+    report."""
     import logging
     torch = _torch_cuda()
     from torch._dynamo.utils import counters
@@ -539,23 +546,37 @@ def test_gpu_torch_compile_reduce_overhead_trains_three_steps():
     counters.clear()
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = CudnnRNN(8, 16, 2, rnn_mode="lstm", dropout=0.3).cuda()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    dropout = 0.3 if config == "dropout" else 0.0
+    # One seed for both modules: they share its cuDNN dropout state, so a compiled
+    # forward under an eager one's name replays that one's masks.
+    models = [CudnnRNN(8, 16, 2, rnn_mode="lstm", dropout=dropout, seed=11).cuda()
+              for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
     x = torch.randn(6, 4, 8, device="cuda")
-    lengths = [6, 4, 0, 5]
+    lengths = torch.tensor([6, 4, 0, 5]) if config == "lengths" else None
 
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        out = model(x, sequence_lengths=lengths)[0]
-        loss = out.square().mean()
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+    def make_step(model):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
-    compiled = torch.compile(step, mode="reduce-overhead")
-    before = model.params.detach().clone()
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            out = model(x, sequence_lengths=lengths)[0]
+            loss = out.square().mean()
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+        return step
+
+    eager, compiled = make_step(models[0]), torch.compile(make_step(models[1]),
+                                                          mode="reduce-overhead")
+    before = models[1].params.detach().clone()
+    eager_losses, losses = [], []
     try:
-        losses = [float(compiled()) for _ in range(3)]
+        for k in range(3):
+            torch.manual_seed(100 + k)
+            eager_losses.append(float(eager()))
+            torch.manual_seed(100 + k)
+            losses.append(float(compiled()))
     finally:
         logging.getLogger("torch").removeHandler(handler)
         try:
@@ -565,11 +586,14 @@ def test_gpu_torch_compile_reduce_overhead_trains_three_steps():
     skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
     said = [m for m in messages if "skipping cudagraphs" in m or
             ("reason=" in m and "pycudnnrnn" in m)]
-    print(f"torch.compile reduce-overhead: losses {losses}, cudagraph_skips {skips}, "
-          f"what the log said: {said or 'nothing'}")
-    assert all(np.isfinite(losses)) and not torch.equal(before, model.params.detach())
-    assert len(set(losses)) == 3  # trained, with fresh masks each step
-    assert skips == 0 and not said, said
+    print(f"torch.compile reduce-overhead ({config}): losses {losses}, eager {eager_losses}, "
+          f"cudagraph_skips {skips}, what the log said: {said or 'nothing'}")
+    assert all(np.isfinite(losses)) and not torch.equal(before, models[1].params.detach())
+    assert len(set(losses)) == 3  # trained (and with dropout, fresh masks each step)
+    np.testing.assert_allclose(losses, eager_losses, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(models[1].params, models[0].params, rtol=1e-4, atol=1e-5)
+    if config == "plain":  # no host tensor in the call: CUDA graphs must engage
+        assert skips == 0 and not said, said
 
 
 @pytest.mark.gpu

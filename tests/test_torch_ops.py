@@ -7,8 +7,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import numpy as np  # noqa: E402
-
 import pycudnnrnn  # noqa: E402
 import pycudnnrnn.torch as prt  # noqa: E402
 
@@ -26,8 +24,8 @@ def _op_args(mode="lstm", num_proj=0, is_training=True, dropout=0.0, lengths=(5,
     h = torch.randn(B, L * D, P, **grad)
     c = torch.randn(B, L * D, H, **grad) if mode == "lstm" else None
     params = (torch.rand(n, dtype=torch.float64) - 0.5).requires_grad_()
-    lengths = None if lengths is None else list(lengths)
-    return (x, h, c, params, lengths, 12345, mode, "linear_input", "bidirectional",
+    lengths = None if lengths is None else torch.tensor(lengths)
+    return (x, h, c, params, lengths, torch.tensor(12345), mode, "linear_input", "bidirectional",
             dropout, num_proj, False, is_training)
 
 
@@ -58,14 +56,47 @@ def test_fake_gives_the_real_shapes_and_reserve_size(mode, is_training):
     assert (real[3].numel() > 0) == is_training
 
 
-def test_the_ops_take_seed_and_lengths_as_host_values():
-    """A CPU tensor among a CUDA graph's inputs (the seed, the lengths) made Inductor's
-    CUDA-graph trees skip the graph; a CUDA one would be read back with a sync."""
+def test_the_ops_take_an_optional_seed_tensor_and_none_without_dropout():
+    """Seed and lengths are tensors (graph inputs: plain torch.compile takes new values
+    without recompiling); the seed is optional, and a call that draws no dropout mask
+    passes None, so that without lengths the call holds no CPU tensor at all (CUDA-graph
+    trees skip graphs with one)."""
     for name in ("forward", "forward_weights", "backprop", "backprop_weights"):
         schema = getattr(torch.ops.pycudnnrnn, name).default._schema
         types = {a.name: str(a.type) for a in schema.arguments}
-        assert (types["seed"], types["sequence_lengths"]) == ("int", "Optional[List[int]]"), \
-            name  # SymInt and SymInt[]? in the schema's own spelling
+        assert (types["seed"], types["sequence_lengths"]) == ("Optional[Tensor]",
+                                                              "Optional[Tensor]"), name
+    seen = []
+    forward_weights = prt.autograd.forward_weights
+    forward = prt.autograd.forward
+
+    def record(op):
+        return lambda *args: seen.append(args) or op(*args)
+
+    x = torch.randn(T, B, I)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prt.autograd, "forward_weights", record(forward_weights))
+        patch.setattr(prt.autograd, "forward", record(forward))
+        patch.setattr(torch.compiler, "is_compiling", lambda: True)  # the op's own door
+        torch.manual_seed(0)
+        prt.LSTM(I, H, num_layers=2)(x)  # training, no dropout
+        prt.LSTM(I, H, num_layers=2, dropout=0.5).eval()(x)  # eval: no mask
+        prt.LSTM(I, H, dropout=0.0)(x)
+        prt.CudnnRNN(I, H, 1, rnn_mode="gru", dropout=0.5)(x)  # one layer: no mask
+        args = _op_args("gru", dropout=0.5, lengths=None)
+        prt.rnn(*args[:4], rnn_mode="gru", direction="bidirectional", dropout=0.5,
+                is_training=False, time_major=False)
+        assert len(seen) == 5
+        for call in seen:  # no tensor but the data and weights (args 0-3)
+            assert not [a for a in call[4:] if isinstance(a, torch.Tensor)], call[4:]
+            assert (call[5:7] if isinstance(call[3], list) else call[4:6]) == (None, None)
+        seen.clear()
+        prt.LSTM(I, H, num_layers=2, dropout=0.5)(x)  # a mask: a fresh CPU seed tensor
+        prt.rnn(*args[:4], rnn_mode="gru", direction="bidirectional", dropout=0.5,
+                seed=3, time_major=False)
+        for call in seen:
+            seed = call[6] if isinstance(call[3], list) else call[5]
+            assert seed.shape == () and seed.dtype == torch.int64 and seed.device.type == "cpu"
 
 
 def test_without_a_gpu_to_ask_the_cuda_fake_leaves_the_reserve_size_to_run_time():
@@ -175,6 +206,50 @@ def test_ragged_batches_compile_through_sequence_lengths_and_equal_packing():
     out_ref = pad_packed_sequence(out_ref, batch_first=True, total_length=T)[0]
     torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(h_n, h_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_plain_compile_takes_fresh_seeds_and_new_lengths_in_one_graph():
+    """Default torch.compile (inductor, fullgraph=False): a seed or lengths given to the
+    ops as host values (an int, a list) made Dynamo break the graph (``.item()``,
+    ``.tolist()``) and compile again for new values. As tensors they are graph inputs:
+    a training step with dropout, called four times, and a module called with five sets
+    of lengths each make one graph, with no break."""
+    from torch._dynamo.utils import counters
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    def compiled_once(fn, calls):
+        torch._dynamo.reset()
+        counters.clear()
+        with inductor_config.patch(fx_graph_cache=False), \
+                functorch_config.patch(enable_autograd_cache=False):
+            results = [fn(*args) for args in calls]
+        assert dict(counters["graph_break"]) == {}
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        return results
+
+    torch.manual_seed(0)
+    model = prt.LSTM(I, H, num_layers=2, dropout=0.5)
+    model.train()
+    x = torch.randn(T, B, I)
+    loss = torch.compile(lambda x: model(x)[0].square().sum())
+
+    def step(x):
+        model.zero_grad(set_to_none=True)
+        value = loss(x)
+        value.backward()
+        return value.item(), model.weight_ih_l1.grad.clone()
+
+    steps = compiled_once(step, [(x,)] * 4)
+    assert len({value for value, _ in steps}) == 4  # a fresh mask each step
+    assert all(grad.abs().sum() > 0 for _, grad in steps)
+
+    model = prt.LSTM(I, H)
+    forward = torch.compile(lambda x, lengths: model(x, sequence_lengths=lengths)[0])
+    lengths = [[5, 3, 1], [2, 2, 2], [5, 0, 4], [1, 5, 5], [3, 4, 0]]
+    outputs = compiled_once(forward, [(x, torch.tensor(n)) for n in lengths])
+    for n, out in zip(lengths, outputs):
+        torch.testing.assert_close(out, model(x, sequence_lengths=torch.tensor(n))[0])
 
 
 def test_compile_fullgraph_inductor_equals_eager_and_draws_reproducible_masks():
@@ -468,14 +543,14 @@ def test_the_planned_path_cuda_takes_equals_the_functional_api(mode, gradients):
     x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
     names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
     attrs = dict(zip(names, attrs[:6]))
-    planned = kernels.planned_forward(x, h, c, params, np.array(lengths), seed, attrs, True)
+    planned = kernels.planned_forward(x, h, c, params, lengths.numpy(), seed, attrs, True)
     direct = pycudnnrnn.forward(x, h, c, params, lengths, **kernels.split_seed(seed), **attrs)
     assert all(isinstance(t, torch.Tensor) for t in planned)
     for ours, theirs in zip(planned, direct):
         assert torch.equal(ours, theirs)
     grads = [torch.randn_like(t) for t in planned[:3]]
     ours = kernels.planned_backprop(x, h, c, params, *planned[:3], *grads, planned[3],
-                                    np.array(lengths), seed, attrs, gradients)
+                                    lengths.numpy(), seed, attrs, gradients)
     theirs = pycudnnrnn.backprop(x, h, c, params, lengths, *direct[:3], *grads, direct[3],
                                  **kernels.split_seed(seed), **attrs, gradients=gradients)
     for a, b in zip(ours, theirs):
@@ -679,7 +754,7 @@ def _stand_in_call(mode="lstm", dropout=0.0):
     x, h, c, params, lengths, seed, *attrs = _op_args(mode, dropout=dropout)
     x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
     names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
-    return x, h, c, params, np.array(lengths), seed, dict(zip(names, attrs[:6]))
+    return x, h, c, params, lengths.numpy(), seed, dict(zip(names, attrs[:6]))
 
 
 def test_a_trusted_reserve_is_not_read_back_on_the_stand_in_gpu(torch_on_stand_in):
@@ -824,19 +899,23 @@ def test_the_fake_reserve_size_on_cuda_is_static_and_the_kernels(torch_on_stand_
     args = _op_args("lstm", dropout=0.5)
     with FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True):
         on_cuda = [torch.empty(a.shape, dtype=a.dtype, device="cuda:0")
-                   if isinstance(a, torch.Tensor) else a for a in args]
+                   if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                   for a in args]
         reserve = torch.ops.pycudnnrnn.forward(*on_cuda)[3]
     assert type(reserve.shape[0]) is int and reserve.shape[0] == real[3].numel()
 
 
-def test_a_cuda_training_step_traces_with_no_cpu_tensor_nor_size_known_at_run_time(
-        fake_gpu, monkeypatch):
-    """Stand-in GPU, fake CUDA tensors: a module's training forward with dropout and
-    ragged lengths, then the backprop its autograd formula calls, trace to a graph of
-    CUDA tensors alone with no unbacked size: what Inductor's CUDA-graph trees need not
-    to skip the graph (a CPU seed or lengths tensor, or the reserve's size learnt at
-    run time, made them skip). Autograd itself is not traced: its Function wants a CUDA
-    device guard, which this PyTorch has not."""
+@pytest.mark.parametrize("dropout,lengths", [(0.0, None), (0.5, [5, 0, 2])],
+                         ids=["no-dropout-no-lengths", "dropout-and-lengths"])
+def test_a_cuda_training_step_traces_with_cpu_tensors_only_for_seed_and_lengths(
+        fake_gpu, monkeypatch, dropout, lengths):
+    """Stand-in GPU, fake CUDA tensors: a module's training forward, then the backprop
+    its autograd formula calls, trace with no unbacked size (the reserve's size learnt
+    at run time made CUDA-graph trees skip the graph). Without dropout and lengths the
+    graph holds CUDA tensors alone (seed None), what the trees need to take it; with
+    them, the seed and the lengths are its only CPU tensors (host values cuDNN needs).
+    Autograd itself is not traced: its Function wants a CUDA device guard, which this
+    PyTorch has not."""
     import contextlib
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -846,16 +925,16 @@ def test_a_cuda_training_step_traces_with_no_cpu_tensor_nor_size_known_at_run_ti
     from pycudnnrnn.torch import kernels
     monkeypatch.setattr(kernels, "_on_device", lambda t: contextlib.nullcontext())  # no CUDA
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # compile's door: the op
-    model = prt.CudnnRNN(I, H, 2, rnn_mode="lstm", dropout=0.5, device="meta")
+    model = prt.CudnnRNN(I, H, 2, rnn_mode="lstm", dropout=dropout, device="meta")
     seen = []  # the forward op's arguments, as the module gave them
     forward = torch.ops.pycudnnrnn.forward
     monkeypatch.setattr(prt.autograd, "forward", lambda *args: seen.append(args) or forward(*args))
 
-    def step(x, params):
+    def step(x, params, *lengths):
         out, h_n, c_n = torch.func.functional_call(
-            model, {"params": params}, (x,), {"sequence_lengths": [5, 0, 2]})
+            model, {"params": params}, (x,), {"sequence_lengths": lengths[0] if lengths else None})
         (x, h0, c0, params, lengths, seed, *attrs, is_training), = seen
-        assert is_training and (lengths, seed) == ([5, 0, 2], model.gpu_seed)
+        assert is_training
         results = forward(x, h0, c0, params, lengths, seed, *attrs, is_training)
         grads = [torch.ones_like(t) for t in results[:3]]
         return torch.ops.pycudnnrnn.backprop(x, h0, c0, params, lengths, seed, *results[:3],
@@ -864,12 +943,23 @@ def test_a_cuda_training_step_traces_with_no_cpu_tensor_nor_size_known_at_run_ti
     with FakeTensorMode(shape_env=ShapeEnv()):
         x = torch.randn(T, B, I, device="cuda:0")
         params = torch.randn(model.params.shape, device="cuda:0")
-        graph = make_fx(step)(x, params)
-    ops = [str(n.target) for n in graph.graph.nodes if "pycudnnrnn" in str(n.target)]
-    assert sorted(set(ops)) == ["pycudnnrnn.backprop.default", "pycudnnrnn.forward.default"]
+        given = () if lengths is None else (torch.tensor(lengths),)
+        graph = make_fx(step)(x, params, *given)
+    (_, _, _, _, seen_lengths, seed, *_), = seen
+    if dropout:
+        assert seen_lengths.device.type == "cpu" and seed.device.type == "cpu"
+    else:
+        assert (seen_lengths, seed) == (None, None)
+    ops = [n for n in graph.graph.nodes if "pycudnnrnn" in str(n.target)]
+    assert sorted({str(n.target) for n in ops}) == ["pycudnnrnn.backprop.default",
+                                                     "pycudnnrnn.forward.default"]
+    host = {a for n in ops for a in n.args[4:6] if a is not None}  # lengths and seed nodes
+    assert len(host) == (2 if dropout else 0)
+    for node in list(host):  # and what they are made from (the seed's constant)
+        host.update(node.all_input_nodes)
     for node in graph.graph.nodes:
         for value in tree_leaves(node.meta.get("val")):
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and node not in host:
                 assert value.device.type == "cuda", (node.format_node(), value.device)
             assert not free_unbacked_symbols(value), node.format_node()
 

@@ -68,12 +68,11 @@ def _backprop_without_autograd(op, *args):
 # trace this kind of Function).
 
 class _Saved:
-    """What backward needs of one forward call (the lengths and seed are host values)."""
+    """What backward needs of one forward call."""
 
-    def __init__(self, options, tensors, sequence_lengths, seed, output, weights):
+    def __init__(self, options, tensors, output, weights):
         (self.rnn_mode, self.input_mode, self.direction, self.dropout, self.num_proj,
          self.time_major, self.has_biases, self.is_training) = options
-        self.sequence_lengths, self.seed = sequence_lengths, seed
         self.slots = None
         if self.has_biases is not None:  # where each weight's gradient lies in the flat one
             shapes = [tuple(w.shape) for w in weights]
@@ -83,8 +82,8 @@ class _Saved:
         self.tensors = (*tensors, *output, *weights)
 
 
-def _save(ctx, options, tensors, sequence_lengths, seed, output, weights):
-    saved = _Saved(options, tensors, sequence_lengths, seed, output, weights)
+def _save(ctx, options, tensors, output, weights):
+    saved = _Saved(options, tensors, output, weights)
     ctx.save_for_backward(*saved.tensors)
     saved.tensors = None
     ctx.pycudnnrnn = saved
@@ -97,9 +96,8 @@ def _backward_core(ctx, needs_data, needs_weights, d_output, d_output_h, d_outpu
         raise RuntimeError("pycudnnrnn: backward needs forward with is_training=True (the "
                            "modules do this by themselves when a gradient is needed)")
     saved = ctx.saved_tensors
-    input, input_h, input_c, out, out_h, out_c, reserve = saved[:7]
-    weights = list(saved[7:])
-    sequence_lengths, seed = s.sequence_lengths, s.seed
+    input, input_h, input_c, sequence_lengths, seed, out, out_h, out_c, reserve = saved[:9]
+    weights = list(saved[9:])
     lstm = s.rnn_mode == "lstm"
     zeros = lambda grad, like: torch.zeros_like(like) if grad is None else grad.contiguous()
     grads = (zeros(d_output, out), zeros(d_output_h, out_h),
@@ -131,7 +129,7 @@ def _forward_setup(ctx, inputs, output):
     (input, input_h, input_c, params, sequence_lengths, seed, rnn_mode, input_mode, direction,
      dropout, num_proj, time_major, is_training) = inputs
     options = (rnn_mode, input_mode, direction, dropout, num_proj, time_major, None, is_training)
-    _save(ctx, options, (input, input_h, input_c), sequence_lengths, seed, output, [params])
+    _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output, [params])
 
 
 def _forward_backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
@@ -146,7 +144,7 @@ def _forward_weights_setup(ctx, inputs, output):
      dropout, num_proj, time_major, is_training) = inputs
     options = (rnn_mode, "linear_input", direction, dropout, num_proj, time_major, has_biases,
                is_training)
-    _save(ctx, options, (input, input_h, input_c), sequence_lengths, seed, output, weights)
+    _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output, weights)
 
 
 def _forward_weights_backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
@@ -180,7 +178,7 @@ class _RNN(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         options, input, input_h, input_c, sequence_lengths, seed = inputs[:6]
-        _save(ctx, options, (input, input_h, input_c), sequence_lengths, seed, output,
+        _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output,
               inputs[6:])
 
     @staticmethod

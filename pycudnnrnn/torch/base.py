@@ -37,7 +37,7 @@ from .. import layout
 from ..checks import make_config
 from . import kernels
 from .autograd import apply
-from .functional import check_devices, lengths_list
+from .functional import check_devices, lengths_tensor
 
 _SEED_BOUND = 2 ** 62
 
@@ -92,12 +92,14 @@ class SeededRNN:
                          attrs, has_biases, self.training or grad)
 
     def _seed(self, input, dropout):
-        """The op's seed: an int (a host value: no CPU tensor in a CUDA graph)."""
+        """The op's seed: a 0-d int64 CPU tensor (a graph input: a fresh one per step does
+        not recompile), or None when no mask is drawn (eval mode, one layer, no dropout):
+        then the call holds no CPU tensor for the seed, and CUDA graphs can take it."""
         if dropout == 0:
-            return 0
+            return None
         if not kernels.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
-            return _draw_seed().item()
-        return self.gpu_seed  # cuDNN advances its state
+            return _draw_seed()
+        return torch.tensor(self.gpu_seed, dtype=torch.int64)  # cuDNN advances its state
 
 
 class FlatRNN(SeededRNN, torch.nn.Module):
@@ -165,5 +167,5 @@ class FlatRNN(SeededRNN, torch.nn.Module):
             raise TypeError("input: expected a tensor with data, got a tensor on the meta "
                             "device (it has no values to compute with)")
         attrs = dict(self.layer_attrs, time_major=time_major)
-        return self._run(input, h0, c0, [self.params], None, lengths_list(sequence_lengths),
+        return self._run(input, h0, c0, [self.params], None, lengths_tensor(sequence_lengths),
                          attrs, self.config.num_layers)

@@ -1,6 +1,6 @@
 """``pycudnnrnn.torch.rnn``: the differentiable forward on tensors, and its argument checks.
 
-The checks (``check_devices``, ``lengths_list``, ``seed_value``) serve the modules too:
+The checks (``check_devices``, ``lengths_tensor``, ``seed_tensor``) serve the modules too:
 every tensor on the input's device (meta refused by name), lengths that are integers,
 a seed that is an integer or a 0-d integer tensor. ``InputValueError`` and
 ``InputTypeError`` are what the modules raise for bad calls: the library's ValueError or
@@ -44,13 +44,11 @@ def check_devices(device, names_and_tensors):
                                  f"{t.device}")
 
 
-def lengths_list(sequence_lengths):
-    """`sequence_lengths` (a tensor, list or array of integers) as a list of ints, the
-    ops' argument: host values, as cuDNN's descriptors need them.
+def lengths_tensor(sequence_lengths):
+    """`sequence_lengths` (a tensor, list or array of integers) as an integer tensor.
 
     Refuses what the functional API refuses: non-integers (floats, bools, strings), and
-    tensors with no data (meta), with the argument's name. A CUDA tensor is read back (a
-    sync); under ``torch.compile`` a tensor's values become symbols of the graph.
+    tensors with no data (meta), with the argument's name.
     """
     if sequence_lengths is None:
         return None
@@ -62,17 +60,7 @@ def lengths_list(sequence_lengths):
                 sequence_lengths.dtype == torch.bool:
             raise TypeError(f"sequence_lengths: expected integers, got dtype "
                             f"{sequence_lengths.dtype}")
-        _one_dimensional(sequence_lengths.shape)
-        return sequence_lengths.tolist()
-    if isinstance(sequence_lengths, (list, tuple)) and all(
-            type(v) is int or isinstance(v, torch.SymInt) for v in sequence_lengths):
-        # Python's ints as they are (Dynamo traces them, guarding on their values); the
-        # op checks their range, once it knows max_time, but an int64 must hold them.
-        for v in sequence_lengths:
-            if type(v) is int and not -2 ** 63 <= v < 2 ** 63:
-                raise ValueError(f"sequence_lengths: expected values in [0, max_time], "
-                                 f"got {v}")
-        return list(sequence_lengths)
+        return sequence_lengths
     try:
         lengths = np.asarray(sequence_lengths)
     except (TypeError, ValueError, OverflowError) as error:
@@ -87,31 +75,20 @@ def lengths_list(sequence_lengths):
     if lengths.dtype.kind == "u" and lengths.size and int(lengths.max()) >= 2 ** 63:
         raise ValueError(f"sequence_lengths: expected values in [0, max_time], got "
                          f"{int(lengths.max())}")
-    _one_dimensional(lengths.shape)
-    return lengths.astype(np.int64).tolist()
+    return torch.from_numpy(lengths.astype(np.int64))
 
 
-def _one_dimensional(shape):
-    if len(shape) != 1:
-        raise ValueError(f"sequence_lengths: expected one integer per sequence, shape "
-                         f"(batch,), got shape {tuple(shape)}")
-
-
-def seed_value(seed, seed2):
-    """The dropout seed as the ops take it: the combined 64-bit seed, as a signed int64.
-
-    `seed` may be a 0-d integer tensor holding the combined seed (read on the host: a
-    CUDA tensor costs a sync).
-    """
+def seed_tensor(seed, seed2):
+    """The dropout seed as a 0-d int64 tensor (the combined 64-bit seed)."""
     if isinstance(seed, torch.Tensor):
         if seed.dim() != 0 or seed.is_floating_point() or seed.is_complex() or \
                 seed.dtype == torch.bool or seed.device.type == "meta":
             raise TypeError(f"seed: expected an integer or a 0-d integer tensor holding the "
                             f"combined 64-bit seed, got a tensor of shape {tuple(seed.shape)}, "
                             f"dtype {seed.dtype} on {seed.device}")
-        return seed.to(torch.int64).item()
+        return seed.to(torch.int64)
     combined = dropout_seed(seed, seed2)
-    return combined - (1 << 64) if combined >> 63 else combined
+    return torch.tensor(combined - (1 << 64) if combined >> 63 else combined, dtype=torch.int64)
 
 
 def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
@@ -128,8 +105,10 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     rnn_mode, input_mode, direction, dropout, num_proj, time_major
         The op's attributes, see ``pycudnnrnn.forward``.
     seed, seed2 : int
-        The dropout seed, as for ``pycudnnrnn.forward``; or `seed` a 0-d integer tensor
-        holding the combined 64-bit seed (read on the host).
+        The dropout seed, as for ``pycudnnrnn.forward``; or `seed` a 0-d int64 tensor
+        holding the combined 64-bit seed (what the modules pass: a traced graph then
+        takes a new seed per call without recompiling). The op is given no seed (None)
+        when no mask is drawn: not training, no dropout, or one layer.
     is_training : bool
         False runs inference: no reserve space, and no backward.
     num_layers, num_units, input_size : int, optional
@@ -158,6 +137,20 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
                                              ("input_size", input_size)) if value is not None}
     if sizes:
         kernels.problem(input, input_h, input_c, params, {**attrs, **sizes}, is_training)
-    return apply(input, input_h, input_c if lstm else None, [params],
-                 lengths_list(sequence_lengths), seed_value(seed, seed2), attrs, None,
-                 bool(is_training))
+    lengths, seed = lengths_tensor(sequence_lengths), seed_tensor(seed, seed2)
+    if not _draws_masks(input_h, attrs, is_training):
+        seed = None  # no CPU tensor for a seed nothing uses (CUDA graphs can take the call)
+    return apply(input, input_h, input_c if lstm else None, [params], lengths, seed, attrs,
+                 None, bool(is_training))
+
+
+def _draws_masks(input_h, attrs, is_training):
+    """Whether a forward draws dropout masks: in training, with dropout, between layers
+    (so with more than one: input_h's L·D above D). A malformed input_h counts as drawing
+    them (the op then names what is wrong)."""
+    if not (is_training and attrs["dropout"] > 0):
+        return False
+    if not isinstance(input_h, torch.Tensor) or input_h.dim() != 3:
+        return True
+    layers_dirs = input_h.shape[0 if attrs["time_major"] else 1]
+    return layers_dirs > (2 if attrs["direction"] == "bidirectional" else 1)

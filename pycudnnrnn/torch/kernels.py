@@ -96,9 +96,15 @@ def reserve_nbytes(problem, like: torch.Tensor):
         return plan.buffer_nbytes(problem, _plan_device(like))[0]
 
 
-def split_seed(seed: int) -> dict:
-    """The op's 64-bit seed as the API's ``seed`` (high 32 bits) and ``seed2`` (low)."""
-    value = int(seed) & 0xFFFFFFFFFFFFFFFF
+def seed_int(seed) -> int:
+    """The op's seed (a 0-d int64 tensor, or None: seed 0) as a Python int."""
+    return 0 if seed is None else int(seed)
+
+
+def split_seed(seed) -> dict:
+    """The op's 64-bit seed (a 0-d int64 tensor, or None: seed 0) as the API's ``seed``
+    (high 32 bits) and ``seed2`` (low)."""
+    value = seed_int(seed) & 0xFFFFFFFFFFFFFFFF
     return dict(seed=value >> 32, seed2=value & 0xFFFFFFFF)
 
 
@@ -272,7 +278,7 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
                                    for t in (input, input_h, input_c, params)),
            None if lengths is None else lengths.tolist(), sorted(attributes.items()),
            gpu.get_allow_tf32())
-    return _module_plans.get(device, int(seed), key, build)
+    return _module_plans.get(device, seed_int(seed), key, build)
 
 
 def _plan_device(tensor):

@@ -27,7 +27,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .. import layout
 from ..checks import make_config
 from . import flat_weights
-from .functional import InputTypeError, InputValueError, check_devices, lengths_list
+from .functional import InputTypeError, InputValueError, check_devices, lengths_tensor
 from .ops import autocast_dtype
 from .base import SeededRNN
 
@@ -220,7 +220,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
             hx = None if hx is None else _map_states(hx, _unbatched_state)
         time_major = not (self.batch_first and batched)
         batch = input.shape[1] if time_major else input.shape[0]
-        output, h_n, c_n = self._call(input, hx, batch, lengths_list(sequence_lengths),
+        output, h_n, c_n = self._call(input, hx, batch, lengths_tensor(sequence_lengths),
                                       time_major, batched)
         if not batched:
             output, h_n = output.squeeze(1), h_n.squeeze(1)
@@ -229,8 +229,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
 
     def _forward_packed(self, packed, hx):
         padded, lengths = pad_packed_sequence(packed)  # time-major, the caller's batch order
-        output, h_n, c_n = self._call(padded, hx, padded.shape[1], lengths.tolist(), True,
-                                      True)
+        output, h_n, c_n = self._call(padded, hx, padded.shape[1], lengths, True, True)
         # Pack in the input's own order, so that its sorted/unsorted indices stay valid.
         order = packed.sorted_indices
         if order is not None:

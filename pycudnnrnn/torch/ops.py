@@ -7,14 +7,19 @@ rule and, for the forwards, an autocast rule; ``pycudnnrnn.torch.autograd`` give
 forwards their autograd formulas. ``forward_weights`` and ``backprop_weights`` take
 torch.nn's list of weights (the drop-in modules' parameters) in place of ``params``.
 
-Arguments are the functional API's, with two changes: the dropout seed is one 64-bit
-int (``seed`` and ``seed2`` combined), and ``sequence_lengths`` an optional list of ints.
-Both are host values, not tensors: a CPU tensor among a CUDA graph's inputs makes
-Inductor's CUDA-graph trees skip the graph, and a CUDA one would be read back with a
-sync. Lengths steer cuDNN's descriptors, so a graph holds for the lengths it was traced
-with (Dynamo guards on them, or traces them as symbols). Outputs are always fresh tensors
-(never views of the inputs); the reserve space's size depends on shapes and attributes
-alone (``kernels.reserve_nbytes``).
+Arguments are the functional API's, with two changes for tracing: the dropout seed is
+an optional 0-d int64 tensor holding the combined 64-bit seed (None means seed 0: what
+the modules and ``pycudnnrnn.torch.rnn`` pass when no dropout mask is drawn; otherwise
+they pass a CPU tensor), and
+``sequence_lengths`` an optional integer tensor. As tensors, a fresh seed per step and new
+lengths are graph inputs: plain ``torch.compile`` traces them without recompiling (a
+Python int or list would be baked into the graph, or guarded on). Under
+``mode="reduce-overhead"``, CUDA graphs engage when no sequence_lengths are given and no
+dropout mask is drawn; lengths and a dropout seed are host tensors (cuDNN's descriptors
+and dropout state need host values, and a captured graph would hold the lengths it was
+captured with), so Inductor's CUDA-graph trees skip graphs with them. Outputs are always
+fresh tensors (never views of the inputs); the reserve space's size depends on shapes
+and attributes alone, never on the lengths (``kernels.reserve_nbytes``).
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ _LIB = "pycudnnrnn"
 
 @torch.library.custom_op(f"{_LIB}::forward", mutates_args=())
 def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: Tensor,
-            sequence_lengths: Optional[list[int]], seed: int, rnn_mode: str, input_mode: str,
-            direction: str, dropout: float, num_proj: int, time_major: bool,
+            sequence_lengths: Optional[Tensor], seed: Optional[Tensor], rnn_mode: str,
+            input_mode: str, direction: str, dropout: float, num_proj: int, time_major: bool,
             is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.forward``: (output, output_h, output_c, reserve_space)."""
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
@@ -54,7 +59,8 @@ def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: T
 @forward.register_fake
 def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_mode, input_mode,
                   direction, dropout, num_proj, time_major, is_training):
-    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params)
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
+                 sequence_lengths=sequence_lengths, seed=seed)
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
     problem = kernels.problem(input, input_h, input_c, params, attrs, is_training)
     return _forward_results(problem, input, input_h, input_c)
@@ -63,7 +69,7 @@ def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_m
 @torch.library.custom_op(f"{_LIB}::forward_weights", mutates_args=())
 def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
                     weights: list[Tensor], has_biases: bool,
-                    sequence_lengths: Optional[list[int]], seed: int, rnn_mode: str,
+                    sequence_lengths: Optional[Tensor], seed: Optional[Tensor], rnn_mode: str,
                     direction: str, dropout: float, num_proj: int,
                     time_major: bool, is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``forward`` with torch.nn's weights (``_flat_weights`` order) for ``params``.
@@ -81,8 +87,8 @@ def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
 @forward_weights.register_fake
 def _forward_weights_fake(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
                           rnn_mode, direction, dropout, num_proj, time_major, is_training):
-    _refuse_meta(input=input, input_h=input_h, input_c=input_c,
-                 **{f"weights[{k}]": w for k, w in enumerate(weights)})
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, sequence_lengths=sequence_lengths,
+                 seed=seed, **{f"weights[{k}]": w for k, w in enumerate(weights)})
     attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
     problem, _ = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
                                               attrs, is_training)
@@ -121,11 +127,11 @@ def _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_trai
 
 @torch.library.custom_op(f"{_LIB}::backprop", mutates_args=())
 def backprop(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: Tensor,
-             sequence_lengths: Optional[list[int]], seed: int, output: Tensor, output_h: Tensor,
-             output_c: Tensor, output_backprop: Tensor, output_h_backprop: Tensor,
-             output_c_backprop: Tensor, reserve_space: Tensor, rnn_mode: str, input_mode: str,
-             direction: str, dropout: float, num_proj: int, time_major: bool,
-             gradients: str, trust_reserve: bool = False
+             sequence_lengths: Optional[Tensor], seed: Optional[Tensor], output: Tensor,
+             output_h: Tensor, output_c: Tensor, output_backprop: Tensor,
+             output_h_backprop: Tensor, output_c_backprop: Tensor, reserve_space: Tensor,
+             rnn_mode: str, input_mode: str, direction: str, dropout: float, num_proj: int,
+             time_major: bool, gradients: str, trust_reserve: bool = False
              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.backprop``; the gradients `gradients` leaves out are empty ``(0,)``.
 
@@ -145,7 +151,8 @@ def _backprop_fake(input, input_h, input_c, params, sequence_lengths, seed, outp
                    output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                    rnn_mode, input_mode, direction, dropout, num_proj, time_major, gradients,
                    trust_reserve=False):
-    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params, output=output,
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
+                 sequence_lengths=sequence_lengths, seed=seed, output=output,
                  output_backprop=output_backprop, reserve_space=reserve_space)
     return _backprop_results(input, input_h, input_c, params.shape, rnn_mode, gradients)
 
@@ -153,7 +160,7 @@ def _backprop_fake(input, input_h, input_c, params, sequence_lengths, seed, outp
 @torch.library.custom_op(f"{_LIB}::backprop_weights", mutates_args=())
 def backprop_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
                      weights: list[Tensor], has_biases: bool,
-                     sequence_lengths: Optional[list[int]], seed: int, output: Tensor,
+                     sequence_lengths: Optional[Tensor], seed: Optional[Tensor], output: Tensor,
                      output_h: Tensor, output_c: Tensor,
                      output_backprop: Tensor, output_h_backprop: Tensor,
                      output_c_backprop: Tensor, reserve_space: Tensor, rnn_mode: str,
@@ -174,9 +181,9 @@ def _backprop_weights_fake(input, input_h, input_c, weights, has_biases, sequenc
                            output, output_h, output_c, output_backprop, output_h_backprop,
                            output_c_backprop, reserve_space, rnn_mode, direction, dropout,
                            num_proj, time_major, gradients, trust_reserve=False):
-    _refuse_meta(input=input, input_h=input_h, input_c=input_c, output=output,
-                 output_backprop=output_backprop, reserve_space=reserve_space,
-                 **{f"weights[{k}]": w for k, w in enumerate(weights)})
+    _refuse_meta(input=input, input_h=input_h, input_c=input_c, sequence_lengths=sequence_lengths,
+                 seed=seed, output=output, output_backprop=output_backprop,
+                 reserve_space=reserve_space, **{f"weights[{k}]": w for k, w in enumerate(weights)})
     attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
     problem, _ = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
                                               attrs, True)

@@ -23,6 +23,7 @@ CuPy's current stream: no host↔device copy, no sync, no size query. Per run:
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import numpy as np
@@ -140,6 +141,11 @@ class Executor:
         copy of the reserve space backprop hands cuDNN."""
         return self._copy_offset + self.reserve_bytes if self.problem.is_training \
             else self.work_bytes
+
+    @property
+    def forward_workspace_nbytes(self) -> int:
+        """Bytes of the workspace forward takes: cuDNN's alone (the copy is backprop's)."""
+        return self.work_bytes
 
     @property
     def _copy_offset(self) -> int:
@@ -260,22 +266,27 @@ class Executor:
 
     # ------------------------------------------------------------------ the passes
     def forward(self, input, input_h, input_c, params, out=(None,) * 4, workspace=None,
-                restart_dropout=False):
+                restart_dropout=False, dropout_key=None):
         """Forward on CuPy arrays of the problem's shapes; see ``pycudnnrnn.forward``.
 
         With `restart_dropout`, the seed's dropout states are put back as the seed made
         them first, so the masks depend on the seed alone (the XLA path: XLA may run a
         forward again and expects the same results); else they continue from the last
-        training forward (TensorFlow's kernel).
+        training forward (TensorFlow's kernel). A `dropout_key` names this forward: run
+        again with the same key, it draws the same masks (``DropoutStates.replaying``;
+        ignored while the stream captures a graph, whose replays run no host code).
         """
         stream = self._enter()
         try:
+            if dropout_key is not None and stream.is_capturing():
+                dropout_key = None
             return self._forward(input, input_h, input_c, params, out, workspace,
-                                 restart_dropout)
+                                 restart_dropout, dropout_key)
         finally:
             self._leave(stream)
 
-    def _forward(self, input, input_h, input_c, params, out, workspace, restart_dropout):
+    def _forward(self, input, input_h, input_c, params, out, workspace, restart_dropout,
+                 dropout_key):
         cp, problem = self.cupy, self.problem
         c = problem.config
         lstm, width = c.is_lstm, c.num_dirs * c.state_size
@@ -301,13 +312,17 @@ class Executor:
         states = getattr(self.rnn.dropout, "states", None)
         if restart_dropout and training and states is not None:
             states.restart()
-        rnn.forward(handle, self.rnn, training=training, dev_lengths=self.dev_lengths.data.ptr,
-                    x_desc=self.x_desc, x=x.data.ptr, y_desc=self.y_desc, y=y.data.ptr,
-                    h_desc=self.h_desc, hx=hx.data.ptr, hy=hy.data.ptr, c_desc=self.c_desc,
-                    cx=_ptr(cx), cy=_ptr(cy), weight_bytes=self.weight_bytes,
-                    weights=weights.data.ptr, work_bytes=self.work_bytes, work=work.data.ptr,
-                    reserve_bytes=self.reserve_bytes if training else 0,
-                    reserve=reserve.data.ptr + _HEADER if training and self.reserve_bytes else 0)
+        keyed = dropout_key is not None and training and states is not None
+        with states.replaying(dropout_key) if keyed else contextlib.nullcontext():
+            rnn.forward(handle, self.rnn, training=training,
+                        dev_lengths=self.dev_lengths.data.ptr, x_desc=self.x_desc,
+                        x=x.data.ptr, y_desc=self.y_desc, y=y.data.ptr, h_desc=self.h_desc,
+                        hx=hx.data.ptr, hy=hy.data.ptr, c_desc=self.c_desc, cx=_ptr(cx),
+                        cy=_ptr(cy), weight_bytes=self.weight_bytes, weights=weights.data.ptr,
+                        work_bytes=self.work_bytes, work=work.data.ptr,
+                        reserve_bytes=self.reserve_bytes if training else 0,
+                        reserve=reserve.data.ptr + _HEADER if training and self.reserve_bytes
+                        else 0)
         return (self._data_out(y, out_y, width), self._state_out(hy, out_h, input_h),
                 self._state_out(cy, out_c, input_c) if lstm else self.empty, reserve)
 

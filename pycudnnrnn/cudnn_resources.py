@@ -13,14 +13,21 @@
   ``DROPOUT_SEEDS_KEPT`` seeds per device (a loop over seeds keeps the most recent
   ones); a plan the caller holds keeps its own seed's states alive as long as it lives.
   Each seed's states are kept twice: as they advance, and as the seed made them (so a
-  forward can draw the seed's first masks again, as XLA's recomputations need).
+  forward can draw the seed's first masks again, as XLA's recomputations need); and,
+  for forwards run under a key (``DropoutStates.replaying``), as they were before each
+  of the last ``DROPOUT_REPLAYS_KEPT`` keys (so a forward run again with its key draws
+  its masks again, as PyTorch's recomputations need).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import threading
+import warnings
 import weakref
 
+from . import gpu
 from .cudnn import rnn
 from .cudnn.descriptors import (DropoutDescriptor, Handle, RNNDataDescriptor, RNNDescriptor,
                                 TensorDescriptor)
@@ -28,6 +35,9 @@ from .lru import LRU
 
 #: Seeds whose dropout states the caches keep per device (each ~6 MiB on current GPUs).
 DROPOUT_SEEDS_KEPT = 4
+#: Keyed forwards per seed whose starting states are kept, to be drawn again (~6 MiB each).
+DROPOUT_REPLAYS_KEPT = 4
+_FORGOTTEN_KEYS = 1024  # keys whose starting states were dropped: a cheap record, to warn
 
 _rnn_descriptors = LRU(64)                           # (device, config, dtype, tf32), no dropout
 _dropout_rnn_descriptors = LRU(DROPOUT_SEEDS_KEPT)   # the same, with dropout
@@ -52,11 +62,60 @@ class DropoutStates:
     def __init__(self, buffer, seed: int, device: int | None = None):
         self.buffer, self.seed, self.device = buffer, seed, device
         self.initial = None
+        self._starts = collections.OrderedDict()     # key → the states before its forward
+        self._forgotten = collections.OrderedDict()  # keys whose starts were dropped
         LIVE_DROPOUT_STATES.add(self)
 
     def restart(self):
         """Put the states back as the seed made them (a device copy, current stream)."""
         self.buffer[...] = self.initial
+
+    @contextlib.contextmanager
+    def replaying(self, key):
+        """Run one training forward as the forward named `key` (hashable).
+
+        A new key keeps the states as they are (a device copy) under it, and the forward
+        continues them: fresh masks. A kept key (the forward run again: a recomputation)
+        starts the forward from the states kept under it, so it draws the same masks,
+        and puts the states back afterwards, so that later forwards draw masks of their
+        own. The last ``DROPOUT_REPLAYS_KEPT`` keys are kept (their copies are reused, not
+        freed); an older one draws new masks, with a warning. Device copies on the
+        current stream, in order with the forward; the kept copies come from CuPy's own
+        pool, as they outlive the call (a framework's allocator may be a CUDA graph's).
+        """
+        start = self._starts.get(key)
+        if start is None:
+            if len(self._starts) >= DROPOUT_REPLAYS_KEPT:
+                old, start = self._starts.popitem(last=False)
+                self._forget(old)
+                start[...] = self.buffer
+            else:
+                cupy = gpu.cupy()
+                with cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc):
+                    start = self.buffer.copy()
+            self._starts[key] = start
+            if key in self._forgotten:
+                warnings.warn(
+                    f"pycudnnrnn: a training forward with dropout ran again under the key of "
+                    f"a forward more than {DROPOUT_REPLAYS_KEPT} keyed forwards of its seed "
+                    f"ago, whose dropout states are no longer kept: it draws new masks, not "
+                    f"that forward's (a recomputation then pairs them with the first run's "
+                    f"results); recompute sooner, or raise pycudnnrnn.cudnn_resources."
+                    f"DROPOUT_REPLAYS_KEPT", RuntimeWarning, stacklevel=3)
+            yield
+            return
+        self._starts.move_to_end(key)
+        current = self.buffer.copy()
+        self.buffer[...] = start
+        try:
+            yield
+        finally:
+            self.buffer[...] = current
+
+    def _forget(self, key):
+        self._forgotten[key] = None
+        while len(self._forgotten) > _FORGOTTEN_KEYS:
+            self._forgotten.popitem(last=False)
 
 
 def _live_states(device: int, seed: int):

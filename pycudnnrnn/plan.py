@@ -58,16 +58,18 @@ class RNNPlan:
     For framework adapters (a PyTorch custom op, a JAX FFI call), the sizes are known at
     plan time: ``input_shape``, ``state_shapes``, ``output_shape``, ``output_h_shape``,
     ``output_c_shape`` (``(0,)`` unless LSTM), ``params_size``, ``reserve_nbytes`` (0 in
-    inference) and ``workspace_nbytes``. A framework can allocate every buffer through its
-    own allocator and pass them in: ``out=(output, output_h, output_c, reserve_space)`` to
+    inference), ``workspace_nbytes`` and ``forward_workspace_nbytes`` (forward's part of
+    it: backprop's copy of the reserve space is not forward's). A framework can allocate
+    every buffer through its own allocator and pass them in: ``out=(output, output_h, output_c, reserve_space)`` to
     ``forward`` and ``out=(input_backprop, input_h_backprop, input_c_backprop,
     params_backprop)`` to ``backprop`` (any entry may be None, and one for a result
     that does not exist, output_c of other cells or an inference reserve_space, is
     ignored; given ones must be C-contiguous, of the result's shape and dtype,
     reserve_space uint8 of ``reserve_nbytes``), and ``workspace=`` a uint8 buffer of at
-    least ``workspace_nbytes``. The results are then those buffers; other temporaries
-    come from CuPy's current allocator (``cupy.cuda.using_allocator`` for a framework's).
-    On the GPU a run works on CuPy's current stream (``with cupy.cuda.ExternalStream(ptr):`` for a
+    least ``workspace_nbytes`` (``forward_workspace_nbytes`` for ``forward``). The results
+    are then those buffers; other temporaries come from CuPy's current allocator
+    (``cupy.cuda.using_allocator`` for a framework's). On the GPU a run works on CuPy's
+    current stream (``with cupy.cuda.ExternalStream(ptr):`` for a
     framework's stream) and makes no host↔device copy, no sync and no size query; from
     its second call on it can be captured in a CUDA graph (``pycudnnrnn.graphs``).
     """
@@ -114,6 +116,7 @@ class RNNPlan:
         self.params_size = layout.params_size(c)
         self.reserve_nbytes = self._executor.reserve_nbytes
         self.workspace_nbytes = self._executor.workspace_nbytes
+        self.forward_workspace_nbytes = self._executor.forward_workspace_nbytes
         uint8, lstm, training = np.dtype(np.uint8), c.is_lstm, problem.is_training
         self._results_of = {  # (name, shape or None where there is no such result, dtype)
             "forward": [("output", self.output_shape, self.dtype),
@@ -158,16 +161,17 @@ class RNNPlan:
 
     # ------------------------------------------------------------------ runs
     def forward(self, input, input_h, input_c, params, out=None, workspace=None,
-                return_results=True, check_overlaps=True):
+                return_results=True, check_overlaps=True, dropout_key=None):
         """Run forward; returns ``ForwardResult(output, output_h, output_c, reserve_space)``.
 
         `return_results=False` (for a caller whose `out` buffers are the results) returns
         None, without exporting the results to the inputs' library (a DLPack round trip
         each). `check_overlaps=False` is for an adapter whose allocator has just made the
-        `out` and `workspace` buffers (see ``run_forward``)."""
+        `out` and `workspace` buffers; `dropout_key` names the forward (see
+        ``run_forward``)."""
         arrays = self._adopt(dict(input=input, input_h=input_h, input_c=input_c, params=params))
         results = self.run_forward(arrays, out=out, workspace=workspace,
-                                   check_overlaps=check_overlaps)
+                                   check_overlaps=check_overlaps, dropout_key=dropout_key)
         given = out[3] if out is not None and len(out) == 4 else None
         if given is not None and given is not results[3] and self.device_index is not None \
                 and self.problem.is_training:
@@ -203,29 +207,34 @@ class RNNPlan:
             return tuple(None if r is None else True for r in results)
         return BackpropResult(*results_like(input, self._xp, results))
 
-    def trust_reserve(self, reserve_space):
+    def trust_reserve(self, reserve_space, pointer=None):
         """Note that `reserve_space` (a backend array) holds this plan's forward's reserve
         space, for a framework that ties the two by construction (XLA's custom_vjp): its
         backprop then reads no header back from the GPU. The note lasts as long as the
-        array object does."""
+        array object does. `pointer`: the address of its first byte, for a framework's
+        buffer (larger than ``reserve_nbytes``, of which forward was given the start)."""
         if self.device_index is not None and self.problem.is_training:
-            reserve_header.remember(reserve_space, reserve_space.data.ptr,
-                                    self._executor.head)
+            reserve_header.remember(reserve_space, reserve_space.data.ptr if pointer is None
+                                    else pointer, self._executor.head)
 
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan",
-                    check_overlaps=False, restart_dropout=False):
+                    check_overlaps=False, restart_dropout=False, dropout_key=None):
         """forward on backend arrays (NumPy or CuPy on the plan's device), by name.
 
         `check_overlaps` refuses `out` and `workspace` buffers that share memory with each
         other or an input; adapters whose allocator has just made them leave it off (it
         costs a pass over every array per call). `restart_dropout`: on the GPU, draw the
         seed's first masks again rather than continue cuDNN's dropout state (the CPU's
-        masks depend on the seed alone anyway).
+        masks depend on the seed alone anyway). `dropout_key` (hashable): on the GPU, a
+        forward run again with the key of one of the seed's last
+        ``cudnn_resources.DROPOUT_REPLAYS_KEPT`` keyed forwards draws that forward's
+        masks (a framework's recomputation), and leaves the state as it was; a new key
+        continues the state.
         """
         lstm = self.problem.config.is_lstm
         checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
         out = self._outputs(out, self._results_of["forward"])
-        workspace = self._workspace(workspace)
+        workspace = self._workspace(workspace, self.forward_workspace_nbytes)
         if check_overlaps:
             _refuse_overlaps(self._results_of["forward"], out, workspace, arrays)
         if self._bits:
@@ -235,7 +244,8 @@ class RNNPlan:
                                              input_c=arrays["input_c"] if lstm else None,
                                              params=arrays["params"], out=out,
                                              workspace=workspace,
-                                             restart_dropout=restart_dropout)
+                                             restart_dropout=restart_dropout,
+                                             dropout_key=dropout_key)
         return self._as_bfloat16(results) if self._bits else results
 
     def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan",
@@ -322,18 +332,19 @@ class RNNPlan:
             checked.append(dtypes.storage(buffer) if self._bits else buffer)
         return tuple(checked)
 
-    def _workspace(self, workspace):
+    def _workspace(self, workspace, nbytes=None):
+        """The caller's workspace, checked: at least `nbytes` (``workspace_nbytes``)."""
         if workspace is None:
             return None
+        nbytes = self.workspace_nbytes if nbytes is None else nbytes
         workspace = self._adopt({"workspace": workspace})["workspace"]
         if workspace.dtype != np.uint8:
             raise TypeError(f"workspace: expected dtype uint8, got {workspace.dtype}")
-        if workspace.ndim != 1 or workspace.shape[0] < self.workspace_nbytes or \
+        if workspace.ndim != 1 or workspace.shape[0] < nbytes or \
                 not workspace.flags.c_contiguous or \
                 not getattr(workspace.flags, "writeable", True):
             raise ValueError(f"workspace: expected a writable, contiguous 1-D uint8 buffer of "
-                             f"at least {self.workspace_nbytes} bytes, got shape "
-                             f"{tuple(workspace.shape)}")
+                             f"at least {nbytes} bytes, got shape {tuple(workspace.shape)}")
         return workspace
 
     def _on_device(self):
@@ -388,14 +399,14 @@ class _NumpyExecutor:
         memory.ensure_available(numpy_backend.plan_nbytes(problem), "a plan")
         self.batch = numpy_backend._Batch(problem)
         self.reserve_nbytes = numpy_backend.reserve_nbytes(problem) if problem.is_training else 0
-        self.workspace_nbytes = 0
+        self.workspace_nbytes = self.forward_workspace_nbytes = 0
         # Estimated once; each run compares them with the memory available then.
         self.forward_nbytes = numpy_backend.forward_nbytes(problem)
         self.backprop_nbytes = numpy_backend.backprop_nbytes(problem) \
             if problem.is_training else 0
 
     def forward(self, input, input_h, input_c, params, out, workspace=None,
-                restart_dropout=False):
+                restart_dropout=False, dropout_key=None):
         memory.ensure_available(self.forward_nbytes, "forward")
         results = numpy_backend.forward(self.problem, input=input, input_h=input_h,
                                         input_c=input_c, params=params, batch=self.batch)

@@ -633,6 +633,10 @@ class FakeCupy(types.ModuleType):
                 (ctypes.c_char * size).from_address(ptr),
             MemoryPointer=_memory_pointer)
 
+    @staticmethod
+    def get_default_memory_pool():
+        return _DEVICE_POOL[0]
+
     def empty(self, shape, dtype=np.float32):
         # Poison, as garbage on a GPU: NaN for floats, so a read of unwritten memory shows.
         self._refuse_bfloat16(dtype)

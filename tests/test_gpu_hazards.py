@@ -232,6 +232,33 @@ def test_a_recomputed_xla_forward_draws_the_same_dropout_masks(xla_stand_in):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_keyed_forward_run_again_draws_its_masks_and_leaves_the_state(device):
+    """A framework's recomputation (torch.utils.checkpoint) runs a forward again: given
+    its key, it draws that forward's masks, and later forwards draw what they would
+    have drawn without it; a key too old to replay warns."""
+    from pycudnnrnn import cudnn_resources
+    case = make_case("lstm", num_layers=2, num_units=8, dropout=0.5, dtype=np.float32)
+    args = _put_all(device, case)
+
+    def outputs(p, keys):
+        return [device.get(p.forward(*args, dropout_key=k)[0]) for k in keys]
+
+    p = _plan_of(case, seed=7)
+    a, b, again, c = outputs(p, ["a", "b", "a", "c"])
+    np.testing.assert_array_equal(again, a)
+    assert not np.array_equal(a, b)
+    del p
+    gc.collect()
+    plans.clear_caches()  # the seed's states are made again: the same sequence of masks
+    p = _plan_of(case, seed=7)
+    reference = outputs(p, ["a", "b", "c"])
+    for got, want in zip((a, b, c), reference):
+        np.testing.assert_array_equal(got, want)
+    outputs(p, range(cudnn_resources.DROPOUT_REPLAYS_KEPT))
+    with pytest.warns(RuntimeWarning, match="no longer kept"):
+        outputs(p, ["a"])
+
+
 # ----------------------------------------------------------------- 8: smaller ones
 
 def _plan_of(case, **overrides):
@@ -528,35 +555,119 @@ def test_gpu_ragged_batch_major_bfloat16_with_an_empty_row_through_pytorch():
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile_reduce_overhead_trains_three_steps():
-    """Hazard 8: three training steps under torch.compile(mode="reduce-overhead"); the
-    number of CUDA-graph skips (and their reasons, in the log) goes to the report."""
+@pytest.mark.parametrize("config", ["plain", "dropout", "lengths"])
+def test_gpu_torch_compile_reduce_overhead_trains_three_steps(config):
+    """Hazard 8: three training steps under torch.compile(mode="reduce-overhead").
+
+    "plain" (no sequence_lengths, no dropout: the call holds no CPU tensor, the seed is
+    None): CUDA-graph trees skipped the graph (a CPU seed tensor among its inputs, the
+    reserve's size learnt at run time); now none is skipped ("skipping cudagraphs" in
+    their log, or a skip counted) and no pycudnnrnn op is left out of a graph partition.
+    "dropout" and "lengths" (lengths with an empty row): the seed and the lengths are
+    host tensors cuDNN needs on the host, so the trees may skip graphs or leave the op
+    out of them; the steps must still train and equal eager ones (the same masks: each
+    step starts from the same generator state, which names the dropout forward, and a
+    second forward under that name replays its masks). What the log said goes to the
+    report."""
+    import logging
     torch = _torch_cuda()
+    from torch._dynamo.utils import counters
     from pycudnnrnn.torch import CudnnRNN
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect(logging.DEBUG)
     try:
-        torch._logging.set_logs(perf_hints=True)  # where inductor says why it skips graphs
+        torch._logging.set_logs(cudagraphs=True, perf_hints=True)  # skips and partitions
     except Exception:  # noqa: BLE001: an older logging API; the counters still tell
         pass
+    logging.getLogger("torch").addHandler(handler)
+    counters.clear()
+    torch._dynamo.reset()
     torch.manual_seed(0)
-    model = CudnnRNN(8, 16, 2, rnn_mode="lstm").cuda()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    dropout = 0.3 if config == "dropout" else 0.0
+    # One seed for both modules: they share its cuDNN dropout state, so a compiled
+    # forward under an eager one's name replays that one's masks.
+    models = [CudnnRNN(8, 16, 2, rnn_mode="lstm", dropout=dropout, seed=11).cuda()
+              for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
     x = torch.randn(6, 4, 8, device="cuda")
+    lengths = torch.tensor([6, 4, 0, 5]) if config == "lengths" else None
 
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        out = model(x)[0]
-        loss = out.square().mean()
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+    def make_step(model):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
-    compiled = torch.compile(step, mode="reduce-overhead")
-    before = model.params.detach().clone()
-    losses = [float(compiled()) for _ in range(3)]
-    from torch._dynamo.utils import counters
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            out = model(x, sequence_lengths=lengths)[0]
+            loss = out.square().mean()
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+        return step
+
+    eager, compiled = make_step(models[0]), torch.compile(make_step(models[1]),
+                                                          mode="reduce-overhead")
+    before = models[1].params.detach().clone()
+    eager_losses, losses = [], []
+    try:
+        for k in range(3):
+            torch.manual_seed(100 + k)
+            eager_losses.append(float(eager()))
+            torch.manual_seed(100 + k)
+            losses.append(float(compiled()))
+    finally:
+        logging.getLogger("torch").removeHandler(handler)
+        try:
+            torch._logging.set_logs()
+        except Exception:  # noqa: BLE001
+            pass
     skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
-    print(f"torch.compile reduce-overhead: losses {losses}, cudagraph_skips {skips}")
-    assert all(np.isfinite(losses)) and not torch.equal(before, model.params.detach())
+    said = [m for m in messages if "skipping cudagraphs" in m or
+            ("reason=" in m and "pycudnnrnn" in m)]
+    print(f"torch.compile reduce-overhead ({config}): losses {losses}, eager {eager_losses}, "
+          f"cudagraph_skips {skips}, what the log said: {said or 'nothing'}")
+    assert all(np.isfinite(losses)) and not torch.equal(before, models[1].params.detach())
+    assert len(set(losses)) == 3  # trained (and with dropout, fresh masks each step)
+    np.testing.assert_allclose(losses, eager_losses, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(models[1].params, models[0].params, rtol=1e-4, atol=1e-5)
+    if config == "plain":  # no host tensor in the call: CUDA graphs must engage
+        assert skips == 0 and not said, said
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_gpu_torch_checkpoint_at_dropout_equals_plain(reentrant):
+    """Hazard 3 through PyTorch: torch.utils.checkpoint runs a module's forward again in
+    backward; cuDNN's dropout state had advanced, so the recomputed forward drew new
+    masks and backprop paired them with the first forward's loss. Each forward is named
+    by PyTorch's CUDA generator state, which checkpoint restores: the gradients equal a
+    plain run's from the same generator state."""
+    torch = _torch_cuda()
+    from torch.utils.checkpoint import checkpoint
+    import pycudnnrnn.torch as prt
+    torch.manual_seed(0)
+    model = prt.LSTM(6, 8, 2, dropout=0.5, device="cuda", dtype=torch.float64)
+    x = torch.randn(5, 3, 6, device="cuda", dtype=torch.float64, requires_grad=True)
+    inputs = [x, *model.parameters()]
+
+    def loss_and_grads(run):
+        for t in inputs:
+            t.grad = None
+        torch.manual_seed(3)
+        loss = run(x).square().sum()
+        loss.backward()
+        return (loss.detach(), *(t.grad for t in inputs))
+
+    plain = loss_and_grads(lambda x: model(x)[0])
+    checkpointed = loss_and_grads(
+        lambda x: checkpoint(lambda x: model(x)[0], x, use_reentrant=reentrant))
+    for got, want in zip(checkpointed, plain):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert not torch.equal(model(x)[0], model(x)[0])  # fresh masks each call
 
 
 def test_an_unknown_reserve_space_under_capture_is_a_clear_error(fake_gpu):

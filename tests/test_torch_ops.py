@@ -56,8 +56,52 @@ def test_fake_gives_the_real_shapes_and_reserve_size(mode, is_training):
     assert (real[3].numel() > 0) == is_training
 
 
-def test_on_cuda_the_fake_leaves_the_reserve_size_to_the_device():
-    """cuDNN's reserve size needs the GPU and the lengths: a size known only at run time."""
+def test_the_ops_take_an_optional_seed_tensor_and_none_without_dropout():
+    """Seed and lengths are tensors (graph inputs: plain torch.compile takes new values
+    without recompiling); the seed is optional, and a call that draws no dropout mask
+    passes None, so that without lengths the call holds no CPU tensor at all (CUDA-graph
+    trees skip graphs with one)."""
+    for name in ("forward", "forward_weights", "backprop", "backprop_weights"):
+        schema = getattr(torch.ops.pycudnnrnn, name).default._schema
+        types = {a.name: str(a.type) for a in schema.arguments}
+        assert (types["seed"], types["sequence_lengths"]) == ("Optional[Tensor]",
+                                                              "Optional[Tensor]"), name
+    seen = []
+    forward_weights = prt.autograd.forward_weights
+    forward = prt.autograd.forward
+
+    def record(op):
+        return lambda *args: seen.append(args) or op(*args)
+
+    x = torch.randn(T, B, I)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prt.autograd, "forward_weights", record(forward_weights))
+        patch.setattr(prt.autograd, "forward", record(forward))
+        patch.setattr(torch.compiler, "is_compiling", lambda: True)  # the op's own door
+        torch.manual_seed(0)
+        prt.LSTM(I, H, num_layers=2)(x)  # training, no dropout
+        prt.LSTM(I, H, num_layers=2, dropout=0.5).eval()(x)  # eval: no mask
+        prt.LSTM(I, H, dropout=0.0)(x)
+        prt.CudnnRNN(I, H, 1, rnn_mode="gru", dropout=0.5)(x)  # one layer: no mask
+        args = _op_args("gru", dropout=0.5, lengths=None)
+        prt.rnn(*args[:4], rnn_mode="gru", direction="bidirectional", dropout=0.5,
+                is_training=False, time_major=False)
+        assert len(seen) == 5
+        for call in seen:  # no tensor but the data and weights (args 0-3)
+            assert not [a for a in call[4:] if isinstance(a, torch.Tensor)], call[4:]
+            assert (call[5:7] if isinstance(call[3], list) else call[4:6]) == (None, None)
+        seen.clear()
+        prt.LSTM(I, H, num_layers=2, dropout=0.5)(x)  # a mask: a fresh CPU seed tensor
+        prt.rnn(*args[:4], rnn_mode="gru", direction="bidirectional", dropout=0.5,
+                seed=3, time_major=False)
+        for call in seen:
+            seed = call[6] if isinstance(call[3], list) else call[5]
+            assert seed.shape == () and seed.dtype == torch.int64 and seed.device.type == "cpu"
+
+
+def test_without_a_gpu_to_ask_the_cuda_fake_leaves_the_reserve_size_to_run_time():
+    """Tracing for CUDA on a PyTorch without CUDA (torch.export, say): cuDNN's reserve
+    size needs the GPU, so it is a size known only at run time."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     args = _op_args("lstm", num_proj=2)
@@ -162,6 +206,50 @@ def test_ragged_batches_compile_through_sequence_lengths_and_equal_packing():
     out_ref = pad_packed_sequence(out_ref, batch_first=True, total_length=T)[0]
     torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(h_n, h_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_plain_compile_takes_fresh_seeds_and_new_lengths_in_one_graph():
+    """Default torch.compile (inductor, fullgraph=False): a seed or lengths given to the
+    ops as host values (an int, a list) made Dynamo break the graph (``.item()``,
+    ``.tolist()``) and compile again for new values. As tensors they are graph inputs:
+    a training step with dropout, called four times, and a module called with five sets
+    of lengths each make one graph, with no break."""
+    from torch._dynamo.utils import counters
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    def compiled_once(fn, calls):
+        torch._dynamo.reset()
+        counters.clear()
+        with inductor_config.patch(fx_graph_cache=False), \
+                functorch_config.patch(enable_autograd_cache=False):
+            results = [fn(*args) for args in calls]
+        assert dict(counters["graph_break"]) == {}
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        return results
+
+    torch.manual_seed(0)
+    model = prt.LSTM(I, H, num_layers=2, dropout=0.5)
+    model.train()
+    x = torch.randn(T, B, I)
+    loss = torch.compile(lambda x: model(x)[0].square().sum())
+
+    def step(x):
+        model.zero_grad(set_to_none=True)
+        value = loss(x)
+        value.backward()
+        return value.item(), model.weight_ih_l1.grad.clone()
+
+    steps = compiled_once(step, [(x,)] * 4)
+    assert len({value for value, _ in steps}) == 4  # a fresh mask each step
+    assert all(grad.abs().sum() > 0 for _, grad in steps)
+
+    model = prt.LSTM(I, H)
+    forward = torch.compile(lambda x, lengths: model(x, sequence_lengths=lengths)[0])
+    lengths = [[5, 3, 1], [2, 2, 2], [5, 0, 4], [1, 5, 5], [3, 4, 0]]
+    outputs = compiled_once(forward, [(x, torch.tensor(n)) for n in lengths])
+    for n, out in zip(lengths, outputs):
+        torch.testing.assert_close(out, model(x, sequence_lengths=torch.tensor(n))[0])
 
 
 def test_compile_fullgraph_inductor_equals_eager_and_draws_reproducible_masks():
@@ -622,15 +710,25 @@ def test_obscure_argument_errors_are_clear():
 
 @pytest.fixture
 def torch_on_stand_in(fake_gpu, monkeypatch):
-    """CPU tensors taken as tensors on the stand-in GPU by kernels' planned path (no CUDA
-    tensors exist without CUDA): plans are built for device 0 and the stand-in's DLPack
-    import adopts the tensors' memory (the stand-in's device memory is host memory)."""
+    """CPU tensors taken as tensors on the stand-in GPU by kernels' planned path and the
+    ops (no CUDA tensors exist without CUDA): plans are built for device 0 and the
+    stand-in's DLPack import adopts the tensors' memory (the stand-in's device memory is
+    host memory). A plan's run finishes its queued work before it returns: PyTorch frees
+    a CPU tensor (the workspace, a temporary) at once, not in a stream's order as its
+    CUDA allocator does."""
     import fake_cuda
     import numpy as np
 
     from pycudnnrnn import plan
     from pycudnnrnn.torch import kernels
     monkeypatch.setattr(kernels, "_plan_device", lambda tensor: 0)
+    monkeypatch.setattr(kernels, "on_gpu", lambda tensor: True)
+    for name in ("forward", "backprop"):
+        def drained(*args, _run=getattr(plan.RNNPlan, name), **kwargs):
+            results = _run(*args, **kwargs)
+            fake_cuda.synchronize_all()
+            return results
+        monkeypatch.setattr(plan.RNNPlan, name, drained)
     kind = plan.device_kind
     monkeypatch.setattr(plan, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
         a, torch.Tensor) else kind(name, a, strict))
@@ -652,8 +750,8 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
     return imports
 
 
-def _stand_in_call(mode="lstm"):
-    x, h, c, params, lengths, seed, *attrs = _op_args(mode, dropout=0.0)
+def _stand_in_call(mode="lstm", dropout=0.0):
+    x, h, c, params, lengths, seed, *attrs = _op_args(mode, dropout=dropout)
     x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
     names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
     return x, h, c, params, lengths.numpy(), seed, dict(zip(names, attrs[:6]))
@@ -773,3 +871,150 @@ def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_st
     got = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed,
                                    attrs, "all", True)
     assert all(g is not None for g in got)
+
+
+def test_the_fake_reserve_size_on_cuda_is_static_and_the_kernels(torch_on_stand_in,
+                                                                 monkeypatch):
+    """The fake sized cuDNN's reserve space as data-dependent (an unbacked size, which
+    CUDA graphs refuse). It is now the size every row takes, asked of cuDNN at trace
+    time, and the kernel allocates that, also for lengths that leave a row out (the plan
+    uses its start, whose header is still known without a read-back)."""
+    import contextlib
+
+    import fake_cuda
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from pycudnnrnn.torch import kernels
+    x, h, c, params, lengths, seed, attrs = _stand_in_call(dropout=0.5)
+    real = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    run = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
+    assert real[3].numel() > run.reserve_nbytes  # the empty row leaves cuDNN's part short
+    grads = [torch.randn_like(t) for t in real[:3]]
+    fake_cuda.reset_counts()
+    kernels.planned_backprop(x, h, c, params, *real[:3], *grads, real[3], lengths, seed,
+                             attrs, "all", False)  # untrusted, yet known: no read-back
+    assert fake_cuda.COUNTS["device_to_host"] == 0
+    monkeypatch.setattr(kernels, "_on_device", lambda t: contextlib.nullcontext())  # no CUDA
+    monkeypatch.setattr(kernels, "on_gpu", lambda t: t.device.type == "cuda")
+    args = _op_args("lstm", dropout=0.5)
+    with FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True):
+        on_cuda = [torch.empty(a.shape, dtype=a.dtype, device="cuda:0")
+                   if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                   for a in args]
+        reserve = torch.ops.pycudnnrnn.forward(*on_cuda)[3]
+    assert type(reserve.shape[0]) is int and reserve.shape[0] == real[3].numel()
+
+
+@pytest.mark.parametrize("dropout,lengths", [(0.0, None), (0.5, [5, 0, 2])],
+                         ids=["no-dropout-no-lengths", "dropout-and-lengths"])
+def test_a_cuda_training_step_traces_with_cpu_tensors_only_for_seed_and_lengths(
+        fake_gpu, monkeypatch, dropout, lengths):
+    """Stand-in GPU, fake CUDA tensors: a module's training forward, then the backprop
+    its autograd formula calls, trace with no unbacked size (the reserve's size learnt
+    at run time made CUDA-graph trees skip the graph). Without dropout and lengths the
+    graph holds CUDA tensors alone (seed None), what the trees need to take it; with
+    them, the seed and the lengths are its only CPU tensors (host values cuDNN needs).
+    Autograd itself is not traced: its Function wants a CUDA device guard, which this
+    PyTorch has not."""
+    import contextlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+    from torch.utils._pytree import tree_leaves
+    from pycudnnrnn.torch import kernels
+    monkeypatch.setattr(kernels, "_on_device", lambda t: contextlib.nullcontext())  # no CUDA
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # compile's door: the op
+    model = prt.CudnnRNN(I, H, 2, rnn_mode="lstm", dropout=dropout, device="meta")
+    seen = []  # the forward op's arguments, as the module gave them
+    forward = torch.ops.pycudnnrnn.forward
+    monkeypatch.setattr(prt.autograd, "forward", lambda *args: seen.append(args) or forward(*args))
+
+    def step(x, params, *lengths):
+        out, h_n, c_n = torch.func.functional_call(
+            model, {"params": params}, (x,), {"sequence_lengths": lengths[0] if lengths else None})
+        (x, h0, c0, params, lengths, seed, *attrs, is_training), = seen
+        assert is_training
+        results = forward(x, h0, c0, params, lengths, seed, *attrs, is_training)
+        grads = [torch.ones_like(t) for t in results[:3]]
+        return torch.ops.pycudnnrnn.backprop(x, h0, c0, params, lengths, seed, *results[:3],
+                                             *grads, results[3], *attrs, "all", True)
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        x = torch.randn(T, B, I, device="cuda:0")
+        params = torch.randn(model.params.shape, device="cuda:0")
+        given = () if lengths is None else (torch.tensor(lengths),)
+        graph = make_fx(step)(x, params, *given)
+    (_, _, _, _, seen_lengths, seed, *_), = seen
+    if dropout:
+        assert seen_lengths.device.type == "cpu" and seed.device.type == "cpu"
+    else:
+        assert (seen_lengths, seed) == (None, None)
+    ops = [n for n in graph.graph.nodes if "pycudnnrnn" in str(n.target)]
+    assert sorted({str(n.target) for n in ops}) == ["pycudnnrnn.backprop.default",
+                                                     "pycudnnrnn.forward.default"]
+    host = {a for n in ops for a in n.args[4:6] if a is not None}  # lengths and seed nodes
+    assert len(host) == (2 if dropout else 0)
+    for node in list(host):  # and what they are made from (the seed's constant)
+        host.update(node.all_input_nodes)
+    for node in graph.graph.nodes:
+        for value in tree_leaves(node.meta.get("val")):
+            if isinstance(value, torch.Tensor) and node not in host:
+                assert value.device.type == "cuda", (node.format_node(), value.device)
+            assert not free_unbacked_symbols(value), node.format_node()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_recomputes_the_forward_with_its_dropout_masks(torch_on_stand_in,
+                                                                  reentrant):
+    """Stand-in GPU, whose dropout state advances: torch.utils.checkpoint runs a
+    module's forward again in backward, which drew new masks and paired them with the
+    first forward's loss. Each forward is named by PyTorch's generator state, which
+    checkpoint restores: the recomputed forward draws the first one's masks, so the
+    gradients equal a plain run's from the same generator state."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    model = prt.LSTM(I, H, 2, dropout=0.5, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *model.parameters()]
+
+    def loss_and_grads(run):
+        for t in inputs:
+            t.grad = None
+        torch.manual_seed(3)
+        loss = run(x).square().sum()
+        loss.backward()  # not autograd.grad: reentrant checkpoint refuses it
+        return (loss.detach(), *(t.grad for t in inputs))
+
+    plain = loss_and_grads(lambda x: model(x)[0])
+    checkpointed = loss_and_grads(
+        lambda x: checkpoint(lambda x: model(x)[0], x, use_reentrant=reentrant))
+    for got, want in zip(checkpointed, plain):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert not torch.equal(model(x)[0], model(x)[0])  # still fresh masks each call
+    model.dropout = 0.0
+    torch.manual_seed(3)
+    assert model(x)[0].square().sum() != plain[0]  # dropout did act
+
+
+def test_the_forward_allocates_no_room_for_backprops_reserve_copy(torch_on_stand_in,
+                                                                  monkeypatch):
+    """Stand-in GPU: forward took a training workspace sized for backprop too (cuDNN's
+    workspace plus room for the copy of the reserve space backprop hands cuDNN). It now
+    takes cuDNN's forward workspace only: PyTorch allocates outputs, reserve and that."""
+    from pycudnnrnn.torch import kernels
+    allocated = []
+    empty = kernels._empty
+
+    def counted(shape, like, dtype=None):
+        tensor = empty(shape, like, dtype)
+        allocated.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    monkeypatch.setattr(kernels, "_empty", counted)
+    x, h, c, params, lengths, seed, attrs = _stand_in_call()
+    run = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
+    results = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    assert 0 < run.forward_workspace_nbytes < run.workspace_nbytes
+    assert sum(allocated) == sum(r.numel() * r.element_size() for r in results) + \
+        run.forward_workspace_nbytes

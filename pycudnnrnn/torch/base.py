@@ -19,7 +19,10 @@ generator, so each step has a fresh mask and ``torch.manual_seed`` reproduces a 
 CUDA each module keeps one seed (drawn from PyTorch's generator when it is built, or
 given): cuDNN keeps one dropout state per (device, seed), initialises it once and
 advances it at every training call, as PyTorch's own RNNs do, instead of re-seeding
-(6 MiB of state and a slow initialisation) per step.
+(6 MiB of state and a slow initialisation) per step. Either way a forward run again from
+the same PyTorch generator state (``torch.utils.checkpoint``'s recomputation) draws the
+same masks: on the CPU the seed comes from the generator, on CUDA the op names each
+forward by the generator's state (``kernels.dropout_key``).
 """
 
 from __future__ import annotations
@@ -89,9 +92,12 @@ class SeededRNN:
                          attrs, has_biases, self.training or grad)
 
     def _seed(self, input, dropout):
+        """The op's seed: a 0-d int64 CPU tensor (a graph input: a fresh one per step does
+        not recompile), or None when no mask is drawn (eval mode, one layer, no dropout):
+        then the call holds no CPU tensor for the seed, and CUDA graphs can take it."""
         if dropout == 0:
-            return torch.zeros((), dtype=torch.int64)
-        if input.device.type == "cpu":  # a fresh mask per step, from PyTorch's generator
+            return None
+        if not kernels.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
             return _draw_seed()
         return torch.tensor(self.gpu_seed, dtype=torch.int64)  # cuDNN advances its state
 

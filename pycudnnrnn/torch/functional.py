@@ -107,7 +107,8 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     seed, seed2 : int
         The dropout seed, as for ``pycudnnrnn.forward``; or `seed` a 0-d int64 tensor
         holding the combined 64-bit seed (what the modules pass: a traced graph then
-        takes a new seed per call without recompiling).
+        takes a new seed per call without recompiling). The op is given no seed (None)
+        when no mask is drawn: not training, no dropout, or one layer.
     is_training : bool
         False runs inference: no reserve space, and no backward.
     num_layers, num_units, input_size : int, optional
@@ -136,6 +137,20 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
                                              ("input_size", input_size)) if value is not None}
     if sizes:
         kernels.problem(input, input_h, input_c, params, {**attrs, **sizes}, is_training)
-    return apply(input, input_h, input_c if lstm else None, [params],
-                 lengths_tensor(sequence_lengths), seed_tensor(seed, seed2), attrs, None,
-                 bool(is_training))
+    lengths, seed = lengths_tensor(sequence_lengths), seed_tensor(seed, seed2)
+    if not _draws_masks(input_h, attrs, is_training):
+        seed = None  # no CPU tensor for a seed nothing uses (CUDA graphs can take the call)
+    return apply(input, input_h, input_c if lstm else None, [params], lengths, seed, attrs,
+                 None, bool(is_training))
+
+
+def _draws_masks(input_h, attrs, is_training):
+    """Whether a forward draws dropout masks: in training, with dropout, between layers
+    (so with more than one: input_h's L·D above D). A malformed input_h counts as drawing
+    them (the op then names what is wrong)."""
+    if not (is_training and attrs["dropout"] > 0):
+        return False
+    if not isinstance(input_h, torch.Tensor) or input_h.dim() != 3:
+        return True
+    layers_dirs = input_h.shape[0 if attrs["time_major"] else 1]
+    return layers_dirs > (2 if attrs["direction"] == "bidirectional" else 1)

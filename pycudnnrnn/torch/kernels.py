@@ -3,20 +3,24 @@
 The ops in ``pycudnnrnn.torch.ops`` know nothing of backends; they call the functions
 here. ``run_forward`` and ``run_backprop`` take real tensors and return fresh ones;
 ``reserve_nbytes`` answers, without running anything, how large the reserve space of a
-call will be on a device type (``None`` when only the device can tell).
+call will be: a function of shapes and attributes alone, never of the lengths.
 
 * CPU tensors go through the functional API (its results are already new arrays, which
   PyTorch adopts through DLPack without a copy).
 * CUDA tensors run on an ``RNNPlan`` (from the functional API's plan cache) into buffers
-  PyTorch allocates: outputs, reserve space and workspace come from PyTorch's caching
-  allocator, and the plan runs on PyTorch's current stream, with anything CuPy allocates
-  on the way also taken from PyTorch's allocator. So ``torch.cuda.memory`` statistics and
-  CUDA graph pools see every buffer, and a run makes no host↔device copy.
+  PyTorch allocates: outputs, reserve space and forward's workspace come from PyTorch's
+  caching allocator, and the plan runs on PyTorch's current stream, with anything CuPy
+  allocates on the way also taken from PyTorch's allocator. So ``torch.cuda.memory``
+  statistics and CUDA graph pools see every buffer, and a run makes no host↔device copy.
+  Each training forward with dropout is named by a key from PyTorch's CUDA generator
+  (``dropout_key``), so that a forward run again from the same generator state (as
+  ``torch.utils.checkpoint`` recomputes) draws the same masks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 
 import numpy as np
@@ -62,8 +66,8 @@ def _shapes(input, input_h, input_c, params, attrs):
 def problem(input, input_h, input_c, params, attrs, is_training):
     """The validated ``Problem`` of a forward call, from shapes and dtypes alone.
 
-    Works on fake tensors (it reads no data, and no sequence lengths: nothing the sizes
-    depend on), and raises the functional API's own errors. `params` may be a tensor
+    Works on fake tensors (it reads no data, and no sequence lengths: no size depends
+    on them), and raises the functional API's own errors. `params` may be a tensor
     or anything with ``shape``, ``ndim`` and a NumPy ``dtype`` (see
     ``flat_weights.weights_problem``).
     """
@@ -72,24 +76,62 @@ def problem(input, input_h, input_c, params, attrs, is_training):
                                 is_training=is_training, **attrs)
 
 
-def reserve_nbytes(problem, device: torch.device):
-    """Bytes of the reserve space forward returns for `problem` on `device`'s type.
+def reserve_nbytes(problem, like: torch.Tensor):
+    """Bytes of the reserve space forward returns for `problem` (without lengths) on the
+    device of tensor `like`: the same whatever the lengths, so that the ops' fakes give
+    it and a compiled graph has no size learnt at run time (CUDA graphs take none).
 
-    Returns None when the size cannot be known without the device and the sequence
-    lengths: cuDNN's size comes from descriptors built on the GPU for the sequences that
-    run (the caller then declares it data-dependent).
+    On CUDA it is cuDNN's size when every row runs, the most any lengths need (a plan
+    for lengths with empty rows uses its start), asked of cuDNN on the device (raising
+    ``CudnnUnavailableError`` without one). Returns None when time or batch are
+    symbolic (a dynamic-shape trace): cuDNN tells sizes for numbers only.
     """
     if not problem.is_training:
         return 0
-    if device.type == "cpu":
+    if not on_gpu(like):
         return numpy_backend.reserve_nbytes(problem)
-    return None
+    if not all(isinstance(n, int) for n in (problem.max_time, problem.batch_size)):
+        return None
+    with _on_device(like), _library_memory(like):  # a plan may be built: see there
+        return plan.buffer_nbytes(problem, _plan_device(like))[0]
 
 
-def split_seed(seed: torch.Tensor) -> dict:
-    """A 0-d int64 seed tensor as the API's ``seed`` (high 32 bits) and ``seed2`` (low)."""
-    value = int(seed) & 0xFFFFFFFFFFFFFFFF
+def seed_int(seed) -> int:
+    """The op's seed (a 0-d int64 tensor, or None: seed 0) as a Python int."""
+    return 0 if seed is None else int(seed)
+
+
+def split_seed(seed) -> dict:
+    """The op's 64-bit seed (a 0-d int64 tensor, or None: seed 0) as the API's ``seed``
+    (high 32 bits) and ``seed2`` (low)."""
+    value = seed_int(seed) & 0xFFFFFFFFFFFFFFFF
     return dict(seed=value >> 32, seed2=value & 0xFFFFFFFF)
+
+
+def on_gpu(tensor) -> bool:
+    """Whether the ops run `tensor` on cuDNN (a plan on a CUDA device)."""
+    return tensor.device.type == "cuda"
+
+
+def dropout_key(tensor):
+    """This training forward's name for its masks: PyTorch's generator state on the
+    device of `tensor`, which is then advanced, as a random op advances it.
+
+    A forward run again from a restored generator state (``torch.utils.checkpoint``
+    restores it before recomputing; so do ``torch.random.fork_rng`` and
+    ``torch.cuda.manual_seed``) gets the same key, and so its masks. None while the
+    stream captures a CUDA graph: the generator may not be read then.
+    """
+    if tensor.device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        generator = torch.cuda.default_generators[_cuda_index(tensor)]
+        offset = generator.get_offset()
+        generator.set_offset(offset + 4)  # philox offsets step by 4
+        return generator.initial_seed(), offset
+    # The stand-in GPU's tests run CPU tensors on plans: a draw from the CPU's generator,
+    # which torch.utils.checkpoint restores as it does CUDA's.
+    return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))
 
 
 # --------------------------------------------------------------------------- the runs
@@ -98,7 +140,7 @@ def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, 
     """``pycudnnrnn.forward`` on tensors; returns (output, output_h, output_c, reserve)."""
     input, input_h, input_c, params = _detached(input, input_h, input_c, params)
     lengths = host_lengths(sequence_lengths)
-    if input.device.type == "cpu":
+    if not on_gpu(input):
         return api.forward(input, input_h, input_c, params, lengths, **split_seed(seed),
                            **attrs, is_training=is_training)
     with _on_device(input):
@@ -118,7 +160,7 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
     arrays = _detached(input, input_h, input_c, params, output, output_h, output_c,
                        output_backprop, output_h_backprop, output_c_backprop)
     lengths = host_lengths(sequence_lengths)
-    if input.device.type == "cpu":
+    if not on_gpu(input):
         return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
                             **split_seed(seed), **attrs, gradients=gradients)
     with _on_device(input):
@@ -180,17 +222,23 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
     """Forward on a cached ``RNNPlan``, into buffers PyTorch allocates (any device)."""
     run = _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training)
     lstm = attrs["rnn_mode"] == "lstm"
+    reserve = _empty((_reserve_nbytes(run, input),), input, torch.uint8) if is_training \
+        else None
     out = (_empty(run.output_shape, input), _empty(run.output_h_shape, input),
-           _empty(run.output_c_shape, input) if lstm else None,
-           _empty((run.reserve_nbytes,), input, torch.uint8) if is_training else None)
-    # The plan remembers the reserve tensor's identity by the tensor itself, so backward
-    # reads no header back from the GPU.
+           _empty(run.output_c_shape, input) if lstm else None, _used(reserve, run))
+    key = dropout_key(input) if is_training and attrs["dropout"] > 0 else None
     # Each tensor crosses DLPack once, into the plan; the results are `out` already, so
     # they are not exported back (return_results=False).
-    run.forward(input, input_h, input_c, params, out=out, workspace=_workspace(run, input),
-                return_results=False, check_overlaps=False)  # fresh buffers: no overlap
+    run.forward(input, input_h, input_c, params, out=out,
+                workspace=_workspace(run.forward_workspace_nbytes, input),
+                return_results=False, check_overlaps=False,  # fresh buffers: no overlap
+                dropout_key=key)
+    if is_training and out[3] is not reserve:
+        # The plan noted the header by the view it was given, which dies now: note it by
+        # the tensor, so that backward reads none back from the GPU.
+        run.trust_reserve(reserve, reserve.data_ptr())
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
-            out[3] if is_training else input.new_empty((0,), dtype=torch.uint8))
+            reserve if is_training else input.new_empty((0,), dtype=torch.uint8))
 
 
 def planned_backprop(input, input_h, input_c, params, output, output_h, output_c,
@@ -205,8 +253,9 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
            _empty(run.output_c_shape, input) if data and lstm else None,
            _empty((run.params_size,), input) if weights else None)
     grads = run.backprop(input, input_h, input_c, params, output, output_h, output_c,
-                         output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                         out=out, workspace=_workspace(run, input), gradients=gradients,
+                         output_backprop, output_h_backprop, output_c_backprop,
+                         _used(reserve_space, run), out=out,
+                         workspace=_workspace(run.workspace_nbytes, input), gradients=gradients,
                          trust_reserve=trust_reserve, return_results=False,
                          check_overlaps=False)
     # Ours where computed; an empty tensor for the c gradient of other cells.
@@ -219,8 +268,9 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
     attributes = dict(attrs, **split_seed(seed), is_training=is_training)
 
     def build():
-        return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths,
-                             attributes, device)
+        with _library_memory(input):
+            return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths,
+                                 attributes, device)
 
     if device is None or not (is_training and attrs["dropout"] > 0):
         return build()
@@ -228,21 +278,40 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
                                    for t in (input, input_h, input_c, params)),
            None if lengths is None else lengths.tolist(), sorted(attributes.items()),
            gpu.get_allow_tf32())
-    return _module_plans.get(device, int(seed), key, build)
+    return _module_plans.get(device, seed_int(seed), key, build)
 
 
 def _plan_device(tensor):
     """The device index a plan for `tensor` is built on; None on the CPU."""
-    return None if tensor.device.type == "cpu" else _cuda_index(tensor)
+    return _cuda_index(tensor) if on_gpu(tensor) else None
 
 
 def _empty(shape, like, dtype=None):
     return torch.empty(tuple(shape), dtype=dtype or like.dtype, device=like.device)
 
 
-def _workspace(run, like):
-    nbytes = run.workspace_nbytes
+def _workspace(nbytes, like):
     return _empty((nbytes,), like, torch.uint8) if nbytes else None
+
+
+def _reserve_nbytes(run, like):
+    """The reserve tensor's size for `run`: the ops' fakes' (``reserve_nbytes``)."""
+    if run.problem.lengths is None:
+        return run.reserve_nbytes  # the plan is the one every row runs on
+    nbytes = reserve_nbytes(dataclasses.replace(run.problem, lengths=None), like)
+    if nbytes < run.reserve_nbytes:  # not expected of cuDNN: say so
+        raise RuntimeError(f"pycudnnrnn: the plan for these sequence lengths needs a "
+                           f"{run.reserve_nbytes}-byte reserve space, more than the "
+                           f"{nbytes} bytes of every row running, the size the ops allocate")
+    return nbytes
+
+
+def _used(reserve, run):
+    """The start of reserve tensor `reserve` that `run` uses (all of it, unless lengths
+    leave rows out), or None."""
+    if reserve is None or reserve.numel() == run.reserve_nbytes:
+        return reserve
+    return reserve[:run.reserve_nbytes]
 
 
 def _cuda_index(tensor) -> int:
@@ -264,6 +333,17 @@ def _on_device(tensor):
     with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device), \
             cupy.cuda.using_allocator(allocator.malloc):
         yield
+
+
+def _library_memory(tensor):
+    """CuPy's own pool, inside ``_on_device``, for what outlives the call (a plan's
+    buffers, its dropout states): PyTorch's allocator may be a CUDA graph's private pool
+    then (CUDA-graph trees warm up in theirs), which must hold only what the graph's
+    outputs hold."""
+    if tensor.device.type != "cuda":
+        return contextlib.nullcontext()
+    cupy = gpu.cupy()
+    return cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc)
 
 
 _allocators: dict = {}  # (device, stream handle) → CuPy allocator on PyTorch's

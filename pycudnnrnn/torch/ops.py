@@ -7,10 +7,19 @@ rule and, for the forwards, an autocast rule; ``pycudnnrnn.torch.autograd`` give
 forwards their autograd formulas. ``forward_weights`` and ``backprop_weights`` take
 torch.nn's list of weights (the drop-in modules' parameters) in place of ``params``.
 
-Arguments are the functional API's, with two changes for tracing: the dropout seed is a
-0-d int64 tensor (a Python int would be baked into a compiled graph, so a fresh seed per
-step would recompile), and ``sequence_lengths`` is an optional integer tensor.
-Outputs are always fresh tensors (never views of the inputs).
+Arguments are the functional API's, with two changes for tracing: the dropout seed is
+an optional 0-d int64 tensor holding the combined 64-bit seed (None means seed 0: what
+the modules and ``pycudnnrnn.torch.rnn`` pass when no dropout mask is drawn; otherwise
+they pass a CPU tensor), and
+``sequence_lengths`` an optional integer tensor. As tensors, a fresh seed per step and new
+lengths are graph inputs: plain ``torch.compile`` traces them without recompiling (a
+Python int or list would be baked into the graph, or guarded on). Under
+``mode="reduce-overhead"``, CUDA graphs engage when no sequence_lengths are given and no
+dropout mask is drawn; lengths and a dropout seed are host tensors (cuDNN's descriptors
+and dropout state need host values, and a captured graph would hold the lengths it was
+captured with), so Inductor's CUDA-graph trees skip graphs with them. Outputs are always
+fresh tensors (never views of the inputs); the reserve space's size depends on shapes
+and attributes alone, never on the lengths (``kernels.reserve_nbytes``).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import torch
 import torch._dynamo  # noqa: F401  (see below)
 from torch import Tensor
 
-from .. import layout
+from .. import errors, layout
 from . import flat_weights, kernels
 
 _LIB = "pycudnnrnn"
@@ -37,8 +46,8 @@ _LIB = "pycudnnrnn"
 
 @torch.library.custom_op(f"{_LIB}::forward", mutates_args=())
 def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: Tensor,
-            sequence_lengths: Optional[Tensor], seed: Tensor, rnn_mode: str, input_mode: str,
-            direction: str, dropout: float, num_proj: int, time_major: bool,
+            sequence_lengths: Optional[Tensor], seed: Optional[Tensor], rnn_mode: str,
+            input_mode: str, direction: str, dropout: float, num_proj: int, time_major: bool,
             is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.forward``: (output, output_h, output_c, reserve_space)."""
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
@@ -59,8 +68,9 @@ def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_m
 
 @torch.library.custom_op(f"{_LIB}::forward_weights", mutates_args=())
 def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
-                    weights: list[Tensor], has_biases: bool, sequence_lengths: Optional[Tensor],
-                    seed: Tensor, rnn_mode: str, direction: str, dropout: float, num_proj: int,
+                    weights: list[Tensor], has_biases: bool,
+                    sequence_lengths: Optional[Tensor], seed: Optional[Tensor], rnn_mode: str,
+                    direction: str, dropout: float, num_proj: int,
                     time_major: bool, is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``forward`` with torch.nn's weights (``_flat_weights`` order) for ``params``.
 
@@ -90,11 +100,22 @@ def _forward_results(problem, input, input_h, input_c):
     c = problem.config
     output = input.new_empty(problem.data_shape(c.num_dirs * c.state_size))
     output_c = input_c.new_empty(input_c.shape) if c.is_lstm else input.new_empty((0,))
-    nbytes = kernels.reserve_nbytes(problem, input.device)
-    if nbytes is None:  # only the device knows (cuDNN): a size the graph learns at run time
+    nbytes = _fake_reserve_nbytes(problem, input)
+    if nbytes is None:  # a size the graph learns at run time (CUDA graphs then leave it out)
         nbytes = torch.library.get_ctx().new_dynamic_size()
     reserve = input.new_empty((nbytes,), dtype=torch.uint8)
     return output, input_h.new_empty(input_h.shape), output_c, reserve
+
+
+def _fake_reserve_nbytes(problem, like):
+    """``kernels.reserve_nbytes``, or None where no GPU can tell it (tracing for CUDA on
+    a machine without one: a PyTorch without CUDA, or no cuDNN)."""
+    try:
+        return kernels.reserve_nbytes(problem, like)
+    except errors.CudnnError:
+        raise
+    except (errors.CudnnUnavailableError, RuntimeError, AssertionError):
+        return None  # AssertionError: "Torch not compiled with CUDA enabled"
 
 
 def _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training):
@@ -106,11 +127,11 @@ def _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_trai
 
 @torch.library.custom_op(f"{_LIB}::backprop", mutates_args=())
 def backprop(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: Tensor,
-             sequence_lengths: Optional[Tensor], seed: Tensor, output: Tensor, output_h: Tensor,
-             output_c: Tensor, output_backprop: Tensor, output_h_backprop: Tensor,
-             output_c_backprop: Tensor, reserve_space: Tensor, rnn_mode: str, input_mode: str,
-             direction: str, dropout: float, num_proj: int, time_major: bool,
-             gradients: str, trust_reserve: bool = False
+             sequence_lengths: Optional[Tensor], seed: Optional[Tensor], output: Tensor,
+             output_h: Tensor, output_c: Tensor, output_backprop: Tensor,
+             output_h_backprop: Tensor, output_c_backprop: Tensor, reserve_space: Tensor,
+             rnn_mode: str, input_mode: str, direction: str, dropout: float, num_proj: int,
+             time_major: bool, gradients: str, trust_reserve: bool = False
              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.backprop``; the gradients `gradients` leaves out are empty ``(0,)``.
 
@@ -138,8 +159,9 @@ def _backprop_fake(input, input_h, input_c, params, sequence_lengths, seed, outp
 
 @torch.library.custom_op(f"{_LIB}::backprop_weights", mutates_args=())
 def backprop_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
-                     weights: list[Tensor], has_biases: bool, sequence_lengths: Optional[Tensor],
-                     seed: Tensor, output: Tensor, output_h: Tensor, output_c: Tensor,
+                     weights: list[Tensor], has_biases: bool,
+                     sequence_lengths: Optional[Tensor], seed: Optional[Tensor], output: Tensor,
+                     output_h: Tensor, output_c: Tensor,
                      output_backprop: Tensor, output_h_backprop: Tensor,
                      output_c_backprop: Tensor, reserve_space: Tensor, rnn_mode: str,
                      direction: str, dropout: float, num_proj: int, time_major: bool,

@@ -100,6 +100,11 @@ class Executor:
             self.valid, self.padding = cp.asarray(steps), cp.asarray(~steps)
         self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
             handle, self.rnn, problem.is_training, self.x_desc)
+        self.calls = rnn.Calls(self.rnn, training=problem.is_training,
+                               dev_lengths=self.dev_lengths.data.ptr, x_desc=self.x_desc,
+                               y_desc=self.y_desc, h_desc=self.h_desc, c_desc=self.c_desc,
+                               weight_bytes=self.weight_bytes, work_bytes=self.work_bytes,
+                               reserve_bytes=self.reserve_bytes)
 
     # ------------------------------------------------------------------ streams
     def _enter(self):
@@ -297,17 +302,14 @@ class Executor:
         cy = self._state_target(out_c, cx) if lstm else None
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
-        handle = cudnn_resources.handle(cp)
-        states = getattr(self.rnn.dropout, "states", None)
-        if restart_dropout and training and states is not None:
-            states.restart()
-        rnn.forward(handle, self.rnn, training=training, dev_lengths=self.dev_lengths.data.ptr,
-                    x_desc=self.x_desc, x=x.data.ptr, y_desc=self.y_desc, y=y.data.ptr,
-                    h_desc=self.h_desc, hx=hx.data.ptr, hy=hy.data.ptr, c_desc=self.c_desc,
-                    cx=_ptr(cx), cy=_ptr(cy), weight_bytes=self.weight_bytes,
-                    weights=weights.data.ptr, work_bytes=self.work_bytes, work=work.data.ptr,
-                    reserve_bytes=self.reserve_bytes if training else 0,
-                    reserve=reserve.data.ptr + _HEADER if training and self.reserve_bytes else 0)
+        handle = cudnn_resources.handle(cp, self.device)
+        if restart_dropout and training:
+            states = getattr(self.rnn.dropout, "states", None)
+            if states is not None:
+                states.restart()
+        self.calls.forward(handle, x.data.ptr, y.data.ptr, hx.data.ptr, hy.data.ptr, _ptr(cx),
+                           _ptr(cy), weights.data.ptr, work.data.ptr,
+                           reserve.data.ptr + _HEADER if training and self.reserve_bytes else 0)
         return (self._data_out(y, out_y, width), self._state_out(hy, out_h, input_h),
                 self._state_out(cy, out_c, input_c) if lstm else self.empty, reserve)
 
@@ -360,22 +362,18 @@ class Executor:
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
         scratch = self._reserve_copy(reserve, workspace)
-        handle = cudnn_resources.handle(cp)
-        common = dict(dev_lengths=self.dev_lengths.data.ptr, weight_bytes=self.weight_bytes,
-                      work_bytes=self.work_bytes, work=work.data.ptr,
-                      reserve_bytes=self.reserve_bytes, reserve=scratch.data.ptr)
-        rnn.backward_data(handle, self.rnn, y_desc=self.y_desc, y=y.data.ptr, dy=dy.data.ptr,
-                          x_desc=self.x_desc, dx=dx.data.ptr, h_desc=self.h_desc,
-                          hx=hx.data.ptr, dhy=dhy.data.ptr, dhx=dhx.data.ptr,
-                          c_desc=self.c_desc, cx=_ptr(cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
-                          weights=weights.data.ptr, **common)
+        handle = cudnn_resources.handle(cp, self.device)
+        work_ptr, scratch_ptr, hx_ptr, y_ptr = (work.data.ptr, scratch.data.ptr, hx.data.ptr,
+                                                y.data.ptr)
+        self.calls.backward_data(handle, y_ptr, dy.data.ptr, dx.data.ptr, hx_ptr, dhy.data.ptr,
+                                 dhx.data.ptr, _ptr(cx), _ptr(dcy), _ptr(dcx),
+                                 weights.data.ptr, work_ptr, scratch_ptr)
         if self.ragged:  # cuDNN does not promise to write dx past each length
             cp.copyto(dx, self.zero, where=self.padding)
         if want_weights:  # only the weight gradients read x
             x = self._data_in(input, zero_padding=True)
-            rnn.backward_weights(handle, self.rnn, x_desc=self.x_desc, x=x.data.ptr,
-                                 h_desc=self.h_desc, hx=hx.data.ptr, y_desc=self.y_desc,
-                                 y=y.data.ptr, dweights=dparams.data.ptr, **common)
+            self.calls.backward_weights(handle, x.data.ptr, hx_ptr, y_ptr, dparams.data.ptr,
+                                        work_ptr, scratch_ptr)
         return (self._data_out(dx, out_dx, c.input_size),
                 self._state_out(dhx, out_dh, output_h_backprop),
                 self._state_out(dcx, out_dc, output_c_backprop) if lstm else self.empty,

@@ -143,8 +143,14 @@ class Handle(Owned):
 
     _create, _destroy = "cudnnCreate", "cudnnDestroy"
 
+    _stream = None  # the stream last set: a run on the same one sets nothing
+
     def set_stream(self, stream_ptr: int):
-        capi.api().cudnnSetStream(self, ctypes.c_void_p(stream_ptr))
+        """Bind the handle to a CUDA stream (``cudnnSetStream``), unless it is bound to it
+        already (cuDNN keeps the value; a handle is one thread's, so nothing else sets it)."""
+        if stream_ptr != self._stream:
+            capi.api().cudnnSetStream(self, ctypes.c_void_p(stream_ptr))
+            self._stream = stream_ptr
 
 
 class TensorDescriptor(Owned):

@@ -55,6 +55,15 @@ class Executor:
         self.weight_bytes = layout.params_size(c) * dtype.itemsize
         self.head = reserve_header.header(problem, MAGIC, self.tf32)
         self.work_bytes = self.reserve_bytes = 0
+        self.reserve_offset = None  # of cuDNN's part in reserve_space, when it has one
+        # Fixed for every run, read there as plain attributes.
+        self.lstm, self.training, self.time_major = c.is_lstm, problem.is_training, \
+            problem.time_major
+        self.width = c.num_dirs * c.state_size  # of y
+        # States go to cuDNN as the caller gave them, and come back as cuDNN made them
+        # (contiguous, [L·D, B, ·]), when every row runs and they are time-major.
+        self.direct_states = self.all_rows and self.time_major
+        self.y_shape = self._run_shape(self.width)
         with cp.cuda.Device(device):
             handle = cudnn_resources.handle(cp)
             self.rnn = cudnn_resources.rnn_descriptor(cp, handle, device, c, dtype, self.tf32)
@@ -100,6 +109,7 @@ class Executor:
             self.valid, self.padding = cp.asarray(steps), cp.asarray(~steps)
         self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
             handle, self.rnn, problem.is_training, self.x_desc)
+        self.reserve_offset = _HEADER if problem.is_training and self.reserve_bytes else None
         self.calls = rnn.Calls(self.rnn, training=problem.is_training,
                                dev_lengths=self.dev_lengths.data.ptr, x_desc=self.x_desc,
                                y_desc=self.y_desc, h_desc=self.h_desc, c_desc=self.c_desc,
@@ -158,13 +168,15 @@ class Executor:
     def _data_in(self, x, zero_padding):
         """Caller's data → the running rows, contiguous, padding zeroed when ragged."""
         if not self.all_rows:
-            x = x[:, self.rows] if self.problem.time_major else x[self.rows]
+            x = x[:, self.rows] if self.time_major else x[self.rows]
         if zero_padding and self.ragged:
             return self.cupy.where(self.valid, x, self.zero)
         return self.cupy.ascontiguousarray(x)
 
     def _state_in(self, s):
-        s = s if self.problem.time_major else s.swapaxes(0, 1)
+        if self.direct_states:
+            return self.cupy.ascontiguousarray(s)
+        s = s if self.time_major else s.swapaxes(0, 1)
         return self.cupy.ascontiguousarray(s if self.all_rows else s[:, self.rows])
 
     def _data_target(self, out, width):
@@ -190,15 +202,15 @@ class Executor:
         return _into(out, full)
 
     def _state_target(self, out, like):
-        if out is not None and self.all_rows and self.problem.time_major:
+        if out is not None and self.direct_states:
             return out
         return self.cupy.empty_like(like)
 
     def _state_out(self, run, out, passthrough):
         """Rows that ran take cuDNN's result; the others keep `passthrough` (caller's layout)."""
-        if run is out:
-            return out
-        tm = self.problem.time_major
+        if run is out or self.direct_states:  # cuDNN wrote into `out`, or a fresh array
+            return run
+        tm = self.time_major
         if self.all_rows:
             full = run if tm else run.swapaxes(0, 1)
         else:  # never into the caller's passthrough array
@@ -281,15 +293,13 @@ class Executor:
             self._leave(stream)
 
     def _forward(self, input, input_h, input_c, params, out, workspace, restart_dropout):
-        cp, problem = self.cupy, self.problem
-        c = problem.config
-        lstm, width = c.is_lstm, c.num_dirs * c.state_size
+        cp, lstm, width = self.cupy, self.lstm, self.width
         out_y, out_h, out_c, out_reserve = out
-        training = problem.is_training
+        training = self.training
         reserve = self._new_reserve(out_reserve) if training else self.no_reserve
         if self.batch == 0:  # every sequence is empty: nothing for cuDNN to do
-            output = out_y if out_y is not None else cp.empty(problem.data_shape(width),
-                                                              self.storage)
+            output = out_y if out_y is not None else cp.empty(
+                self.problem.data_shape(width), self.storage)
             output[...] = 0
             return (output, _into(out_h, input_h, copy=True),
                     _into(out_c, input_c, copy=True) if lstm else self.empty, reserve)
@@ -297,19 +307,23 @@ class Executor:
         x = self._data_in(input, zero_padding=True)
         hx = self._state_in(input_h)
         cx = self._state_in(input_c) if lstm else None
-        y = self._data_target(out_y, width)
+        y = out_y if out_y is not None and self.all_rows else cp.empty(self.y_shape,
+                                                                       self.storage)
         hy = self._state_target(out_h, hx)
         cy = self._state_target(out_c, cx) if lstm else None
         weights = cp.ascontiguousarray(params)
-        work = self._buffer(workspace, self.work_bytes)
+        work = workspace if workspace is not None else cp.empty(max(self.work_bytes, 1),
+                                                                cp.uint8)
         handle = cudnn_resources.handle(cp, self.device)
         if restart_dropout and training:
             states = getattr(self.rnn.dropout, "states", None)
             if states is not None:
                 states.restart()
-        self.calls.forward(handle, x.data.ptr, y.data.ptr, hx.data.ptr, hy.data.ptr, _ptr(cx),
-                           _ptr(cy), weights.data.ptr, work.data.ptr,
-                           reserve.data.ptr + _HEADER if training and self.reserve_bytes else 0)
+        offset = self.reserve_offset
+        self.calls.forward(handle, x.data.ptr, y.data.ptr, hx.data.ptr, hy.data.ptr,
+                           cx.data.ptr if lstm else 0, cy.data.ptr if lstm else 0,
+                           weights.data.ptr, work.data.ptr,
+                           0 if offset is None else reserve.data.ptr + offset)
         return (self._data_out(y, out_y, width), self._state_out(hy, out_h, input_h),
                 self._state_out(cy, out_c, input_c) if lstm else self.empty, reserve)
 

@@ -302,11 +302,12 @@ class RNNPlan:
         reserve_space)."""
         if out is None:  # (run_forward and run_backprop do not ask)
             return _NO_OUT
-        names = ", ".join(name for name, _, _ in results)
-        if not isinstance(out, (tuple, list)):
-            raise TypeError(f"out: expected a tuple of {len(results)} buffers ({names}) or "
-                            f"None, got {type(out).__module__}.{type(out).__qualname__}")
-        if len(out) != len(results):
+        if not isinstance(out, (tuple, list)) or len(out) != len(results):
+            names = ", ".join(name for name, _, _ in results)
+            if not isinstance(out, (tuple, list)):
+                raise TypeError(f"out: expected a tuple of {len(results)} buffers ({names}) "
+                                f"or None, got {type(out).__module__}."
+                                f"{type(out).__qualname__}")
             raise ValueError(f"out: expected {len(results)} buffers ({names}) or None, got "
                              f"{len(out)}")
         checked = []
@@ -314,10 +315,11 @@ class RNNPlan:
             if buffer is None or shape is None:
                 checked.append(None)
                 continue
-            label = f"out {name}"
+            label = "out " + name
             buffer = self._adopt({label: buffer})[label]
-            checks.check_arrays({label: buffer}, [(label, shape, "(the result's)")], dtype,
-                                "the result")
+            if buffer.shape != shape or buffer.dtype != dtype:
+                checks.check_arrays({label: buffer}, [(label, shape, "(the result's)")],
+                                    dtype, "the result")
             if not buffer.flags.c_contiguous:
                 raise ValueError(f"{label}: expected a C-contiguous buffer")
             if not getattr(buffer.flags, "writeable", True):  # a read-only NumPy view, a
@@ -443,7 +445,7 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
     keyed = {name: None if reseed and name in ("seed", "seed2") else value
              for name, value in attributes.items()}
     try:
-        key = (device, arrays["input"].dtype, _shapes(arrays), _lengths_key(lengths),
+        key = (device, arrays["input"].dtype, _shapes(arrays), lengths_key(lengths),
                gpu.get_allow_tf32(), tuple(keyed), tuple(map(type, attributes.values())),
                tuple(keyed.values()))
         hash(key)
@@ -462,6 +464,19 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
         return cached
     return cached._with_seed(checks.dropout_seed(attributes.get("seed", 0),
                                                  attributes.get("seed2", 0)))
+
+
+_adapter_plans = LRU(64)  # the same plans, by a framework adapter's own key
+
+
+def for_adapter(key, build) -> RNNPlan:
+    """The plan a framework adapter remembered under `key`, else ``build()`` (its call
+    of ``for_call``) remembered under it: a key of the framework's own values (a
+    tensor's shape and dtype objects) costs less to make per call than ``for_call``'s.
+    `key` must fix everything ``for_call``'s key does (device, dtype, shapes, lengths,
+    TF32, and every attribute's name, type and value). Bounded, and cleared by
+    ``clear_caches`` like the functional API's plans."""
+    return _adapter_plans.get(key, build)
 
 
 _buffer_sizes = LRU(64)  # two ints each: no plan is kept
@@ -487,7 +502,7 @@ def _shapes(arrays):
     return tuple(None if arrays[n] is None else arrays[n].shape for n in _FORWARD_NAMES)
 
 
-def _lengths_key(lengths):
+def lengths_key(lengths):
     if lengths is None:
         return None
     return (lengths.dtype.str, lengths.shape, lengths.tobytes())
@@ -499,6 +514,7 @@ def clear_caches():
     plan you hold uses them)."""
     _plans.clear()
     _dropout_plans.clear()
+    _adapter_plans.clear()
     _buffer_sizes.clear()
     from . import cudnn_resources
     cudnn_resources.clear_caches()

@@ -30,11 +30,21 @@ tensors posed as tensors on the stand-in (as tests/test_torch_ops.py's
 (torch.empty for its buffers, the plan cache, DLPack imports, the plan's run), without
 ``kernels._on_device`` (torch.cuda's stream and allocator, and CuPy's context for them);
 "dispatched" adds ``torch.ops.pycudnnrnn.forward``'s dispatch in front of it.
+
+The "floor" row times, on the light stand-in, only what a plan's inference forward asks
+of CuPy and cuDNN (the device context, the current stream twice, four contiguity checks,
+four buffers and their pointers, the ctypes call of cudnnRNNForward): "forward plan"
+less it is our own Python.
+
+Times are the thread's CPU time (``time.thread_time``), not wall time: on a shared
+machine wall time also counts the time other processes hold the core (``--wall`` for
+wall time).
 """
 
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -48,6 +58,7 @@ import pycudnnrnn.plan  # noqa: E402
 from gpu_bench import format_rows, interleaved  # noqa: E402
 
 COMPUTE = ("_cudnnRNNForward", "_cudnnRNNBackwardData_v8", "_cudnnRNNBackwardWeights_v8")
+FLOOR = "floor of a plan forward"
 ATTRS = dict(rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
              dropout=0.0, num_proj=0, time_major=True)
 
@@ -65,6 +76,33 @@ def _xla_forward_frame(x, h, c, w):
                np.zeros(max(reserve, 1), np.uint8), np.zeros(max(workspace, 1), np.uint8)]
     frame = FakeCallFrame(host, results, op.attributes(False))
     return frame, xla_ffi.make_handler(targets.cuda_forward)
+
+
+def _floor(cupy, plan, x, h, c, w):
+    """What a plan's inference forward costs on the light stand-in beyond our Python: the
+    CuPy and cuDNN calls it makes, with the same arguments."""
+    from pycudnnrnn.cudnn import capi
+    executor = plan._executor
+    calls, rnn_forward = executor.calls, capi.api().cudnnRNNForward
+    descriptors = [d._handle for d in (executor.rnn, calls.x_desc, calls.y_desc, calls.h_desc,
+                                       calls.c_desc)]
+    handle, lengths = descriptors[0], calls.lengths  # any c_void_p: the call does nothing
+    storage, work_bytes = executor.storage, max(executor.work_bytes, 1)
+
+    def floor():
+        with cupy.cuda.Device(0):
+            cupy.cuda.get_current_stream()
+            for a in (x, h, c, w):
+                cupy.ascontiguousarray(a)
+            y = cupy.empty(executor.y_shape, storage)
+            hy, cy = cupy.empty_like(h), cupy.empty_like(c)
+            work = cupy.empty(work_bytes, cupy.uint8)
+            rd, xd, yd, hd, cd = descriptors
+            rnn_forward(handle, rd, 0, lengths, xd, x.data.ptr, yd, y.data.ptr, hd, h.data.ptr,
+                        hy.data.ptr, cd, c.data.ptr, cy.data.ptr, 0, w.data.ptr, 0,
+                        work.data.ptr, 0, 0)
+            cupy.cuda.get_current_stream()
+    return floor
 
 
 def _torch_forward(monkeypatch, cupy, x, h, c, w):
@@ -116,7 +154,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--full", action="store_true",
                         help="the full stand-in (its emulation included), compute calls no-ops")
+    parser.add_argument("--wall", action="store_true", help="wall time, not CPU time")
     args = parser.parse_args()
+    clock = time.perf_counter if args.wall else time.thread_time
     with pytest.MonkeyPatch.context() as monkeypatch:
         if args.full:
             fake = fake_cuda.install(monkeypatch)
@@ -155,14 +195,22 @@ def main():
         torch_calls = None if args.full else _torch_forward(
             monkeypatch, pycudnnrnn.gpu.cupy(), x, h, c, w)
         calls.update(torch_calls or {})
-        forward = interleaved(calls, args.rounds, 500)
+        if not args.full:
+            calls[FLOOR] = _floor(
+                pycudnnrnn.gpu.cupy(), inference, x, h, c, w)
+        forward = interleaved(calls, args.rounds, 500, clock=clock)
         step = interleaved({"fwd+bwd plan": plan_step, "fwd+bwd functional": functional_step},
-                           args.rounds, 200)
+                           args.rounds, 200, clock=clock)
         pycudnnrnn.plan.clear_caches()  # no stand-in plan outlives the stand-in
     stand_in = "full stand-in GPU (its emulation included)" if args.full else \
         "light stand-in GPU"
-    print(format_rows(f"host us per call on the {stand_in}, LSTM T1 B1 H8 f32, forward "
-                      "(inference)", forward))
+    print(format_rows(f"host us per call ({'wall' if args.wall else 'CPU'} time) on the "
+                      f"{stand_in}, LSTM T1 B1 H8 f32, forward (inference)", forward))
+    floor = forward.get(FLOOR)
+    if floor is not None:
+        ours = forward["forward plan"][0] - floor[0]
+        print(f"  {'our Python in a plan forward':<34} {ours:10.1f} us  (forward plan less "
+              f"the floor, medians)")
     print(format_rows("same, forward + backprop", step))
     if args.full:
         print("(the PyTorch op is timed on the light stand-in only)")

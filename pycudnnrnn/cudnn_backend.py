@@ -52,7 +52,8 @@ class Executor:
         self.all_rows = B == problem.batch_size
         run_lengths = lengths[rows].astype(np.int32)
         self.ragged = bool((run_lengths < T).any())
-        self.weight_bytes = layout.params_size(c) * dtype.itemsize
+        self.params_size = layout.params_size(c)
+        self.weight_bytes = self.params_size * dtype.itemsize
         self.head = reserve_header.header(problem, MAGIC, self.tf32)
         self.work_bytes = self.reserve_bytes = 0
         self.reserve_offset = None  # of cuDNN's part in reserve_space, when it has one
@@ -349,14 +350,12 @@ class Executor:
     def _backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                   output_backprop, output_h_backprop, output_c_backprop, reserve_space, out,
                   workspace, want_weights):
-        cp, problem = self.cupy, self.problem
-        c = problem.config
-        lstm = c.is_lstm
+        cp, lstm, input_size = self.cupy, self.lstm, self.problem.config.input_size
         reserve = self._open_reserve(reserve_space)
         out_dx, out_dh, out_dc, out_dw = out
         dparams = None
         if want_weights:
-            dparams = out_dw if out_dw is not None else cp.empty(layout.params_size(c),
+            dparams = out_dw if out_dw is not None else cp.empty(self.params_size,
                                                                  self.storage)
             dparams[...] = 0  # cuDNN adds the weight gradients
         if self.batch == 0:
@@ -370,7 +369,7 @@ class Executor:
         hx, dhy = self._state_in(input_h), self._state_in(output_h_backprop)
         cx = self._state_in(input_c) if lstm else None
         dcy = self._state_in(output_c_backprop) if lstm else None
-        dx = self._data_target(out_dx, c.input_size)
+        dx = self._data_target(out_dx, input_size)
         dhx = self._state_target(out_dh, hx)
         dcx = self._state_target(out_dc, cx) if lstm else None
         weights = cp.ascontiguousarray(params)
@@ -388,7 +387,7 @@ class Executor:
             x = self._data_in(input, zero_padding=True)
             self.calls.backward_weights(handle, x.data.ptr, hx_ptr, y_ptr, dparams.data.ptr,
                                         work_ptr, scratch_ptr)
-        return (self._data_out(dx, out_dx, c.input_size),
+        return (self._data_out(dx, out_dx, input_size),
                 self._state_out(dhx, out_dh, output_h_backprop),
                 self._state_out(dcx, out_dc, output_c_backprop) if lstm else self.empty,
                 dparams)

@@ -442,8 +442,8 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
     dropout = attributes.get("dropout", 0)
     plain = isinstance(dropout, numbers.Real) and dropout == 0
     reseed = device is None and not plain
-    keyed = {name: None if reseed and name in ("seed", "seed2") else value
-             for name, value in attributes.items()}
+    keyed = attributes if not reseed else {
+        name: None if name in ("seed", "seed2") else value for name, value in attributes.items()}
     try:
         key = (device, arrays["input"].dtype, _shapes(arrays), lengths_key(lengths),
                gpu.get_allow_tf32(), tuple(keyed), tuple(map(type, attributes.values())),

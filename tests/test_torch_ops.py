@@ -773,3 +773,27 @@ def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_st
     got = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed,
                                    attrs, "all", True)
     assert all(g is not None for g in got)
+
+
+def test_the_kernels_find_their_cuda_plan_by_the_tensors_own_key(torch_on_stand_in,
+                                                                 monkeypatch):
+    """A CUDA call's plan comes from the adapters' cache, keyed on the tensors' shapes and
+    dtype: for_call (its key and checks) runs on a miss only, the plans go with
+    clear_caches, and a hit still checks the arrays it runs on."""
+    from pycudnnrnn import plan as plans
+    from pycudnnrnn.torch import kernels
+    built = []
+    for_call = plans.for_call
+    monkeypatch.setattr(plans, "for_call", lambda *a, **k: built.append(1) or for_call(*a, **k))
+    x, h, c, params, lengths, seed, attrs = _stand_in_call()
+    first = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    again = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    assert len(built) == 1
+    torch.testing.assert_close(first[0], again[0])
+    kernels.planned_forward(x, h, c, params, None, seed, attrs, False)  # other lengths
+    assert len(built) == 2
+    with pytest.raises(TypeError, match="params: expected dtype"):  # same key, wrong dtype
+        kernels.planned_forward(x, h, c, params.float(), lengths, seed, attrs, False)
+    plans.clear_caches()
+    kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    assert len(built) == 3

@@ -81,12 +81,15 @@ def _xla_forward_frame(x, h, c, w):
 def _floor(cupy, plan, x, h, c, w):
     """What a plan's inference forward costs on the light stand-in beyond our Python: the
     CuPy and cuDNN calls it makes, with the same arguments."""
+    import ctypes
+
     from pycudnnrnn.cudnn import capi
-    executor = plan._executor
-    calls, rnn_forward = executor.calls, capi.api().cudnnRNNForward
-    descriptors = [d._handle for d in (executor.rnn, calls.x_desc, calls.y_desc, calls.h_desc,
-                                       calls.c_desc)]
-    handle, lengths = descriptors[0], calls.lengths  # any c_void_p: the call does nothing
+    executor, rnn_forward = plan._executor, capi.api().cudnnRNNForward
+    descriptors = [d._handle for d in (executor.rnn, executor.x_desc, executor.y_desc,
+                                       executor.h_desc, executor.c_desc)]
+    handle = descriptors[0]  # any c_void_p: the call does nothing
+    lengths = ctypes.cast(ctypes.c_void_p(executor.dev_lengths.data.ptr),
+                          ctypes.POINTER(ctypes.c_int32))
     storage, work_bytes = executor.storage, max(executor.work_bytes, 1)
 
     def floor():
@@ -94,7 +97,7 @@ def _floor(cupy, plan, x, h, c, w):
             cupy.cuda.get_current_stream()
             for a in (x, h, c, w):
                 cupy.ascontiguousarray(a)
-            y = cupy.empty(executor.y_shape, storage)
+            y = cupy.empty(plan.output_shape, storage)
             hy, cy = cupy.empty_like(h), cupy.empty_like(c)
             work = cupy.empty(work_bytes, cupy.uint8)
             rd, xd, yd, hd, cd = descriptors

@@ -306,12 +306,19 @@ class Executor:
                     _into(out_c, input_c, copy=True) if lstm else self.empty, reserve)
 
         x = self._data_in(input, zero_padding=True)
-        hx = self._state_in(input_h)
-        cx = self._state_in(input_c) if lstm else None
         y = out_y if out_y is not None and self.all_rows else cp.empty(self.y_shape,
                                                                        self.storage)
-        hy = self._state_target(out_h, hx)
-        cy = self._state_target(out_c, cx) if lstm else None
+        direct = self.direct_states  # (the common case, written out: no helper calls)
+        if direct:
+            hx = cp.ascontiguousarray(input_h)
+            hy = out_h if out_h is not None else cp.empty_like(hx)
+            cx = cp.ascontiguousarray(input_c) if lstm else None
+            cy = (out_c if out_c is not None else cp.empty_like(cx)) if lstm else None
+        else:
+            hx = self._state_in(input_h)
+            cx = self._state_in(input_c) if lstm else None
+            hy = self._state_target(out_h, hx)
+            cy = self._state_target(out_c, cx) if lstm else None
         weights = cp.ascontiguousarray(params)
         work = workspace if workspace is not None else cp.empty(max(self.work_bytes, 1),
                                                                 cp.uint8)
@@ -325,6 +332,8 @@ class Executor:
                            cx.data.ptr if lstm else 0, cy.data.ptr if lstm else 0,
                            weights.data.ptr, work.data.ptr,
                            0 if offset is None else reserve.data.ptr + offset)
+        if direct:  # every row ran, time-major: cuDNN's results are the results
+            return y, hy, cy if lstm else self.empty, reserve
         return (self._data_out(y, out_y, width), self._state_out(hy, out_h, input_h),
                 self._state_out(cy, out_c, input_c) if lstm else self.empty, reserve)
 

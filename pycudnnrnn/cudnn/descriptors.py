@@ -89,7 +89,13 @@ def rnn_descriptor_values(config: RNNConfig, dtype, allow_tf32: bool = False) ->
 
 
 class Owned:
-    """A cuDNN handle or descriptor owned by this object."""
+    """A cuDNN handle or descriptor owned by this object.
+
+    ``_handle`` is its ``c_void_p`` (None once closed). ``_as_parameter_`` hands it to
+    ctypes, refusing a closed object; the compute calls of ``rnn.Calls``, made at every
+    run, pass ``_handle`` itself (ctypes takes a ``c_void_p`` fastest), where a closed
+    object's None reaches cuDNN as NULL, which it refuses.
+    """
 
     _create: str
     _destroy: str

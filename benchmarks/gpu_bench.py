@@ -30,18 +30,20 @@ LARGE = [
 BFLOAT16 = [("lstm 2L bi T256 B64 512 bf16", "lstm", 2, True, 256, 64, 512, 512, "bfloat16")]
 
 
-def interleaved(functions: dict, rounds: int, calls: int, sync=lambda: None) -> dict:
+def interleaved(functions: dict, rounds: int, calls: int, sync=lambda: None,
+                clock=time.perf_counter) -> dict:
     """{name: (median, first quartile, third quartile)} of µs per call over `rounds`
-    rounds, each running every function `calls` times in turn (then `sync()`)."""
+    rounds, each running every function `calls` times in turn (then `sync()`), timed by
+    `clock` (wall time by default)."""
     samples = {name: [] for name in functions}
     for _ in range(rounds):
         for name, fn in functions.items():
             sync()
-            start = time.perf_counter()
+            start = clock()
             for _ in range(calls):
                 fn()
             sync()
-            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+            samples[name].append((clock() - start) / calls * 1e6)
     return {name: _spread(values) for name, values in samples.items()}
 
 

@@ -24,6 +24,9 @@ def device_kind(name, array, strict=True):
     is a TypeError (or "other" when not `strict`).
     """
     refuse_masked(name, array)
+    kind = _torch_kind(array)
+    if kind is not None:
+        return kind
     dlpack_device = getattr(array, "__dlpack_device__", None)
     if dlpack_device is not None:
         try:
@@ -41,6 +44,28 @@ def device_kind(name, array, strict=True):
     raise TypeError(f"{name}: expected a NumPy array, a CUDA array (CuPy, or any array with "
                     f"__dlpack__ on a CUDA device) or a DLPack array on the CPU, got "
                     f"{type(array).__module__}.{type(array).__qualname__}{_on_device(array)}")
+
+
+def _torch_kind(array):
+    """"cpu" or "cuda" for a plain PyTorch tensor (or Parameter) on one, read from its
+    device: PyTorch's ``__dlpack_device__`` is Python and costs ~5 us, asked per tensor
+    of every call. None for anything else (subclasses, which may answer otherwise, and
+    ROCm builds, whose DLPack device is not CUDA's), which takes the DLPack way."""
+    kind = type(array)
+    if kind.__module__ not in _TORCH_TENSOR_MODULES:
+        return None
+    torch = sys.modules["torch"]
+    if kind is not torch.Tensor and kind is not torch.nn.Parameter:
+        return None
+    device = array.device.type
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda" and torch.version.cuda is not None and torch.version.hip is None:
+        return "cuda"
+    return None
+
+
+_TORCH_TENSOR_MODULES = frozenset({"torch", "torch.nn.parameter"})
 
 
 def refuse_masked(name, array):

@@ -32,6 +32,8 @@ def _type_name(value) -> str:
 
 
 def _choice(name, value, allowed):
+    if type(value) is str and value in allowed:  # the common case: no message to build
+        return value
     options = ", ".join(repr(a) for a in allowed)
     if not isinstance(value, str):
         raise TypeError(f"{name}: expected a str, one of {options}, got {_type_name(value)}")

@@ -53,9 +53,19 @@ class Executor:
         self.all_rows = B == problem.batch_size
         run_lengths = lengths[rows].astype(np.int32)
         self.ragged = bool((run_lengths < T).any())
-        self.weight_bytes = layout.params_size(c) * dtype.itemsize
+        self.params_size = layout.params_size(c)
+        self.weight_bytes = self.params_size * dtype.itemsize
         self.head = reserve_header.header(problem, MAGIC, self.tf32)
         self.work_bytes = self.reserve_bytes = 0
+        self.reserve_offset = None  # of cuDNN's part in reserve_space, when it has one
+        # Fixed for every run, read there as plain attributes.
+        self.lstm, self.training, self.time_major = c.is_lstm, problem.is_training, \
+            problem.time_major
+        self.width = c.num_dirs * c.state_size  # of y
+        # States go to cuDNN as the caller gave them, and come back as cuDNN made them
+        # (contiguous, [L·D, B, ·]), when every row runs and they are time-major.
+        self.direct_states = self.all_rows and self.time_major
+        self.y_shape = self._run_shape(self.width)
         with cp.cuda.Device(device):
             handle = cudnn_resources.handle(cp)
             self.rnn = cudnn_resources.rnn_descriptor(cp, handle, device, c, dtype, self.tf32)
@@ -101,6 +111,12 @@ class Executor:
             self.valid, self.padding = cp.asarray(steps), cp.asarray(~steps)
         self.work_bytes, self.reserve_bytes = rnn.temp_space_sizes(
             handle, self.rnn, problem.is_training, self.x_desc)
+        self.reserve_offset = _HEADER if problem.is_training and self.reserve_bytes else None
+        self.calls = rnn.Calls(self.rnn, training=problem.is_training,
+                               dev_lengths=self.dev_lengths.data.ptr, x_desc=self.x_desc,
+                               y_desc=self.y_desc, h_desc=self.h_desc, c_desc=self.c_desc,
+                               weight_bytes=self.weight_bytes, work_bytes=self.work_bytes,
+                               reserve_bytes=self.reserve_bytes)
 
     # ------------------------------------------------------------------ streams
     def _enter(self):
@@ -159,13 +175,15 @@ class Executor:
     def _data_in(self, x, zero_padding):
         """Caller's data → the running rows, contiguous, padding zeroed when ragged."""
         if not self.all_rows:
-            x = x[:, self.rows] if self.problem.time_major else x[self.rows]
+            x = x[:, self.rows] if self.time_major else x[self.rows]
         if zero_padding and self.ragged:
             return self.cupy.where(self.valid, x, self.zero)
         return self.cupy.ascontiguousarray(x)
 
     def _state_in(self, s):
-        s = s if self.problem.time_major else s.swapaxes(0, 1)
+        if self.direct_states:
+            return self.cupy.ascontiguousarray(s)
+        s = s if self.time_major else s.swapaxes(0, 1)
         return self.cupy.ascontiguousarray(s if self.all_rows else s[:, self.rows])
 
     def _data_target(self, out, width):
@@ -191,15 +209,15 @@ class Executor:
         return _into(out, full)
 
     def _state_target(self, out, like):
-        if out is not None and self.all_rows and self.problem.time_major:
+        if out is not None and self.direct_states:
             return out
         return self.cupy.empty_like(like)
 
     def _state_out(self, run, out, passthrough):
         """Rows that ran take cuDNN's result; the others keep `passthrough` (caller's layout)."""
-        if run is out:
-            return out
-        tm = self.problem.time_major
+        if run is out or self.direct_states:  # cuDNN wrote into `out`, or a fresh array
+            return run
+        tm = self.time_major
         if self.all_rows:
             full = run if tm else run.swapaxes(0, 1)
         else:  # never into the caller's passthrough array
@@ -287,42 +305,46 @@ class Executor:
 
     def _forward(self, input, input_h, input_c, params, out, workspace, restart_dropout,
                  dropout_key):
-        cp, problem = self.cupy, self.problem
-        c = problem.config
-        lstm, width = c.is_lstm, c.num_dirs * c.state_size
+        cp, lstm, width = self.cupy, self.lstm, self.width
         out_y, out_h, out_c, out_reserve = out
-        training = problem.is_training
+        training = self.training
         reserve = self._new_reserve(out_reserve) if training else self.no_reserve
         if self.batch == 0:  # every sequence is empty: nothing for cuDNN to do
-            output = out_y if out_y is not None else cp.empty(problem.data_shape(width),
-                                                              self.storage)
+            output = out_y if out_y is not None else cp.empty(
+                self.problem.data_shape(width), self.storage)
             output[...] = 0
             return (output, _into(out_h, input_h, copy=True),
                     _into(out_c, input_c, copy=True) if lstm else self.empty, reserve)
 
         x = self._data_in(input, zero_padding=True)
-        hx = self._state_in(input_h)
-        cx = self._state_in(input_c) if lstm else None
-        y = self._data_target(out_y, width)
-        hy = self._state_target(out_h, hx)
-        cy = self._state_target(out_c, cx) if lstm else None
+        y = out_y if out_y is not None and self.all_rows else cp.empty(self.y_shape,
+                                                                       self.storage)
+        direct = self.direct_states  # (the common case, written out: no helper calls)
+        if direct:
+            hx = cp.ascontiguousarray(input_h)
+            hy = out_h if out_h is not None else cp.empty_like(hx)
+            cx = cp.ascontiguousarray(input_c) if lstm else None
+            cy = (out_c if out_c is not None else cp.empty_like(cx)) if lstm else None
+        else:
+            hx = self._state_in(input_h)
+            cx = self._state_in(input_c) if lstm else None
+            hy = self._state_target(out_h, hx)
+            cy = self._state_target(out_c, cx) if lstm else None
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
-        handle = cudnn_resources.handle(cp)
+        handle = cudnn_resources.handle(cp, self.device)
         states = getattr(self.rnn.dropout, "states", None)
         if restart_dropout and training and states is not None:
             states.restart()
         keyed = dropout_key is not None and training and states is not None
+        offset = self.reserve_offset
         with states.replaying(dropout_key) if keyed else contextlib.nullcontext():
-            rnn.forward(handle, self.rnn, training=training,
-                        dev_lengths=self.dev_lengths.data.ptr, x_desc=self.x_desc,
-                        x=x.data.ptr, y_desc=self.y_desc, y=y.data.ptr, h_desc=self.h_desc,
-                        hx=hx.data.ptr, hy=hy.data.ptr, c_desc=self.c_desc, cx=_ptr(cx),
-                        cy=_ptr(cy), weight_bytes=self.weight_bytes, weights=weights.data.ptr,
-                        work_bytes=self.work_bytes, work=work.data.ptr,
-                        reserve_bytes=self.reserve_bytes if training else 0,
-                        reserve=reserve.data.ptr + _HEADER if training and self.reserve_bytes
-                        else 0)
+            self.calls.forward(handle, x.data.ptr, y.data.ptr, hx.data.ptr, hy.data.ptr,
+                               cx.data.ptr if lstm else 0, cy.data.ptr if lstm else 0,
+                               weights.data.ptr, work.data.ptr,
+                               0 if offset is None else reserve.data.ptr + offset)
+        if direct:  # every row ran, time-major: cuDNN's results are the results
+            return y, hy, cy if lstm else self.empty, reserve
         return (self._data_out(y, out_y, width), self._state_out(hy, out_h, input_h),
                 self._state_out(cy, out_c, input_c) if lstm else self.empty, reserve)
 
@@ -348,14 +370,12 @@ class Executor:
     def _backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                   output_backprop, output_h_backprop, output_c_backprop, reserve_space, out,
                   workspace, want_weights):
-        cp, problem = self.cupy, self.problem
-        c = problem.config
-        lstm = c.is_lstm
+        cp, lstm, input_size = self.cupy, self.lstm, self.problem.config.input_size
         reserve = self._open_reserve(reserve_space)
         out_dx, out_dh, out_dc, out_dw = out
         dparams = None
         if want_weights:
-            dparams = out_dw if out_dw is not None else cp.empty(layout.params_size(c),
+            dparams = out_dw if out_dw is not None else cp.empty(self.params_size,
                                                                  self.storage)
             dparams[...] = 0  # cuDNN adds the weight gradients
         if self.batch == 0:
@@ -369,29 +389,25 @@ class Executor:
         hx, dhy = self._state_in(input_h), self._state_in(output_h_backprop)
         cx = self._state_in(input_c) if lstm else None
         dcy = self._state_in(output_c_backprop) if lstm else None
-        dx = self._data_target(out_dx, c.input_size)
+        dx = self._data_target(out_dx, input_size)
         dhx = self._state_target(out_dh, hx)
         dcx = self._state_target(out_dc, cx) if lstm else None
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
         scratch = self._reserve_copy(reserve, workspace)
-        handle = cudnn_resources.handle(cp)
-        common = dict(dev_lengths=self.dev_lengths.data.ptr, weight_bytes=self.weight_bytes,
-                      work_bytes=self.work_bytes, work=work.data.ptr,
-                      reserve_bytes=self.reserve_bytes, reserve=scratch.data.ptr)
-        rnn.backward_data(handle, self.rnn, y_desc=self.y_desc, y=y.data.ptr, dy=dy.data.ptr,
-                          x_desc=self.x_desc, dx=dx.data.ptr, h_desc=self.h_desc,
-                          hx=hx.data.ptr, dhy=dhy.data.ptr, dhx=dhx.data.ptr,
-                          c_desc=self.c_desc, cx=_ptr(cx), dcy=_ptr(dcy), dcx=_ptr(dcx),
-                          weights=weights.data.ptr, **common)
+        handle = cudnn_resources.handle(cp, self.device)
+        work_ptr, scratch_ptr, hx_ptr, y_ptr = (work.data.ptr, scratch.data.ptr, hx.data.ptr,
+                                                y.data.ptr)
+        self.calls.backward_data(handle, y_ptr, dy.data.ptr, dx.data.ptr, hx_ptr, dhy.data.ptr,
+                                 dhx.data.ptr, _ptr(cx), _ptr(dcy), _ptr(dcx),
+                                 weights.data.ptr, work_ptr, scratch_ptr)
         if self.ragged:  # cuDNN does not promise to write dx past each length
             cp.copyto(dx, self.zero, where=self.padding)
         if want_weights:  # only the weight gradients read x
             x = self._data_in(input, zero_padding=True)
-            rnn.backward_weights(handle, self.rnn, x_desc=self.x_desc, x=x.data.ptr,
-                                 h_desc=self.h_desc, hx=hx.data.ptr, y_desc=self.y_desc,
-                                 y=y.data.ptr, dweights=dparams.data.ptr, **common)
-        return (self._data_out(dx, out_dx, c.input_size),
+            self.calls.backward_weights(handle, x.data.ptr, hx_ptr, y_ptr, dparams.data.ptr,
+                                        work_ptr, scratch_ptr)
+        return (self._data_out(dx, out_dx, input_size),
                 self._state_out(dhx, out_dh, output_h_backprop),
                 self._state_out(dcx, out_dc, output_c_backprop) if lstm else self.empty,
                 dparams)

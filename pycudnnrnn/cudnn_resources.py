@@ -125,9 +125,10 @@ def _live_states(device: int, seed: int):
                 None)
 
 
-def handle(cupy) -> Handle:
-    """This thread's handle for the current device, bound to CuPy's current stream."""
-    key = (threading.get_ident(), cupy.cuda.Device().id)
+def handle(cupy, device: int | None = None) -> Handle:
+    """This thread's handle for `device` (None: the current one, which it must be),
+    bound to CuPy's current stream."""
+    key = (threading.get_ident(), cupy.cuda.Device().id if device is None else device)
     h = _handles.get(key)
     if h is None:  # only this thread makes its key's handle: no race
         h = _handles[key] = Handle()

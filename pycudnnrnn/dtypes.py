@@ -36,8 +36,21 @@ def is_supported(dtype) -> bool:
 
 def is_bfloat16(dtype) -> bool:
     """Whether `dtype` (a NumPy dtype, or a library's dtype object) is bfloat16."""
+    if isinstance(dtype, np.dtype):  # the common case, asked per array of a call (the
+        # itemsize first: NumPy computes a dtype's name in Python)
+        return dtype.itemsize == 2 and dtype.name == "bfloat16"
     if dtype is None:
         return False
+    try:
+        return _is_bfloat16_other(dtype)
+    except TypeError:  # unhashable: not remembered
+        return _is_bfloat16_other.__wrapped__(dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _is_bfloat16_other(dtype) -> bool:
+    """is_bfloat16 of a dtype that is not a NumPy dtype object (a type, a name, another
+    library's dtype), remembered: torch.float32 takes an exception to tell."""
     try:
         dtype = np.dtype(dtype)
     except TypeError:  # e.g. torch.bfloat16 is not a NumPy dtype

@@ -13,13 +13,17 @@ import threading
 
 from . import gpu
 
-_capturing = threading.local()
+class _Capturing(threading.local):
+    held = None  # the default every thread sees: asked at every run, kept cheap
+
+
+_capturing = _Capturing()
 
 
 def holding():
     """The list a capture on this thread collects the plans its runs use in (the graph
     keeps them: its replays use their buffers), or None when no capture runs."""
-    return getattr(_capturing, "held", None)
+    return _capturing.held
 
 
 class CapturedGraph:

@@ -105,6 +105,7 @@ class RNNPlan:
             self._xp, self._executor = gpu.cupy(), cudnn_backend.Executor(problem, device)
             self.device = f"cuda:{device}"
         self.dtype = problem.dtype
+        self._lstm = c.is_lstm
         # bfloat16 with a CuPy older than 14: arrays cross as their bits (dtypes.Bfloat16Bits)
         self._bits = dtypes.storage_dtype(self.dtype, self._xp) != self.dtype
         self.input_shape = problem.data_shape(c.input_size)
@@ -180,7 +181,7 @@ class RNNPlan:
             reserve_header.remember(given, results[3].data.ptr, self._executor.head)
         if not return_results:
             return None
-        return ForwardResult(*results_like(input, self._xp, results))
+        return ForwardResult._make(self._results_like(input, results))
 
     def backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
@@ -205,7 +206,7 @@ class RNNPlan:
                                     check_overlaps=check_overlaps)
         if not return_results:
             return tuple(None if r is None else True for r in results)
-        return BackpropResult(*results_like(input, self._xp, results))
+        return BackpropResult._make(self._results_like(input, results))
 
     def trust_reserve(self, reserve_space, pointer=None):
         """Note that `reserve_space` (a backend array) holds this plan's forward's reserve
@@ -231,21 +232,19 @@ class RNNPlan:
         masks (a framework's recomputation), and leaves the state as it was; a new key
         continues the state.
         """
-        lstm = self.problem.config.is_lstm
         checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
-        out = self._outputs(out, self._results_of["forward"])
-        workspace = self._workspace(workspace, self.forward_workspace_nbytes)
-        if check_overlaps:
+        out = _NO_OUT if out is None else self._outputs(out, self._results_of["forward"])
+        workspace = None if workspace is None else \
+            self._workspace(workspace, self.forward_workspace_nbytes)
+        if check_overlaps and (out is not _NO_OUT or workspace is not None):
             _refuse_overlaps(self._results_of["forward"], out, workspace, arrays)
         if self._bits:
             arrays = {n: dtypes.storage(a) for n, a in arrays.items()}
         with self._on_device():
-            results = self._executor.forward(input=arrays["input"], input_h=arrays["input_h"],
-                                             input_c=arrays["input_c"] if lstm else None,
-                                             params=arrays["params"], out=out,
-                                             workspace=workspace,
-                                             restart_dropout=restart_dropout,
-                                             dropout_key=dropout_key)
+            results = self._executor.forward(arrays["input"], arrays["input_h"],
+                                             arrays["input_c"] if self._lstm else None,
+                                             arrays["params"], out, workspace, restart_dropout,
+                                             dropout_key)
         return self._as_bfloat16(results) if self._bits else results
 
     def run_backprop(self, arrays: dict, out=None, workspace=None, reference="the plan",
@@ -255,16 +254,15 @@ class RNNPlan:
         if not self.problem.is_training:
             raise ValueError("backprop: this plan was built with is_training=False; build "
                              "one with is_training=True")
-        lstm = self.problem.config.is_lstm
         gradients = checks.check_gradients(gradients)
         checks.check_arrays(arrays, self._backprop_shapes, self.dtype, reference)
         checks.check_reserve_space(arrays["reserve_space"])
-        out = self._outputs(out, self._results_of["backprop"])
-        workspace = self._workspace(workspace)
-        if check_overlaps:
+        out = _NO_OUT if out is None else self._outputs(out, self._results_of["backprop"])
+        workspace = None if workspace is None else self._workspace(workspace)
+        if check_overlaps and (out is not _NO_OUT or workspace is not None):
             _refuse_overlaps(self._results_of["backprop"], out, workspace, arrays)
         a = {n: arrays[n] for n in _BACKPROP_NAMES}
-        if not lstm:
+        if not self._lstm:
             a.update(input_c=None, output_c=None, output_c_backprop=None)
         if self._bits:
             a = {n: dtypes.storage(v) for n, v in a.items()}
@@ -272,6 +270,12 @@ class RNNPlan:
             results = self._executor.backprop(**a, out=out, workspace=workspace,
                                               gradients=gradients)
         return self._as_bfloat16(results) if self._bits else results
+
+    def _results_like(self, template, results):
+        """Backend results in the library of `template` (the caller's input)."""
+        if type(template) is self._xp.ndarray and not self._bits:
+            return results  # the backend's own arrays, as they are (results_like's answer)
+        return results_like(template, self._xp, results)
 
     @staticmethod
     def _as_bfloat16(results):
@@ -281,38 +285,41 @@ class RNNPlan:
 
     # ------------------------------------------------------------------ arrays
     def _adopt(self, arrays: dict) -> dict:
-        """The arguments as backend arrays on the plan's device, or a clear error."""
-        xp, lstm = self._xp, self.problem.config.is_lstm
-        adopted = {}
+        """The arguments (a dict of the caller's, made for the call: it is updated in
+        place and returned) as backend arrays on the plan's device, or a clear error."""
+        xp, lstm, index = self._xp, self._lstm, self.device_index
         for name, a in arrays.items():
-            if a is None or (not lstm and name in ("input_c", "output_c", "output_c_backprop")):
-                adopted[name] = None
+            if a is None:
+                continue
+            if not lstm and name in _C_NAMES:
+                arrays[name] = None
                 continue
             if type(a) is not xp.ndarray and type(a) is not dtypes.Bfloat16Bits:
                 a = readable(a)
                 kind = device_kind(name, a)
-                if kind != ("cpu" if self.device_index is None else "cuda"):
+                if kind != ("cpu" if index is None else "cuda"):
                     raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
                                     f"device), got one on {kind}")
                 a = np.asarray(a) if isinstance(a, np.ndarray) and xp is np else \
                     dtypes.from_dlpack(xp, name, a)
-            if self.device_index is not None and a.device.id != self.device_index:
+                arrays[name] = a
+            if index is not None and a.device.id != index:
                 raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
                                 f"device), got one on cuda:{a.device.id}")
-            adopted[name] = a
-        return adopted
+        return arrays
 
     def _outputs(self, out, results):
         """Caller buffers for the `results` (name, shape, dtype), checked; None where not
         given or where there is no such result (output_c of other cells, an inference
         reserve_space)."""
-        if out is None:
+        if out is None:  # (run_forward and run_backprop do not ask)
             return _NO_OUT
-        names = ", ".join(name for name, _, _ in results)
-        if not isinstance(out, (tuple, list)):
-            raise TypeError(f"out: expected a tuple of {len(results)} buffers ({names}) or "
-                            f"None, got {type(out).__module__}.{type(out).__qualname__}")
-        if len(out) != len(results):
+        if not isinstance(out, (tuple, list)) or len(out) != len(results):
+            names = ", ".join(name for name, _, _ in results)
+            if not isinstance(out, (tuple, list)):
+                raise TypeError(f"out: expected a tuple of {len(results)} buffers ({names}) "
+                                f"or None, got {type(out).__module__}."
+                                f"{type(out).__qualname__}")
             raise ValueError(f"out: expected {len(results)} buffers ({names}) or None, got "
                              f"{len(out)}")
         checked = []
@@ -320,10 +327,11 @@ class RNNPlan:
             if buffer is None or shape is None:
                 checked.append(None)
                 continue
-            label = f"out {name}"
+            label = "out " + name
             buffer = self._adopt({label: buffer})[label]
-            checks.check_arrays({label: buffer}, [(label, shape, "(the result's)")], dtype,
-                                "the result")
+            if buffer.shape != shape or buffer.dtype != dtype:
+                checks.check_arrays({label: buffer}, [(label, shape, "(the result's)")],
+                                    dtype, "the result")
             if not buffer.flags.c_contiguous:
                 raise ValueError(f"{label}: expected a C-contiguous buffer")
             if not getattr(buffer.flags, "writeable", True):  # a read-only NumPy view, a
@@ -356,6 +364,7 @@ class RNNPlan:
 
 
 _NO_OUT = (None,) * 4  # every run has four results
+_C_NAMES = frozenset({"input_c", "output_c", "output_c_backprop"})  # LSTM only
 
 
 def _byte_range(array) -> tuple[int, int]:
@@ -446,10 +455,10 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
     dropout = attributes.get("dropout", 0)
     plain = isinstance(dropout, numbers.Real) and dropout == 0
     reseed = device is None and not plain
-    keyed = {name: None if reseed and name in ("seed", "seed2") else value
-             for name, value in attributes.items()}
+    keyed = attributes if not reseed else {
+        name: None if name in ("seed", "seed2") else value for name, value in attributes.items()}
     try:
-        key = (device, arrays["input"].dtype, _shapes(arrays), _lengths_key(lengths),
+        key = (device, arrays["input"].dtype, _shapes(arrays), lengths_key(lengths),
                gpu.get_allow_tf32(), tuple(keyed), tuple(map(type, attributes.values())),
                tuple(keyed.values()))
         hash(key)
@@ -468,6 +477,19 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
         return cached
     return cached._with_seed(checks.dropout_seed(attributes.get("seed", 0),
                                                  attributes.get("seed2", 0)))
+
+
+_adapter_plans = LRU(64)  # the same plans, by a framework adapter's own key
+
+
+def for_adapter(key, build) -> RNNPlan:
+    """The plan a framework adapter remembered under `key`, else ``build()`` (its call
+    of ``for_call``) remembered under it: a key of the framework's own values (a
+    tensor's shape and dtype objects) costs less to make per call than ``for_call``'s.
+    `key` must fix everything ``for_call``'s key does (device, dtype, shapes, lengths,
+    TF32, and every attribute's name, type and value). Bounded, and cleared by
+    ``clear_caches`` like the functional API's plans."""
+    return _adapter_plans.get(key, build)
 
 
 _buffer_sizes = LRU(64)  # two ints each: no plan is kept
@@ -493,7 +515,7 @@ def _shapes(arrays):
     return tuple(None if arrays[n] is None else arrays[n].shape for n in _FORWARD_NAMES)
 
 
-def _lengths_key(lengths):
+def lengths_key(lengths):
     if lengths is None:
         return None
     return (lengths.dtype.str, lengths.shape, lengths.tobytes())
@@ -505,6 +527,7 @@ def clear_caches():
     plan you hold uses them)."""
     _plans.clear()
     _dropout_plans.clear()
+    _adapter_plans.clear()
     _buffer_sizes.clear()
     from . import cudnn_resources
     cudnn_resources.clear_caches()

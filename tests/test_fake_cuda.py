@@ -69,6 +69,29 @@ def test_host_cost_benchmark_runs_on_the_stand_in(monkeypatch, capsys):
     assert "forward plan" in out and "fwd+bwd functional" in out
 
 
+def test_the_light_stand_in_runs_plans_without_the_emulation(monkeypatch):
+    """What gpu_host_bench times: a plan's runs over plain host arrays, the cuDNN calls a
+    run makes marshalled by ctypes into a C no-op (so none reaches the FakeCudnn)."""
+    fake = fake_cuda.install_light(monkeypatch)
+    cp = pycudnnrnn.gpu.cupy()
+    case = make_case("lstm")
+    plan = pycudnnrnn.RNNPlan(**case.size, max_time=case.input.shape[0],
+                              batch_size=case.input.shape[1], dtype=case.input.dtype,
+                              device="cuda")
+    x, h, c, w = (cp.asarray(a) for a in (case.input, case.input_h, case.input_c,
+                                          case.params))
+    fake.calls.clear()
+    out = plan.forward(x, h, c, w)
+    grads = plan.backprop(x, h, c, w, *out[:3], *(cp.asarray(np.ones(a.shape, a.dtype))
+                                                 for a in out[:3]), out[3])
+    assert fake.calls == []
+    assert all(type(a) is fake_cuda.LightDeviceArray for a in (*out, *grads))
+    assert grads.params_backprop.shape == w.shape
+    with pytest.raises(TypeError, match="input: expected dtype"):  # the checks still run
+        plan.forward(x.astype(np.float16), h, c, w)
+    pycudnnrnn.plan.clear_caches()
+
+
 # ----------------------------------------------------------------- the stand-in lives in time
 
 def _host(a):

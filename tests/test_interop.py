@@ -392,3 +392,21 @@ def test_torch_rnn_checks_given_sizes_against_the_shapes():
     h0 = torch.randn(4, 3, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"num_layers: given 3, but input_h's shape"):
         rnn(x, h0, None, params, **{**attrs, "num_layers": 3})
+
+
+def test_a_tensors_device_is_read_from_torch_not_through_dlpack(monkeypatch):
+    """arrays.device_kind answers plain tensors and Parameters from their device (PyTorch's
+    __dlpack_device__ costs ~5 us a tensor); subclasses still go through DLPack."""
+    from pycudnnrnn.arrays import device_kind
+
+    class Tensor(torch.Tensor):
+        pass
+
+    asked = []
+    dlpack_device = torch.Tensor.__dlpack_device__
+    monkeypatch.setattr(torch.Tensor, "__dlpack_device__",
+                        lambda self: asked.append(type(self)) or dlpack_device(self))
+    t = torch.ones(3)
+    assert device_kind("x", t) == device_kind("x", torch.nn.Parameter(t)) == "cpu"
+    assert asked == []
+    assert device_kind("x", t.as_subclass(Tensor)) == "cpu" and Tensor in asked

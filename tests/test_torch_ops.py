@@ -1018,3 +1018,27 @@ def test_the_forward_allocates_no_room_for_backprops_reserve_copy(torch_on_stand
     assert 0 < run.forward_workspace_nbytes < run.workspace_nbytes
     assert sum(allocated) == sum(r.numel() * r.element_size() for r in results) + \
         run.forward_workspace_nbytes
+
+
+def test_the_kernels_find_their_cuda_plan_by_the_tensors_own_key(torch_on_stand_in,
+                                                                 monkeypatch):
+    """A CUDA call's plan comes from the adapters' cache, keyed on the tensors' shapes and
+    dtype: for_call (its key and checks) runs on a miss only, the plans go with
+    clear_caches, and a hit still checks the arrays it runs on."""
+    from pycudnnrnn import plan as plans
+    from pycudnnrnn.torch import kernels
+    built = []
+    for_call = plans.for_call
+    monkeypatch.setattr(plans, "for_call", lambda *a, **k: built.append(1) or for_call(*a, **k))
+    x, h, c, params, lengths, seed, attrs = _stand_in_call()
+    first = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    again = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    assert len(built) == 1
+    torch.testing.assert_close(first[0], again[0])
+    kernels.planned_forward(x, h, c, params, None, seed, attrs, False)  # other lengths
+    assert len(built) == 2
+    with pytest.raises(TypeError, match="params: expected dtype"):  # same key, wrong dtype
+        kernels.planned_forward(x, h, c, params.float(), lengths, seed, attrs, False)
+    plans.clear_caches()
+    kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    assert len(built) == 3

@@ -89,7 +89,13 @@ def rnn_descriptor_values(config: RNNConfig, dtype, allow_tf32: bool = False) ->
 
 
 class Owned:
-    """A cuDNN handle or descriptor owned by this object."""
+    """A cuDNN handle or descriptor owned by this object.
+
+    ``_handle`` is its ``c_void_p`` (None once closed). ``_as_parameter_`` hands it to
+    ctypes, refusing a closed object; the compute calls of ``rnn.Calls``, made at every
+    run, pass ``_handle`` itself (ctypes takes a ``c_void_p`` fastest), where a closed
+    object's None reaches cuDNN as NULL, which it refuses.
+    """
 
     _create: str
     _destroy: str
@@ -143,8 +149,14 @@ class Handle(Owned):
 
     _create, _destroy = "cudnnCreate", "cudnnDestroy"
 
+    _stream = None  # the stream last set: a run on the same one sets nothing
+
     def set_stream(self, stream_ptr: int):
-        capi.api().cudnnSetStream(self, ctypes.c_void_p(stream_ptr))
+        """Bind the handle to a CUDA stream (``cudnnSetStream``), unless it is bound to it
+        already (cuDNN keeps the value; a handle is one thread's, so nothing else sets it)."""
+        if stream_ptr != self._stream:
+            capi.api().cudnnSetStream(self, ctypes.c_void_p(stream_ptr))
+            self._stream = stream_ptr
 
 
 class TensorDescriptor(Owned):

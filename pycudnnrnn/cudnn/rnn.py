@@ -2,7 +2,8 @@
 
 Device pointers are ints (0 for none; ctypes passes an int as a ``void *`` argument, so no
 wrapper is built per pointer); descriptors and handles are the objects of
-``pycudnnrnn.cudnn.descriptors``. Each function is one cuDNN call, looked up through
+``pycudnnrnn.cudnn.descriptors``. Each function (and each method of
+``Calls``, the compute calls a plan makes) is one cuDNN call, looked up through
 ``capi.api()`` at call time (the one place the CI stand-in GPU replaces).
 """
 
@@ -51,33 +52,51 @@ def temp_space_sizes(handle, rnn, training: bool, x_desc) -> tuple[int, int]:
     return work.value, reserve.value
 
 
-def forward(handle, rnn, *, training: bool, dev_lengths: int, x_desc, x: int, y_desc, y: int,
-            h_desc, hx: int, hy: int, c_desc, cx: int, cy: int, weight_bytes: int,
-            weights: int, work_bytes: int, work: int, reserve_bytes: int, reserve: int):
-    """``cudnnRNNForward``: y, hy, cy from x, hx, cx (reserve filled in training)."""
-    mode = capi.CUDNN_FWD_MODE_TRAINING if training else capi.CUDNN_FWD_MODE_INFERENCE
-    capi.api().cudnnRNNForward(handle, rnn, mode, _lengths(dev_lengths), x_desc, x, y_desc,
-                               y, h_desc, hx, hy, c_desc, cx, cy,
-                               weight_bytes, weights, work_bytes, work, reserve_bytes,
-                               reserve)
+class Calls:
+    """cuDNN's three compute calls for one plan (``cudnnRNNForward``,
+    ``cudnnRNNBackwardData_v8``, ``cudnnRNNBackwardWeights_v8``), with what the plan fixes
+    bound once: the RNN, data and state descriptors, the device lengths (as the ctypes
+    pointer cuDNN takes), the forward mode and the byte sizes. A call then takes the handle
+    and the data pointers (ints, 0 for none), positionally: a plan's run pays for no
+    keyword parsing, no pointer cast and no property per descriptor.
 
+    Descriptors reach ctypes as their ``c_void_p`` handle, read at each call: a closed
+    one's is None, so cuDNN gets NULL (an error status, raised as ``CudnnError``), never
+    a freed handle.
+    """
 
-def backward_data(handle, rnn, *, dev_lengths: int, y_desc, y: int, dy: int, x_desc, dx: int,
-                  h_desc, hx: int, dhy: int, dhx: int, c_desc, cx: int, dcy: int, dcx: int,
-                  weight_bytes: int, weights: int, work_bytes: int, work: int,
-                  reserve_bytes: int, reserve: int):
-    """``cudnnRNNBackwardData_v8``: dx, dhx, dcx."""
-    capi.api().cudnnRNNBackwardData_v8(handle, rnn, _lengths(dev_lengths), y_desc, y, dy,
-                                       x_desc, dx, h_desc, hx, dhy, dhx, c_desc,
-                                       cx, dcy, dcx, weight_bytes, weights,
-                                       work_bytes, work, reserve_bytes, reserve)
+    def __init__(self, rnn, *, training: bool, dev_lengths: int, x_desc, y_desc, h_desc,
+                 c_desc, weight_bytes: int, work_bytes: int, reserve_bytes: int):
+        self.rnn, self.x_desc, self.y_desc = rnn, x_desc, y_desc
+        self.h_desc, self.c_desc = h_desc, c_desc
+        self.mode = capi.CUDNN_FWD_MODE_TRAINING if training else capi.CUDNN_FWD_MODE_INFERENCE
+        self.lengths = _lengths(dev_lengths)
+        self.weight_bytes, self.work_bytes, self.reserve_bytes = (weight_bytes, work_bytes,
+                                                                  reserve_bytes)
+        self.forward_reserve_bytes = reserve_bytes if training else 0
 
+    def forward(self, handle, x: int, y: int, hx: int, hy: int, cx: int, cy: int,
+                weights: int, work: int, reserve: int):
+        """``cudnnRNNForward``: y, hy, cy from x, hx, cx (reserve filled in training)."""
+        capi.api().cudnnRNNForward(
+            handle._handle, self.rnn._handle, self.mode, self.lengths, self.x_desc._handle, x,
+            self.y_desc._handle, y, self.h_desc._handle, hx, hy, self.c_desc._handle, cx, cy,
+            self.weight_bytes, weights, self.work_bytes, work, self.forward_reserve_bytes,
+            reserve)
 
-def backward_weights(handle, rnn, *, dev_lengths: int, x_desc, x: int, h_desc, hx: int, y_desc,
-                     y: int, weight_bytes: int, dweights: int, work_bytes: int, work: int,
-                     reserve_bytes: int, reserve: int):
-    """``cudnnRNNBackwardWeights_v8``, adding the weight gradients into `dweights`."""
-    capi.api().cudnnRNNBackwardWeights_v8(handle, rnn, capi.CUDNN_WGRAD_MODE_ADD,
-                                          _lengths(dev_lengths), x_desc, x, h_desc, hx,
-                                          y_desc, y, weight_bytes, dweights, work_bytes,
-                                          work, reserve_bytes, reserve)
+    def backward_data(self, handle, y: int, dy: int, dx: int, hx: int, dhy: int, dhx: int,
+                      cx: int, dcy: int, dcx: int, weights: int, work: int, reserve: int):
+        """``cudnnRNNBackwardData_v8``: dx, dhx, dcx."""
+        capi.api().cudnnRNNBackwardData_v8(
+            handle._handle, self.rnn._handle, self.lengths, self.y_desc._handle, y, dy,
+            self.x_desc._handle, dx, self.h_desc._handle, hx, dhy, dhx, self.c_desc._handle,
+            cx, dcy, dcx, self.weight_bytes, weights, self.work_bytes, work,
+            self.reserve_bytes, reserve)
+
+    def backward_weights(self, handle, x: int, hx: int, y: int, dweights: int, work: int,
+                         reserve: int):
+        """``cudnnRNNBackwardWeights_v8``, adding the weight gradients into `dweights`."""
+        capi.api().cudnnRNNBackwardWeights_v8(
+            handle._handle, self.rnn._handle, capi.CUDNN_WGRAD_MODE_ADD, self.lengths,
+            self.x_desc._handle, x, self.h_desc._handle, hx, self.y_desc._handle, y,
+            self.weight_bytes, dweights, self.work_bytes, work, self.reserve_bytes, reserve)

@@ -436,9 +436,14 @@ _SCALARS = {DataType.PRED: ctypes.c_bool, DataType.S8: ctypes.c_int8,
             DataType.F64: ctypes.c_double}
 
 
+_DATA_TYPES = {int(t): t for t in DataType}  # a dict lookup, not an enum call, per buffer
+
+
 def _buffer(address: int) -> Buffer:
-    b = ctypes.cast(address, ctypes.POINTER(XLA_FFI_Buffer)).contents
-    return Buffer(DataType(b.dtype), b.data or 0, tuple(b.dims[i] for i in range(b.rank)))
+    b = XLA_FFI_Buffer.from_address(address)
+    dtype = _DATA_TYPES.get(b.dtype)
+    return Buffer(DataType(b.dtype) if dtype is None else dtype, b.data or 0,
+                  tuple(b.dims[:b.rank]))
 
 
 def buffers(call_frame) -> tuple[list[Buffer], list[Buffer]]:
@@ -455,19 +460,20 @@ def buffers(call_frame) -> tuple[list[Buffer], list[Buffer]]:
 def attributes(call_frame) -> dict:
     """The call's attributes: strings as str, scalars as Python numbers (PRED as bool)."""
     attrs, result = call_frame.attrs, {}
+    names, types, addresses = attrs.names, attrs.types, attrs.attrs
     for i in range(attrs.size):
-        span = attrs.names[i].contents
+        span = names[i].contents
         name = ctypes.string_at(span.ptr, span.len).decode()
-        kind, address = attrs.types[i], attrs.attrs[i]
+        kind, address = types[i], addresses[i]
         if kind == AttrType.STRING:
-            value = ctypes.cast(address, ctypes.POINTER(XLA_FFI_ByteSpan)).contents
+            value = XLA_FFI_ByteSpan.from_address(address)
             result[name] = ctypes.string_at(value.ptr, value.len).decode()
         elif kind == AttrType.SCALAR:
-            scalar = ctypes.cast(address, ctypes.POINTER(XLA_FFI_Scalar)).contents
+            scalar = XLA_FFI_Scalar.from_address(address)
             ctype = _SCALARS.get(scalar.dtype)
             if ctype is None:
                 raise TypeError(f"attribute {name}: unsupported scalar type {scalar.dtype}")
-            result[name] = ctypes.cast(scalar.value, ctypes.POINTER(ctype)).contents.value
+            result[name] = ctype.from_address(scalar.value).value
         else:
             raise TypeError(f"attribute {name}: expected a string or a scalar, got type {kind}")
     return result

@@ -272,8 +272,17 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
             return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths,
                                  attributes, device)
 
-    if device is None or not (is_training and attrs["dropout"] > 0):
+    if device is None:
         return build()
+    if not (is_training and attrs["dropout"] > 0):
+        # Keyed on the tensors' own shape and dtype objects: no per-call conversion to
+        # what for_call's key reads (that runs on a miss, with the checks).
+        key = (device, input.dtype, input.shape, input_h.shape,
+               None if input_c is None else input_c.shape,
+               tuple(params.shape),
+               plan.lengths_key(lengths), gpu.get_allow_tf32(), tuple(attributes),
+               tuple(map(type, attributes.values())), tuple(attributes.values()))
+        return plan.for_adapter(key, build)
     key = (str(input.dtype), tuple(None if t is None else tuple(t.shape)
                                    for t in (input, input_h, input_c, params)),
            None if lengths is None else lengths.tolist(), sorted(attributes.items()),

@@ -53,7 +53,7 @@ def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: T
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
     outputs = kernels.run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs,
                                   is_training)
-    return tuple(_fresh(o, list(_tensors(input, input_h, input_c, params))) for o in outputs)
+    return _fresh_all(outputs, _tensors(input, input_h, input_c, params))
 
 
 @forward.register_fake
@@ -81,7 +81,7 @@ def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
     params = _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training)
     outputs = kernels.run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs,
                                   is_training)
-    return tuple(_fresh(o, list(_tensors(input, input_h, input_c, *weights))) for o in outputs)
+    return _fresh_all(outputs, _tensors(input, input_h, input_c, *weights))
 
 
 @forward_weights.register_fake
@@ -200,8 +200,9 @@ def _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, outpu
                                  output_c if lstm else None, output_backprop, output_h_backprop,
                                  output_c_backprop if lstm else None, reserve_space, attrs,
                                  gradients, trust_reserve)
-    given = list(_tensors(input, input_h, input_c, *weights, output, output_h, output_c,
-                          output_backprop, output_h_backprop, output_c_backprop, reserve_space))
+    given = _Storages(_tensors(input, input_h, input_c, *weights, output, output_h, output_c,
+                               output_backprop, output_h_backprop, output_c_backprop,
+                               reserve_space))
     return tuple(input.new_empty((0,)) if g is None else _fresh(g, given) for g in grads)
 
 
@@ -262,15 +263,32 @@ def _tensors(*tensors):
     return (t for t in tensors if t is not None)
 
 
-def _fresh(result, inputs):
+class _Storages:
+    """The storage addresses of an op's input tensors, read once, when first asked."""
+
+    def __init__(self, tensors):
+        self._tensors, self._pointers = tensors, None
+
+    def __contains__(self, pointer):
+        if self._pointers is None:
+            self._pointers = {t.untyped_storage().data_ptr() for t in self._tensors
+                              if t.numel()}
+        return pointer in self._pointers
+
+
+def _fresh(result, inputs: _Storages):
     # A custom op may not return an input or a view of one. The backends return new
     # arrays today; this keeps the op's contract whatever a backend or plan returns.
     if not result.numel():
         return result
-    pointer = result.untyped_storage().data_ptr()
-    if any(pointer == t.untyped_storage().data_ptr() for t in inputs if t.numel()):
+    if result.untyped_storage().data_ptr() in inputs:
         return result.clone()
     return result
+
+
+def _fresh_all(results, inputs):
+    inputs = _Storages(inputs)
+    return tuple(_fresh(r, inputs) for r in results)
 
 
 # --------------------------------------------------------------------------- autocast

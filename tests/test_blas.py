@@ -61,7 +61,8 @@ def test_overlapping_calls_from_threads_leave_the_count_as_found(two_threads):
 @needs_openblas
 def test_the_xla_cpu_handler_runs_on_one_blas_thread(two_threads, monkeypatch):
     """Inside jax.jit, on XLA's own threads (which threadpoolctl's setter ignores), forward
-    and backprop run with one BLAS thread; the count is back to two after."""
+    and backprop run with one BLAS thread; the count is back to two after. (Dropout
+    between layers: the CPU route that runs the NumPy backend's custom calls.)"""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
@@ -74,10 +75,11 @@ def test_the_xla_cpu_handler_runs_on_one_blas_thread(two_threads, monkeypatch):
             seen[_name] = two_threads.get()
             return _f(*args, **kwargs)
         monkeypatch.setattr(numpy_backend, name, record)
-    n = pycudnnrnn.params_size(num_layers=1, num_units=4, input_size=3)
+    n = pycudnnrnn.params_size(num_layers=2, num_units=4, input_size=3)
     params = jnp.asarray(np.linspace(-0.5, 0.5, n, dtype=np.float32))
-    x, h = jnp.ones((5, 2, 3)), jnp.zeros((1, 2, 4))
-    loss = jax.jit(jax.grad(lambda p: jnp.sum(rnn_jax.rnn(x, h, h, p, None)[0] ** 2)))
+    x, h = jnp.ones((5, 2, 3)), jnp.zeros((2, 2, 4))
+    loss = jax.jit(jax.grad(lambda p: jnp.sum(rnn_jax.rnn(x, h, h, p, None,
+                                                          dropout=0.5)[0] ** 2)))
     jax.block_until_ready(loss(params))
     assert seen == {"forward": 1, "backprop": 1}
     assert two_threads.get() == 2

@@ -196,6 +196,30 @@ def test_nan_padding_and_unused_states_reach_no_gradient(lowering):
     assert np.isfinite(np.asarray(grad)).all()
 
 
+def test_short_rows_of_a_relu_rnn_in_a_long_batch_have_finite_gradients():
+    """The CPU's scan computes a row's steps past its end and drops them; relu's state is
+    unbounded, so there the row keeps its state instead (397 dropped steps overflowed to
+    inf, and inf · 0 made the weight gradient NaN)."""
+    T, B, I, H = 400, 2, 2, 4
+    n = pycudnnrnn.params_size(rnn_mode="rnn_relu", num_layers=1, num_units=H, input_size=I)
+    x, h = jnp.ones((T, B, I)), jnp.zeros((1, B, H))
+    loss = lambda p, lens: jnp.sum(rnn_jax.rnn(x, h, None, p, lens,  # noqa: E731
+                                               rnn_mode="rnn_relu")[1])
+    params = jnp.full((n,), 0.6, jnp.float32)
+    lengths = np.array([3, 2], np.int32)
+    grad = jax.jit(jax.grad(loss))(params, lengths)
+    assert np.isfinite(np.asarray(grad)).all()
+    want = pycudnnrnn.backprop(
+        *(np.asarray(a) for a in (x, h)), None, np.asarray(params), lengths,
+        *pycudnnrnn.forward(np.asarray(x), np.asarray(h), None, np.asarray(params), lengths,
+                            rnn_mode="rnn_relu")[:3],
+        np.zeros((T, B, H), np.float32), np.ones((1, B, H), np.float32),
+        np.zeros((0,), np.float32),
+        pycudnnrnn.forward(np.asarray(x), np.asarray(h), None, np.asarray(params), lengths,
+                           rnn_mode="rnn_relu")[3], rnn_mode="rnn_relu")[3]
+    np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-5)
+
+
 def test_cpu_scan_has_forward_mode_derivatives():
     """XLA's own operations are differentiated by JAX, forward mode too (the custom calls,
     on the GPU, have only reverse mode): jacfwd agrees with jacrev."""

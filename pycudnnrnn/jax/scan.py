@@ -8,9 +8,9 @@ step (``docs/semantics.md``); the tests hold the two together.
 
 * The input transform of all steps is one product per pseudo-layer, outside the scan;
   inside, one product per gate with its recurrent matrix, gates in cuDNN's order.
-* A ragged batch: a row runs the steps ``t < length`` and then keeps its state; the
-  reverse direction reads each row backwards from its own last step; padding of the
-  output is zero. The state of a row of length 0 is zeroed before it meets the weights,
+* A ragged batch: a row's results are those of its steps ``t < length`` (the steps
+  after are computed and dropped, see ``_Rows.scan``); the reverse direction reads each
+  row backwards from its own last step; padding of the output is zero. The state of a row of length 0 is zeroed before it meets the weights,
   so that an initial state that is never used (even NaN) cannot reach the weight
   gradients, as in the NumPy backend; the row's output_h is that state as it came.
 * float16 and bfloat16 compute in float32 and round once, when results leave.
@@ -94,21 +94,32 @@ class _Rows:
             carry, y = jax.lax.scan(step, carry, xw, reverse=reverse)
             return y, carry
 
-        def ragged_step(carry, inputs):
+        # Every row runs every step and keeps each step's state: no select per step (XLA
+        # runs a loop's ops one by one, and on small problems they cost more than the
+        # products). A row's steps past its end compute on zero input and finite states,
+        # and are dropped after: the output's padding is zeroed, and the final state is
+        # read at the row's last step. A row of length 0 never runs: its state is zeroed
+        # before any step reads it (it may hold anything, even NaN, which would reach the
+        # weight gradients through the dropped steps) and given back as it came.
+        # (relu's state is unbounded: there a row keeps its state past its end, lest the
+        # dropped steps overflow, and inf · 0 make the gradients NaN.)
+        def step(carry, inputs):
             xw_t, running = inputs
-            running = running[:, None]
             new = cell(carry, xw_t)
-            carry = tuple(jnp.where(running, n, s) for n, s in zip(new, carry))
-            return carry, jnp.where(running, new[0], 0)
+            if cell.bounded:
+                return new, new
+            new = tuple(jnp.where(running[:, None], n, s) for n, s in zip(new, carry))
+            return new, new
 
         if reverse:
             xw = self._reverse(xw)
-        # A row of length 0 never runs: its state is zeroed once, before any step reads
-        # it, and given back as it came. (A row that has ended holds finite states.)
         started = (self.lengths > 0)[:, None]
-        final, y = jax.lax.scan(ragged_step, tuple(jnp.where(started, s, 0) for s in carry),
-                                (xw, self.running))
-        carry = tuple(jnp.where(started, f, s) for f, s in zip(final, carry))
+        _, states = jax.lax.scan(step, tuple(jnp.where(started, s, 0) for s in carry),
+                                 (xw, self.running))
+        last = jnp.maximum(self.lengths - 1, 0)[None, :, None]
+        carry = tuple(jnp.where(started, jnp.take_along_axis(a, last, axis=0)[0], s)
+                      for a, s in zip(states, carry))
+        y = jnp.where(self.running[..., None], states[0], 0)
         return (self._reverse(y) if reverse else y), carry
 
 
@@ -118,6 +129,7 @@ class _Cell:
     def __init__(self, config, blocks, params):
         self.mode = config.rnn_mode
         self.gates = config.num_gates
+        self.bounded = self.mode != "rnn_relu"  # tanh, σ and LSTM's c (+1 a step at most)
         view = lambda block: None if block is None else block.view(params)  # noqa: E731
         self.w_input, self.w_proj = view(blocks.w_input), view(blocks.w_projection)
         self.b_input, self.b_rec = view(blocks.b_input), view(blocks.b_recurrent)

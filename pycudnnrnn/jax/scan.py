@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import dtypes, layout
+from .. import dtypes, layout, numpy_backend
 
 
 def rnn(problem, input, input_h, input_c, params, lengths):
@@ -165,9 +165,9 @@ class _Cell:
 
 
 def applies(problem) -> bool:
-    """Whether this module computes `problem`: everything but dropout masks."""
-    c = problem.config
-    return not (problem.is_training and c.dropout > 0 and c.num_layers > 1)
+    """Whether this module computes `problem`: everything but dropout masks (drawn in
+    training, between layers: the NumPy backend's rule)."""
+    return not numpy_backend._dropout_layers(problem)
 
 
 def constant_lengths(lengths, max_time):

@@ -2,12 +2,15 @@
 ``jax.experimental.rnn.lstm`` (cuDNN; GPU only) and a ``lax.scan`` LSTM
 (``jax.experimental.rnn.lstm_ref``, JAX's own reference), on the same weights.
 
-    python benchmarks/jax_bench.py [--repeat N] [--platform cpu|gpu]
+    python benchmarks/jax_bench.py [--repeat N] [--round-ms MS] [--platform cpu|gpu]
 
 A step is loss, gradient with respect to the weights and an SGD update, all in one
 ``jax.jit``; the forward alone (inference) is timed too. Rounds are interleaved (each
-round times every implementation once), and the table shows medians with the fastest
-and slowest run, and the training step's max/min (its spread). Prints; asserts nothing.
+round times every implementation once). A round of one program is as many back-to-back
+calls as fill ``--round-ms`` (counted once, after warm-up), and its time is the mean per
+call: a single call of a few milliseconds measures the scheduler of a shared machine
+more than the program. The table shows medians with the fastest and slowest round, and
+the training step's max/min (its spread). Prints; asserts nothing.
 """
 
 import argparse
@@ -65,13 +68,20 @@ def programs(fn, target):
     return {"forward": forward, "train step": step}
 
 
-def timed(program, args):
+def timed(program, args, calls=1):
+    """Seconds per call of `calls` back-to-back calls, each waited for."""
     start = time.perf_counter()
-    jax.block_until_ready(program(*args))
-    return time.perf_counter() - start
+    for _ in range(calls):
+        jax.block_until_ready(program(*args))
+    return (time.perf_counter() - start) / calls
 
 
-def bench_case(L, bidirectional, T, B, I, H, device, repeat):
+def calls_per_round(program, args, round_seconds):
+    """How many calls of `program` fill `round_seconds` (at least one)."""
+    return max(1, round(round_seconds / min(timed(program, args) for _ in range(3))))
+
+
+def bench_case(L, bidirectional, T, B, I, H, device, repeat, round_seconds):
     D = 2 if bidirectional else 1
     keys = jax.random.split(jax.random.PRNGKey(0), 5)
     put = lambda a: jax.device_put(a, device)  # noqa: E731
@@ -89,37 +99,40 @@ def bench_case(L, bidirectional, T, B, I, H, device, repeat):
             except Exception as exc:  # e.g. no CPU lowering of jax.experimental.rnn.lstm
                 skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"
                 break
-            runs[(name, kind)] = (program, [])
+            runs[(name, kind)] = (program, calls_per_round(program, args, round_seconds), [])
     for _ in range(repeat):
-        for program, times in runs.values():
-            times.append(timed(program, args))
+        for program, calls, times in runs.values():
+            times.append(timed(program, args, calls))
     return runs, skipped
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=7, help="rounds (default 7)")
+    parser.add_argument("--round-ms", type=float, default=50.0,
+                        help="the least time a round of one program lasts (default 50)")
     parser.add_argument("--platform", default=jax.default_backend())
     args = parser.parse_args()
     device = jax.devices(args.platform)[0]
     print(f"pycudnnrnn {pycudnnrnn.__version__}, jax {jax.__version__}, python "
           f"{platform.python_version()}, device {device.device_kind} ({device.platform}); "
-          f"float32, median (min-max) of {args.repeat} interleaved rounds")
+          f"float32, ms per call: median (min-max) of {args.repeat} interleaved rounds "
+          f"of >= {args.round_ms:g} ms")
     print(f"{'case':<26}{'implementation':<28}{'forward ms':>22}{'train step ms':>24}"
           f"{'max/min':>9}{'step / ours':>13}", flush=True)
     for L, bi, T, B, I, H in CASES.get(device.platform, CASES["gpu"]):
         label = f"L{L} {'bi' if bi else 'uni'} T{T} B{B} I{I} H{H}"
-        runs, skipped = bench_case(L, bi, T, B, I, H, device, args.repeat)
-        ours = np.median(runs[("pycudnnrnn.jax", "train step")][1])
+        runs, skipped = bench_case(L, bi, T, B, I, H, device, args.repeat, args.round_ms / 1e3)
+        ours = np.median(runs[("pycudnnrnn.jax", "train step")][2])
         for name in implementations(I, H, L, bi):
             if name in skipped:
                 print(f"{label:<26}{name:<28}  n/a: {skipped[name]}", flush=True)
                 continue
             cells = []
             for kind in ("forward", "train step"):
-                t = np.asarray(runs[(name, kind)][1]) * 1e3
+                t = np.asarray(runs[(name, kind)][2]) * 1e3
                 cells.append(f"{np.median(t):8.2f} ({t.min():.2f}-{t.max():.2f})")
-            steps = np.asarray(runs[(name, "train step")][1])
+            steps = np.asarray(runs[(name, "train step")][2])
             ratio = np.median(steps) / ours
             print(f"{label:<26}{name:<28}{cells[0]:>22}{cells[1]:>24}"
                   f"{steps.max() / steps.min():>9.2f}{ratio:>12.2f}x",

@@ -25,7 +25,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import pycudnnrnn  # noqa: E402
-from conftest import assert_ulp_close  # noqa: E402
+from conftest import assert_ulp_close, benchmark_script  # noqa: E402
 from pycudnnrnn import jax as rnn_jax  # noqa: E402
 from pycudnnrnn.jax import xla_ffi  # noqa: E402
 
@@ -980,3 +980,20 @@ def test_inference_functions_do_not_grow_with_seeds(custom_call):
     assert rnn_jax._inference.cache_info().currsize == 1
     for output in outputs[1:]:
         np.testing.assert_array_equal(np.asarray(output), np.asarray(outputs[0]))
+
+
+def test_benchmark_rounds_are_back_to_back_calls_timed_per_call(monkeypatch):
+    bench = benchmark_script("jax_bench")
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def program(x):  # a call of 2 ms on the fake clock
+        clock[0] += 0.002
+        return x
+
+    calls = bench.calls_per_round(program, (jnp.ones(2),), 0.05)
+    assert calls == 25
+    start = clock[0]
+    assert bench.timed(program, (jnp.ones(2),), calls) == pytest.approx(0.002)
+    assert clock[0] - start == pytest.approx(0.05)
+    assert bench.calls_per_round(program, (jnp.ones(2),), 0.0001) == 1  # never none

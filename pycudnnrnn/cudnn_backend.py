@@ -23,7 +23,6 @@ CuPy's current stream: no host↔device copy, no sync, no size query. Per run:
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 
 import numpy as np
@@ -65,6 +64,9 @@ class Executor:
         # States go to cuDNN as the caller gave them, and come back as cuDNN made them
         # (contiguous, [L·D, B, ·]), when every row runs and they are time-major.
         self.direct_states = self.all_rows and self.time_major
+        # The caller's buffers are cuDNN's, as they are: time-major, every row running
+        # its full length (nothing to pad, gather or transpose). See ``forward_at``.
+        self.in_place = self.direct_states and not self.ragged and B > 0
         self.y_shape = self._run_shape(self.width)
         with cp.cuda.Device(device):
             handle = cudnn_resources.handle(cp)
@@ -74,6 +76,7 @@ class Executor:
                 self.rnn.layout_checked = True
             self.rows = None if self.all_rows else cp.asarray(rows)
             self.head_device = cp.asarray(np.frombuffer(self.head, dtype=np.uint8))
+            self._head_ptr = self.head_device.data.ptr
             self.empty = cp.zeros((0,), self.storage)  # output_c of other cells: never written
             # Padding's zero: a device array of the data's dtype, not a host scalar (CuPy's
             # bfloat16 support is minimal: its kernels need not take an ml_dtypes scalar).
@@ -296,15 +299,56 @@ class Executor:
         """
         stream = self._enter()
         try:
-            if dropout_key is not None and stream.is_capturing():
-                dropout_key = None
-            return self._forward(input, input_h, input_c, params, out, workspace,
+            return self._forward(stream, input, input_h, input_c, params, out, workspace,
                                  restart_dropout, dropout_key)
         finally:
             self._leave(stream)
 
-    def _forward(self, input, input_h, input_c, params, out, workspace, restart_dropout,
-                 dropout_key):
+    def forward_at(self, x: int, hx: int, cx: int, params: int, y: int, hy: int, cy: int,
+                   work: int, reserve: int, dropout_key=None):
+        """Forward on device addresses (ints, 0 for none), for an adapter whose buffers
+        another library allocated: no array crosses into CuPy (a DLPack import each).
+
+        Only for a plan that runs ``in_place``, on buffers the caller vouches for: C-
+        contiguous, of the problem's shapes and dtype, on the plan's device. `reserve`:
+        ``reserve_nbytes`` bytes in training, whose header is written here (the caller
+        notes it by its buffer: ``reserve_header.remember``), else 0; `work`:
+        ``forward_workspace_nbytes`` bytes, or 0 to take them from CuPy's allocator.
+        `dropout_key` as for ``forward``.
+        """
+        stream = self._enter()
+        try:
+            if self.training:  # device to device, on the stream: no host copy, no sync
+                runtime = self.cupy.cuda.runtime
+                runtime.memcpyAsync(reserve, self._head_ptr, reserve_header.IDENTITY_BYTES,
+                                    runtime.memcpyDeviceToDevice, stream.ptr)
+            taken = None if work else self._buffer(None, self.work_bytes)
+            self._run_forward(stream, x, y, hx, hy, cx, cy, params,
+                              work or taken.data.ptr,
+                              0 if self.reserve_offset is None else reserve + self.reserve_offset,
+                              False, dropout_key)
+        finally:
+            self._leave(stream)
+
+    def _run_forward(self, stream, x, y, hx, hy, cx, cy, weights, work, reserve,
+                     restart_dropout, dropout_key):
+        """cudnnRNNForward on addresses, with the dropout state restarted or replayed."""
+        handle = cudnn_resources.handle(self.cupy, self.device)
+        states = getattr(self.rnn.dropout, "states", None) if self.training else None
+        if states is None:
+            self.calls.forward(handle, x, y, hx, hy, cx, cy, weights, work, reserve)
+            return
+        if restart_dropout:
+            states.restart()
+        # A capture's replays run no host code: a key could name no replayed mask.
+        if dropout_key is None or stream.is_capturing():
+            self.calls.forward(handle, x, y, hx, hy, cx, cy, weights, work, reserve)
+            return
+        with states.replaying(dropout_key):
+            self.calls.forward(handle, x, y, hx, hy, cx, cy, weights, work, reserve)
+
+    def _forward(self, stream, input, input_h, input_c, params, out, workspace,
+                 restart_dropout, dropout_key):
         cp, lstm, width = self.cupy, self.lstm, self.width
         out_y, out_h, out_c, out_reserve = out
         training = self.training
@@ -332,17 +376,12 @@ class Executor:
             cy = self._state_target(out_c, cx) if lstm else None
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
-        handle = cudnn_resources.handle(cp, self.device)
-        states = getattr(self.rnn.dropout, "states", None)
-        if restart_dropout and training and states is not None:
-            states.restart()
-        keyed = dropout_key is not None and training and states is not None
         offset = self.reserve_offset
-        with states.replaying(dropout_key) if keyed else contextlib.nullcontext():
-            self.calls.forward(handle, x.data.ptr, y.data.ptr, hx.data.ptr, hy.data.ptr,
-                               cx.data.ptr if lstm else 0, cy.data.ptr if lstm else 0,
-                               weights.data.ptr, work.data.ptr,
-                               0 if offset is None else reserve.data.ptr + offset)
+        self._run_forward(stream, x.data.ptr, y.data.ptr, hx.data.ptr, hy.data.ptr,
+                          cx.data.ptr if lstm else 0, cy.data.ptr if lstm else 0,
+                          weights.data.ptr, work.data.ptr,
+                          0 if offset is None else reserve.data.ptr + offset,
+                          restart_dropout, dropout_key)
         if direct:  # every row ran, time-major: cuDNN's results are the results
             return y, hy, cy if lstm else self.empty, reserve
         return (self._data_out(y, out_y, width), self._state_out(hy, out_h, input_h),

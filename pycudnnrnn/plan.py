@@ -218,6 +218,28 @@ class RNNPlan:
             reserve_header.remember(reserve_space, reserve_space.data.ptr if pointer is None
                                     else pointer, self._executor.head)
 
+    @property
+    def runs_in_place(self) -> bool:
+        """Whether ``forward_at`` can run this plan: on the GPU, time-major, with every
+        row running its full length (the caller's buffers are then cuDNN's as they are)."""
+        return self.device_index is not None and self._executor.in_place
+
+    def forward_at(self, input: int, input_h: int, input_c: int, params: int, output: int,
+                   output_h: int, output_c: int, workspace: int, reserve_space: int,
+                   dropout_key=None):
+        """Forward on device addresses (ints, 0 for none), for an adapter whose buffers
+        another library allocated: no DLPack import, no check. The caller vouches for
+        the buffers: C-contiguous, of the plan's shapes and dtype, on its device, the
+        results fresh; ``forward_workspace_nbytes`` of workspace (or 0: CuPy's
+        allocator gives it) and, in training, ``reserve_nbytes`` of reserve space, which
+        it notes with ``trust_reserve(buffer, address)``. Only where ``runs_in_place``."""
+        if not self.runs_in_place:
+            raise ValueError(f"forward_at: {self!r} does not run in place (on the GPU, "
+                             f"time-major, every row its full length); use forward")
+        with self._on_device():
+            self._executor.forward_at(input, input_h, input_c, params, output, output_h,
+                                      output_c, workspace, reserve_space, dropout_key)
+
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan",
                     check_overlaps=False, restart_dropout=False, dropout_key=None):
         """forward on backend arrays (NumPy or CuPy on the plan's device), by name.

@@ -579,6 +579,16 @@ def _memory_pointer(memory, offset):
     return memory
 
 
+MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
+
+
+def _memcpy_async(dst, src, size, kind, stream):
+    """``cudaMemcpyAsync`` between device addresses, queued on stream `stream`."""
+    assert kind == MEMCPY_DEVICE_TO_DEVICE, f"the stand-in copies device to device, got {kind}"
+    assert dst and src, "cudaMemcpyAsync on a null address"
+    _submit(stream, lambda: ctypes.memmove(dst, src, size))
+
+
 def _device_synchronize():
     _count("sync")
     synchronize_all()
@@ -624,7 +634,9 @@ class FakeCupy(types.ModuleType):
 
         self.cuda = types.SimpleNamespace(
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
-                                          deviceSynchronize=_device_synchronize),
+                                          deviceSynchronize=_device_synchronize,
+                                          memcpyAsync=_memcpy_async,
+                                          memcpyDeviceToDevice=MEMCPY_DEVICE_TO_DEVICE),
             Device=Device, get_current_stream=current_stream, Stream=FakeStream,
             ExternalStream=external_stream, Event=FakeEvent, MemoryPool=FakeMemoryPool,
             using_allocator=_UsingAllocator,
@@ -1260,7 +1272,10 @@ class LightCupy(types.ModuleType):
         super().__init__("light_cupy")
         self.cuda = types.SimpleNamespace(
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
-                                          deviceSynchronize=lambda: None),
+                                          deviceSynchronize=lambda: None,
+                                          memcpyAsync=lambda dst, src, size, kind, stream:
+                                              ctypes.memmove(dst, src, size),
+                                          memcpyDeviceToDevice=MEMCPY_DEVICE_TO_DEVICE),
             Device=_LightDevice, get_current_stream=lambda: _LIGHT_STREAMS[-1],
             Stream=_LightStream, ExternalStream=lambda ptr, device_id=0: _LightStream(ptr=ptr),
             Event=_LightEvent, MemoryPool=_LightPool, using_allocator=lambda malloc: _NoContext(),

@@ -723,7 +723,7 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
     from pycudnnrnn.torch import kernels
     monkeypatch.setattr(kernels, "_plan_device", lambda tensor: 0)
     monkeypatch.setattr(kernels, "on_gpu", lambda tensor: True)
-    for name in ("forward", "backprop"):
+    for name in ("forward", "forward_at", "backprop"):
         def drained(*args, _run=getattr(plan.RNNPlan, name), **kwargs):
             results = _run(*args, **kwargs)
             fake_cuda.synchronize_all()
@@ -741,9 +741,11 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
         imports.append(tuple(a.shape))  # not the tensor: that would keep it alive
         # by address, no reference: the stand-in keeps the views it sees, and a DLPack
         # view would keep the tensor object alive with them (a CuPy view dies with the call)
-        assert a.is_contiguous()
         dtype = torch.empty(0, dtype=a.dtype).numpy().dtype
-        return fake_cuda._array(a.data_ptr(), dtype, tuple(a.shape)).view(
+        extent = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride())) if a.numel() else 0
+        flat = fake_cuda._array(a.data_ptr(), dtype, (extent,))
+        return np.lib.stride_tricks.as_strided(  # strided as the tensor is, as CuPy's import
+            flat, tuple(a.shape), tuple(s * dtype.itemsize for s in a.stride())).view(
             fake_cuda.FakeDeviceArray)
 
     monkeypatch.setattr(fake_cuda.FakeCupy, "from_dlpack", from_dlpack)
@@ -852,6 +854,78 @@ def test_the_planned_path_imports_each_tensor_once_and_exports_nothing(torch_on_
                              "all", True)
     # 11 arguments; dx, dh, dc, dparams; workspace
     assert (len(imports), exports) == (16, [])
+
+
+def _time_major_call(mode="lstm", dropout=0.0):
+    """A call on which a plan runs in place: time-major, every row its full length."""
+    torch.manual_seed(1)
+    n = pycudnnrnn.params_size(rnn_mode=mode, num_layers=2, num_units=H, input_size=I,
+                               direction="bidirectional")
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    h = torch.randn(4, B, H, dtype=torch.float64)
+    c = torch.randn(4, B, H, dtype=torch.float64) if mode == "lstm" else None
+    params = torch.rand(n, dtype=torch.float64) - 0.5
+    attrs = dict(rnn_mode=mode, input_mode="linear_input", direction="bidirectional",
+                 dropout=dropout, num_proj=0, time_major=True)
+    return x, h, c, params, None, torch.tensor(12345), attrs
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_a_plan_that_runs_in_place_takes_the_tensors_addresses(torch_on_stand_in, mode):
+    """Stand-in GPU: a time-major call with every row at full length crossed DLPack
+    nine times (inputs, results, workspace), each a CuPy import of a PyTorch tensor. Its
+    plan now runs on the tensors' addresses: no import, the NumPy backend's results, and
+    a reserve space whose header forward wrote on the stream (an untrusted backprop
+    from a rebuilt tensor reads it back, and takes it)."""
+    import gc
+
+    import fake_cuda
+    from conftest import assert_ulp_close
+    from pycudnnrnn.torch import kernels
+    imports = torch_on_stand_in
+    x, h, c, params, lengths, seed, attrs = _time_major_call(mode)
+    assert kernels._plan(x, h, c, params, lengths, seed, attrs, True).runs_in_place
+    fwd = list(kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True))
+    assert imports == []
+    want = pycudnnrnn.forward(x.numpy(), h.numpy(), None if c is None else c.numpy(),
+                              params.numpy(), **attrs)
+    for got, expected in zip(fwd[:3 if mode == "lstm" else 2], want):
+        assert_ulp_close(got.numpy(), expected)
+    grads = [torch.randn_like(t) for t in fwd[:3]]
+    fwd[3] = _rebuilt(fwd[3])  # forward's tensor object gone: its note goes with it
+    gc.collect()
+    fake_cuda.reset_counts()
+    dx = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed,
+                                  attrs, "all", False)[0]
+    assert fake_cuda.COUNTS["device_to_host"] == 1  # the header, read back and accepted
+    want_dx = pycudnnrnn.backprop(x.numpy(), h.numpy(), None if c is None else c.numpy(),
+                                  params.numpy(), None, *want[:3],
+                                  *(g.numpy() for g in grads), want[3], **attrs)[0]
+    assert_ulp_close(dx.numpy(), want_dx)
+
+
+def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand_in):
+    """A plan that runs in place still runs a strided state or a params of another
+    dtype through its own path: the first with a DLPack import of a copy, the second
+    with the plan's error naming the argument. ``forward_at`` refuses a plan that does
+    not run in place."""
+    from conftest import assert_ulp_close
+    from pycudnnrnn.torch import kernels
+    imports = torch_on_stand_in
+    x, h, c, params, lengths, seed, attrs = _time_major_call()
+    plain = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    strided = torch.empty(4, B, 2 * H, dtype=h.dtype)[..., :H]
+    strided.copy_(h)
+    again = kernels.planned_forward(x, strided, c, params, lengths, seed, attrs, False)
+    assert len(imports) > 0
+    for got, want in zip(again[:3], plain[:3]):
+        assert_ulp_close(got.numpy(), want.numpy())
+    with pytest.raises(TypeError, match="params: expected dtype"):
+        kernels.planned_forward(x, h, c, params.float(), lengths, seed, attrs, False)
+    ragged = kernels._plan(*_stand_in_call()[:-1], _stand_in_call()[-1], False)
+    assert not ragged.runs_in_place
+    with pytest.raises(ValueError, match="does not run in place"):
+        ragged.forward_at(*(0,) * 9)
 
 
 def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_stand_in,

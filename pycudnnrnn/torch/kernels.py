@@ -227,18 +227,36 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
     out = (_empty(run.output_shape, input), _empty(run.output_h_shape, input),
            _empty(run.output_c_shape, input) if lstm else None, _used(reserve, run))
     key = dropout_key(input) if is_training and attrs["dropout"] > 0 else None
-    # Each tensor crosses DLPack once, into the plan; the results are `out` already, so
-    # they are not exported back (return_results=False).
-    run.forward(input, input_h, input_c, params, out=out,
-                workspace=_workspace(run.forward_workspace_nbytes, input),
-                return_results=False, check_overlaps=False,  # fresh buffers: no overlap
-                dropout_key=key)
-    if is_training and out[3] is not reserve:
-        # The plan noted the header by the view it was given, which dies now: note it by
-        # the tensor, so that backward reads none back from the GPU.
+    workspace = _workspace(run.forward_workspace_nbytes, input)
+    if run.runs_in_place and _plain(run, input, input_h, input_c, params):
+        # The common case: cuDNN runs on the tensors' addresses, none crosses DLPack.
+        address = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        run.forward_at(*map(address, (input, input_h, input_c, params, *out[:3], workspace,
+                                      reserve)), dropout_key=key)
+    else:
+        # Each tensor crosses DLPack once, into the plan; the results are `out` already,
+        # so they are not exported back (return_results=False).
+        run.forward(input, input_h, input_c, params, out=out, workspace=workspace,
+                    return_results=False, check_overlaps=False,  # fresh buffers: no overlap
+                    dropout_key=key)
+    if is_training:
+        # Noted by the tensor (the plan saw at most a DLPack view, which dies now), so
+        # that backward reads no header back from the GPU.
         run.trust_reserve(reserve, reserve.data_ptr())
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
             reserve if is_training else input.new_empty((0,), dtype=torch.uint8))
+
+
+def _plain(run, input, input_h, input_c, params) -> bool:
+    """Whether the arguments are what ``RNNPlan.forward_at`` takes on trust: contiguous,
+    of the plan's dtype, on the device of `input` (the plan's key fixed their shapes).
+    Else the plan's own checks run, and say what is wrong."""
+    dtype, device = input.dtype, input.device
+    lstm = run.problem.config.is_lstm
+    if lstm and input_c is None:
+        return False
+    return all(t.dtype == dtype and t.device == device and t.is_contiguous()
+               for t in ((input, input_h, input_c, params) if lstm else (input, input_h, params)))
 
 
 def planned_backprop(input, input_h, input_c, params, output, output_h, output_c,
@@ -265,9 +283,9 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
 
 def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
     device = _plan_device(input)
-    attributes = dict(attrs, **split_seed(seed), is_training=is_training)
 
     def build():
+        attributes = dict(attrs, **split_seed(seed), is_training=is_training)
         with _library_memory(input):
             return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths,
                                  attributes, device)
@@ -275,14 +293,16 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
     if device is None:
         return build()
     if not (is_training and attrs["dropout"] > 0):
-        # Keyed on the tensors' own shape and dtype objects: no per-call conversion to
-        # what for_call's key reads (that runs on a miss, with the checks).
+        # Keyed on the tensors' own shape and dtype objects and the attributes as given
+        # (their types too: True and 1 are one key, not one argument): no per-call
+        # conversion to what for_call's key reads (that runs on a miss, with the checks).
+        values = tuple(attrs.values())
         key = (device, input.dtype, input.shape, input_h.shape,
-               None if input_c is None else input_c.shape,
-               tuple(params.shape),
-               plan.lengths_key(lengths), gpu.get_allow_tf32(), tuple(attributes),
-               tuple(map(type, attributes.values())), tuple(attributes.values()))
+               None if input_c is None else input_c.shape, params.shape,
+               plan.lengths_key(lengths), gpu.get_allow_tf32(), tuple(attrs),
+               tuple(map(type, values)), values, seed_int(seed), is_training)
         return plan.for_adapter(key, build)
+    attributes = dict(attrs, **split_seed(seed), is_training=is_training)
     key = (str(input.dtype), tuple(None if t is None else tuple(t.shape)
                                    for t in (input, input_h, input_c, params)),
            None if lengths is None else lengths.tolist(), sorted(attributes.items()),

@@ -27,7 +27,8 @@ The PyTorch op cannot run on CUDA tensors here (torch is a CPU build, and the CU
 asks torch.cuda for the current stream and the caching allocator). It is timed on CPU
 tensors posed as tensors on the stand-in (as tests/test_torch_ops.py's
 ``torch_on_stand_in``): "kernel" is ``kernels.planned_forward``, the op's CUDA body
-(torch.empty for its buffers, the plan cache, DLPack imports, the plan's run), without
+(torch.empty for its buffers, the plan cache, the plan's run on the tensors' addresses:
+this plan runs in place, so no DLPack import), without
 ``kernels._on_device`` (torch.cuda's stream and allocator, and CuPy's context for them);
 "dispatched" adds ``torch.ops.pycudnnrnn.forward``'s dispatch in front of it.
 

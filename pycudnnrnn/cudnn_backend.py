@@ -316,6 +316,8 @@ class Executor:
         ``forward_workspace_nbytes`` bytes, or 0 to take them from CuPy's allocator.
         `dropout_key` as for ``forward``.
         """
+        if self.training and not reserve:
+            raise ValueError("forward_at: a training forward needs a reserve_space address")
         stream = self._enter()
         try:
             if self.training:  # device to device, on the stream: no host copy, no sync

@@ -715,7 +715,8 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
     stand-in's DLPack import adopts the tensors' memory (the stand-in's device memory is
     host memory). A plan's run finishes its queued work before it returns: PyTorch frees
     a CPU tensor (the workspace, a temporary) at once, not in a stream's order as its
-    CUDA allocator does."""
+    CUDA allocator does. An imported tensor lives until then, as CuPy's DLPack view
+    keeps it (a temporary too: a copy made to import, which nothing else holds)."""
     import fake_cuda
     import numpy as np
 
@@ -725,20 +726,23 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
     monkeypatch.setattr(kernels, "on_gpu", lambda tensor: True)
     for name in ("forward", "forward_at", "backprop"):
         def drained(*args, _run=getattr(plan.RNNPlan, name), **kwargs):
-            results = _run(*args, **kwargs)
-            fake_cuda.synchronize_all()
-            return results
+            try:
+                return _run(*args, **kwargs)
+            finally:
+                fake_cuda.synchronize_all()
+                imported.clear()
         monkeypatch.setattr(plan.RNNPlan, name, drained)
     kind = plan.device_kind
     monkeypatch.setattr(plan, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
         a, torch.Tensor) else kind(name, a, strict))
-    imports = []
+    imports, imported = [], []
     take = fake_cuda.FakeCupy.from_dlpack
 
     def from_dlpack(self, a):
         if not isinstance(a, torch.Tensor):
             return take(self, a)
-        imports.append(tuple(a.shape))  # not the tensor: that would keep it alive
+        imports.append(tuple(a.shape))
+        imported.append(a)  # held through the run, as CuPy's view holds it
         # by address, no reference: the stand-in keeps the views it sees, and a DLPack
         # view would keep the tensor object alive with them (a CuPy view dies with the call)
         dtype = torch.empty(0, dtype=a.dtype).numpy().dtype
@@ -904,12 +908,15 @@ def test_a_plan_that_runs_in_place_takes_the_tensors_addresses(torch_on_stand_in
     assert_ulp_close(dx.numpy(), want_dx)
 
 
-def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand_in):
-    """A plan that runs in place still runs a strided state or a params of another
-    dtype through its own path: the first with a DLPack import of a copy, the second
-    with the plan's error naming the argument. ``forward_at`` refuses a plan that does
+def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand_in,
+                                                                   monkeypatch):
+    """A plan that runs in place still runs a strided state, a state with a lazy sign
+    or a params of another dtype through its own path: the first two with a DLPack
+    import (and the values they stand for), the last with the plan's error naming the
+    argument. ``forward_at`` refuses a plan that does
     not run in place."""
     from conftest import assert_ulp_close
+    from pycudnnrnn import plan
     from pycudnnrnn.torch import kernels
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _time_major_call()
@@ -920,8 +927,26 @@ def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand
     assert len(imports) > 0
     for got, want in zip(again[:3], plain[:3]):
         assert_ulp_close(got.numpy(), want.numpy())
+    negated = torch._neg_view(-h)  # h's values over -h's memory: a lazy sign
+    assert negated.is_contiguous() and negated.is_neg()
+    again = kernels.planned_forward(x, negated, c, params, lengths, seed, attrs, False)
+    for got, want in zip(again[:3], plain[:3]):
+        assert_ulp_close(got.numpy(), want.numpy())
     with pytest.raises(TypeError, match="params: expected dtype"):
         kernels.planned_forward(x, h, c, params.float(), lengths, seed, attrs, False)
+    gru = dict(attrs, rnn_mode="gru")
+    gru_params = torch.rand(pycudnnrnn.params_size(
+        rnn_mode="gru", num_layers=2, num_units=H, input_size=I, direction="bidirectional"),
+        dtype=torch.float64)
+    seen = []
+    at = plan.RNNPlan.forward_at
+    monkeypatch.setattr(plan.RNNPlan, "forward_at",
+                        lambda self, *a, **k: seen.append(a) or at(self, *a, **k))
+    kernels.planned_forward(x, h, c, gru_params, lengths, seed, gru, False)
+    assert seen[0][2] == 0  # a GRU's cell state is no argument of cuDNN's: NULL
+    training = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
+    with pytest.raises(ValueError, match="needs a reserve_space"):
+        training.forward_at(*(1,) * 8, 0)
     ragged = kernels._plan(*_stand_in_call()[:-1], _stand_in_call()[-1], False)
     assert not ragged.runs_in_place
     with pytest.raises(ValueError, match="does not run in place"):

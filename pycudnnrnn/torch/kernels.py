@@ -231,8 +231,8 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
     if run.runs_in_place and _plain(run, input, input_h, input_c, params):
         # The common case: cuDNN runs on the tensors' addresses, none crosses DLPack.
         address = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-        run.forward_at(*map(address, (input, input_h, input_c, params, *out[:3], workspace,
-                                      reserve)), dropout_key=key)
+        run.forward_at(*map(address, (input, input_h, input_c if lstm else None, params,
+                                      *out[:3], workspace, reserve)), dropout_key=key)
     else:
         # Each tensor crosses DLPack once, into the plan; the results are `out` already,
         # so they are not exported back (return_results=False).
@@ -249,13 +249,14 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
 
 def _plain(run, input, input_h, input_c, params) -> bool:
     """Whether the arguments are what ``RNNPlan.forward_at`` takes on trust: contiguous,
-    of the plan's dtype, on the device of `input` (the plan's key fixed their shapes).
-    Else the plan's own checks run, and say what is wrong."""
+    of the plan's dtype, on the device of `input` (the plan's key fixed their shapes), no
+    negative bit (a lazy sign, which the DLPack path resolves). Else the plan's own
+    checks run, and say what is wrong."""
     dtype, device = input.dtype, input.device
     lstm = run.problem.config.is_lstm
     if lstm and input_c is None:
         return False
-    return all(t.dtype == dtype and t.device == device and t.is_contiguous()
+    return all(t.dtype == dtype and t.device == device and t.is_contiguous() and not t.is_neg()
                for t in ((input, input_h, input_c, params) if lstm else (input, input_h, params)))
 
 

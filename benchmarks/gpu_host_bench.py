@@ -110,8 +110,8 @@ def _floor(cupy, plan, x, h, c, w):
 
 
 def _torch_forward(monkeypatch, cupy, x, h, c, w):
-    """The PyTorch op's forward on CPU tensors posed as the stand-in's ({name: call}),
-    or None where torch cannot be imported."""
+    """The PyTorch op on CPU tensors posed as the stand-in's: ({name: call} for forward,
+    {name: call} for a training step's kernels), or None where torch cannot be imported."""
     try:
         import torch
 
@@ -145,12 +145,20 @@ def _torch_forward(monkeypatch, cupy, x, h, c, w):
     seed = torch.tensor(0)
     op = torch.ops.pycudnnrnn.forward
     names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
-    return {
+    grads = [torch.ones_like(t) for t in (tx, th, tc)]
+
+    def training_step():
+        y, hy, cy, reserve = kernels.planned_forward(tx, th, tc, tw, None, seed, ATTRS, True)
+        kernels.planned_backprop(tx, th, tc, tw, y, hy, cy, *grads, reserve, None, seed,
+                                 ATTRS, "all", True)
+
+    forward = {
         "forward PyTorch op, kernel": lambda: kernels.planned_forward(
             tx, th, tc, tw, None, seed, ATTRS, False),
         "forward PyTorch op, dispatched": lambda: op(
             tx, th, tc, tw, None, seed, *(ATTRS[n] for n in names), False),
     }
+    return forward, {"fwd+bwd PyTorch op, kernels": training_step}
 
 
 def main():
@@ -198,12 +206,13 @@ def main():
         }
         torch_calls = None if args.full else _torch_forward(
             monkeypatch, pycudnnrnn.gpu.cupy(), x, h, c, w)
-        calls.update(torch_calls or {})
+        calls.update(torch_calls[0] if torch_calls else {})
         if not args.full:
             calls[FLOOR] = _floor(
                 pycudnnrnn.gpu.cupy(), inference, x, h, c, w)
         forward = interleaved(calls, args.rounds, 500, clock=clock)
-        step = interleaved({"fwd+bwd plan": plan_step, "fwd+bwd functional": functional_step},
+        step = interleaved({"fwd+bwd plan": plan_step, "fwd+bwd functional": functional_step,
+                            **(torch_calls[1] if torch_calls else {})},
                            args.rounds, 200, clock=clock)
         pycudnnrnn.plan.clear_caches()  # no stand-in plan outlives the stand-in
     stand_in = "full stand-in GPU (its emulation included)" if args.full else \

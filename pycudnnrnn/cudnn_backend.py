@@ -408,6 +408,41 @@ class Executor:
             self._leave(stream)
         return grads if gradients != "weights" else (None, None, None, grads[3])
 
+    def backprop_at(self, x: int, hx: int, cx: int, params: int, y: int, dy: int, dhy: int,
+                    dcy: int, dx: int, dhx: int, dcx: int, dparams: int, work: int,
+                    work_nbytes: int, reserve: int, reserve_nbytes: int) -> bool:
+        """Backprop on device addresses (0 for none), as ``forward_at`` runs forward: for
+        a training plan that runs ``in_place``, on buffers the caller vouches for, the
+        data gradients always computed (`dparams` 0: no weight pass). Returns False,
+        having queued nothing, when the reserve space at `reserve` is not one this
+        process noted for this plan (``reserve_header.known``) or not of its size: the
+        checked path then reads and checks its header.
+        """
+        if reserve_header.known(reserve) != self.head or \
+                reserve_nbytes != _HEADER + self.reserve_bytes:
+            return False
+        runtime, n = self.cupy.cuda.runtime, self.reserve_bytes
+        stream = self._enter()
+        try:
+            if dparams:  # cuDNN adds the weight gradients
+                runtime.memsetAsync(dparams, 0, self.weight_bytes, stream.ptr)
+            taken = None
+            if work_nbytes < self._copy_offset + n:  # no room for the reserve's copy
+                taken = self.cupy.empty(max(self._copy_offset + n, 1), self.cupy.uint8)
+                work = taken.data.ptr
+            scratch = work + self._copy_offset  # cuDNN may write there: see _reserve_copy
+            if n:
+                runtime.memcpyAsync(scratch, reserve + _HEADER, n,
+                                    runtime.memcpyDeviceToDevice, stream.ptr)
+            handle = cudnn_resources.handle(self.cupy, self.device)
+            self.calls.backward_data(handle, y, dy, dx, hx, dhy, dhx, cx, dcy, dcx, params,
+                                     work, scratch)
+            if dparams:
+                self.calls.backward_weights(handle, x, hx, y, dparams, work, scratch)
+        finally:
+            self._leave(stream)
+        return True
+
     def _backprop(self, input, input_h, input_c, params, output, output_h, output_c,
                   output_backprop, output_h_backprop, output_c_backprop, reserve_space, out,
                   workspace, want_weights):

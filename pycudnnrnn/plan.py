@@ -240,6 +240,27 @@ class RNNPlan:
             self._executor.forward_at(input, input_h, input_c, params, output, output_h,
                                       output_c, workspace, reserve_space, dropout_key)
 
+    def backprop_at(self, input: int, input_h: int, input_c: int, params: int, output: int,
+                    output_backprop: int, output_h_backprop: int, output_c_backprop: int,
+                    input_backprop: int, input_h_backprop: int, input_c_backprop: int,
+                    params_backprop: int, workspace: int, workspace_nbytes: int,
+                    reserve_space: int, reserve_nbytes: int) -> bool:
+        """Backprop on device addresses, as ``forward_at`` runs forward (the caller
+        vouches for the buffers; ``workspace_nbytes`` of workspace leave room for the
+        reserve's copy): the data gradients always, the weight gradients when
+        `params_backprop` is not 0. Returns False, having run nothing, when the reserve
+        space is not one this process noted for this plan (``trust_reserve``): call
+        ``backprop``, which reads and checks its header. Only where ``runs_in_place``,
+        in training."""
+        if not (self.runs_in_place and self.problem.is_training):
+            raise ValueError(f"backprop_at: {self!r} does not run in place in training (on "
+                             f"the GPU, time-major, every row its full length); use backprop")
+        with self._on_device():
+            return self._executor.backprop_at(
+                input, input_h, input_c, params, output, output_backprop, output_h_backprop,
+                output_c_backprop, input_backprop, input_h_backprop, input_c_backprop,
+                params_backprop, workspace, workspace_nbytes, reserve_space, reserve_nbytes)
+
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan",
                     check_overlaps=False, restart_dropout=False, dropout_key=None):
         """forward on backend arrays (NumPy or CuPy on the plan's device), by name.

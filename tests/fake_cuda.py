@@ -589,6 +589,12 @@ def _memcpy_async(dst, src, size, kind, stream):
     _submit(stream, lambda: ctypes.memmove(dst, src, size))
 
 
+def _memset_async(ptr, value, size, stream):
+    """``cudaMemsetAsync``: `size` bytes at device address `ptr` set to `value`, queued."""
+    assert ptr, "cudaMemsetAsync on a null address"
+    _submit(stream, lambda: ctypes.memset(ptr, value, size))
+
+
 def _device_synchronize():
     _count("sync")
     synchronize_all()
@@ -636,6 +642,7 @@ class FakeCupy(types.ModuleType):
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
                                           deviceSynchronize=_device_synchronize,
                                           memcpyAsync=_memcpy_async,
+                                          memsetAsync=_memset_async,
                                           memcpyDeviceToDevice=MEMCPY_DEVICE_TO_DEVICE),
             Device=Device, get_current_stream=current_stream, Stream=FakeStream,
             ExternalStream=external_stream, Event=FakeEvent, MemoryPool=FakeMemoryPool,
@@ -1275,6 +1282,8 @@ class LightCupy(types.ModuleType):
                                           deviceSynchronize=lambda: None,
                                           memcpyAsync=lambda dst, src, size, kind, stream:
                                               ctypes.memmove(dst, src, size),
+                                          memsetAsync=lambda ptr, value, size, stream:
+                                              ctypes.memset(ptr, value, size),
                                           memcpyDeviceToDevice=MEMCPY_DEVICE_TO_DEVICE),
             Device=_LightDevice, get_current_stream=lambda: _LIGHT_STREAMS[-1],
             Stream=_LightStream, ExternalStream=lambda ptr, device_id=0: _LightStream(ptr=ptr),

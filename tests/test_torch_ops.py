@@ -724,7 +724,7 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
     from pycudnnrnn.torch import kernels
     monkeypatch.setattr(kernels, "_plan_device", lambda tensor: 0)
     monkeypatch.setattr(kernels, "on_gpu", lambda tensor: True)
-    for name in ("forward", "forward_at", "backprop"):
+    for name in ("forward", "forward_at", "backprop", "backprop_at"):
         def drained(*args, _run=getattr(plan.RNNPlan, name), **kwargs):
             try:
                 return _run(*args, **kwargs)
@@ -875,37 +875,61 @@ def _time_major_call(mode="lstm", dropout=0.0):
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
-def test_a_plan_that_runs_in_place_takes_the_tensors_addresses(torch_on_stand_in, mode):
+def test_a_plan_that_runs_in_place_takes_the_tensors_addresses(torch_on_stand_in,
+                                                              monkeypatch, mode):
     """Stand-in GPU: a time-major call with every row at full length crossed DLPack
-    nine times (inputs, results, workspace), each a CuPy import of a PyTorch tensor. Its
-    plan now runs on the tensors' addresses: no import, the NumPy backend's results, and
-    a reserve space whose header forward wrote on the stream (an untrusted backprop
-    from a rebuilt tensor reads it back, and takes it)."""
+    nine times in forward and sixteen in backprop, each a CuPy import of a PyTorch
+    tensor. Its plan now runs on the tensors' addresses: no import, the NumPy backend's
+    results, into buffers that hold NaN as fresh device memory may (the weight
+    gradients are zeroed on the stream before cuDNN adds to them), a reserve space left
+    as forward wrote it however often backprop reads it (cuDNN scribbles on a copy),
+    and a header forward wrote on the stream: an untrusted backprop from a rebuilt
+    tensor takes the checked path, reads it back, and accepts it."""
     import gc
 
     import fake_cuda
     from conftest import assert_ulp_close
     from pycudnnrnn.torch import kernels
+    empty = kernels._empty
+    monkeypatch.setattr(kernels, "_empty", lambda shape, like, dtype=None: empty(
+        shape, like, dtype).fill_(float("nan") if (dtype or like.dtype).is_floating_point
+                                  else 0xFF))
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _time_major_call(mode)
     assert kernels._plan(x, h, c, params, lengths, seed, attrs, True).runs_in_place
     fwd = list(kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True))
     assert imports == []
-    want = pycudnnrnn.forward(x.numpy(), h.numpy(), None if c is None else c.numpy(),
-                              params.numpy(), **attrs)
+    numpy_c = None if c is None else c.numpy()
+    want = pycudnnrnn.forward(x.numpy(), h.numpy(), numpy_c, params.numpy(), **attrs)
     for got, expected in zip(fwd[:3 if mode == "lstm" else 2], want):
         assert_ulp_close(got.numpy(), expected)
     grads = [torch.randn_like(t) for t in fwd[:3]]
+    want_grads = pycudnnrnn.backprop(x.numpy(), h.numpy(), numpy_c, params.numpy(), None,
+                                     *want[:3], *(g.numpy() for g in grads), want[3], **attrs)
+    reserve = fwd[3].clone()
+    fake_cuda.reset_counts()
+    first, second = (kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3],
+                                              lengths, seed, attrs, "all", True)
+                     for _ in range(2))
+    assert imports == [] and fake_cuda.COUNTS["device_to_host"] == 0
+    assert torch.equal(fwd[3], reserve)
+    for got, again, expected in zip(first, second, want_grads):
+        if expected is not None and expected.size:
+            assert_ulp_close(got.numpy(), expected)
+            assert torch.equal(got, again)  # the same computation on the same bytes
     fwd[3] = _rebuilt(fwd[3])  # forward's tensor object gone: its note goes with it
     gc.collect()
     fake_cuda.reset_counts()
     dx = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed,
                                   attrs, "all", False)[0]
     assert fake_cuda.COUNTS["device_to_host"] == 1  # the header, read back and accepted
-    want_dx = pycudnnrnn.backprop(x.numpy(), h.numpy(), None if c is None else c.numpy(),
-                                  params.numpy(), None, *want[:3],
-                                  *(g.numpy() for g in grads), want[3], **attrs)[0]
-    assert_ulp_close(dx.numpy(), want_dx)
+    assert imports != []
+    assert_ulp_close(dx.numpy(), want_grads[0])
+    imports.clear()
+    dparams = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths,
+                                       seed, attrs, "weights", True)[3]
+    assert imports != []  # no data gradients asked for: the checked path, which makes them
+    assert_ulp_close(dparams.numpy(), want_grads[3])
 
 
 def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand_in,

@@ -228,7 +228,7 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
            _empty(run.output_c_shape, input) if lstm else None, _used(reserve, run))
     key = dropout_key(input) if is_training and attrs["dropout"] > 0 else None
     workspace = _workspace(run.forward_workspace_nbytes, input)
-    if run.runs_in_place and _plain(run, input, input_h, input_c, params):
+    if run.runs_in_place and _plain(lstm, (input, input_h, params), (input_c,)):
         # The common case: cuDNN runs on the tensors' addresses, none crosses DLPack.
         address = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
         run.forward_at(*map(address, (input, input_h, input_c if lstm else None, params,
@@ -247,17 +247,19 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
             reserve if is_training else input.new_empty((0,), dtype=torch.uint8))
 
 
-def _plain(run, input, input_h, input_c, params) -> bool:
-    """Whether the arguments are what ``RNNPlan.forward_at`` takes on trust: contiguous,
-    of the plan's dtype, on the device of `input` (the plan's key fixed their shapes), no
+def _plain(lstm, tensors, cell_states) -> bool:
+    """Whether `tensors`, and an LSTM's `cell_states` (others' are not read), are what
+    ``RNNPlan.forward_at`` and ``backprop_at`` take on trust: contiguous, of one dtype,
+    on one device (the plan's key fixed their shapes and the first one's dtype), no
     negative bit (a lazy sign, which the DLPack path resolves). Else the plan's own
     checks run, and say what is wrong."""
-    dtype, device = input.dtype, input.device
-    lstm = run.problem.config.is_lstm
-    if lstm and input_c is None:
-        return False
+    if lstm:
+        if any(t is None for t in cell_states):
+            return False
+        tensors = (*tensors, *cell_states)
+    dtype, device = tensors[0].dtype, tensors[0].device
     return all(t.dtype == dtype and t.device == device and t.is_contiguous() and not t.is_neg()
-               for t in ((input, input_h, input_c, params) if lstm else (input, input_h, params)))
+               for t in tensors)
 
 
 def planned_backprop(input, input_h, input_c, params, output, output_h, output_c,
@@ -271,15 +273,42 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
            _empty(run.output_h_shape, input) if data else None,
            _empty(run.output_c_shape, input) if data and lstm else None,
            _empty((run.params_size,), input) if weights else None)
+    reserve_space, workspace = _used(reserve_space, run), _workspace(run.workspace_nbytes, input)
+    if data and run.runs_in_place and _plain_reserve(reserve_space, input) and _plain(
+            lstm, (input, input_h, params, output, output_backprop, output_h_backprop),
+            (input_c, output_c_backprop)):
+        # The common case, as in planned_forward: on the tensors' addresses.
+        if trust_reserve:
+            run.trust_reserve(reserve_space, reserve_space.data_ptr())
+        address = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        c = (lambda t: t) if lstm else (lambda t: None)  # noqa: E731
+        if run.backprop_at(*map(address, (
+                input, input_h, c(input_c), params, output, output_backprop,
+                output_h_backprop, c(output_c_backprop), *out, workspace)),
+                0 if workspace is None else workspace.numel(), reserve_space.data_ptr(),
+                reserve_space.numel()):
+            return _gradients(out, (True, True, True if lstm else None,
+                                    True if weights else None), input)
+        # a reserve space this process did not note: the checked path reads its header
     grads = run.backprop(input, input_h, input_c, params, output, output_h, output_c,
                          output_backprop, output_h_backprop, output_c_backprop,
-                         _used(reserve_space, run), out=out,
-                         workspace=_workspace(run.workspace_nbytes, input), gradients=gradients,
+                         reserve_space, out=out, workspace=workspace, gradients=gradients,
                          trust_reserve=trust_reserve, return_results=False,
                          check_overlaps=False)
-    # Ours where computed; an empty tensor for the c gradient of other cells.
-    return tuple(None if g is None else o if o is not None else input.new_empty((0,))
-                 for g, o in zip(grads, out))
+    return _gradients(out, grads, input)
+
+
+def _gradients(out, computed, like):
+    """Ours where computed; an empty tensor for the c gradient of other cells."""
+    return tuple(None if g is None else o if o is not None else like.new_empty((0,))
+                 for g, o in zip(computed, out))
+
+
+def _plain_reserve(reserve_space, like) -> bool:
+    """A reserve space ``backprop_at`` can take: 1-D contiguous bytes on `like`'s device."""
+    return reserve_space is not None and reserve_space.dtype == torch.uint8 and \
+        reserve_space.dim() == 1 and \
+        reserve_space.is_contiguous() and reserve_space.device == like.device
 
 
 def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):

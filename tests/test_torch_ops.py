@@ -930,6 +930,9 @@ def test_a_plan_that_runs_in_place_takes_the_tensors_addresses(torch_on_stand_in
                                        seed, attrs, "weights", True)[3]
     assert imports != []  # no data gradients asked for: the checked path, which makes them
     assert_ulp_close(dparams.numpy(), want_grads[3])
+    with pytest.raises(ValueError, match="output_backprop: expected shape"):  # the checks'
+        kernels.planned_backprop(x, h, c, params, *fwd[:3], grads[0][:-1].contiguous(),
+                                 *grads[1:], fwd[3], lengths, seed, attrs, "all", True)
 
 
 def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand_in,

@@ -250,7 +250,7 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
 def _plain(lstm, tensors, cell_states) -> bool:
     """Whether `tensors`, and an LSTM's `cell_states` (others' are not read), are what
     ``RNNPlan.forward_at`` and ``backprop_at`` take on trust: contiguous, of one dtype,
-    on one device (the plan's key fixed their shapes and the first one's dtype), no
+    on one device (the first one's dtype is the plan's key's), no
     negative bit (a lazy sign, which the DLPack path resolves). Else the plan's own
     checks run, and say what is wrong."""
     if lstm:
@@ -274,10 +274,16 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
            _empty(run.output_c_shape, input) if data and lstm else None,
            _empty((run.params_size,), input) if weights else None)
     reserve_space, workspace = _used(reserve_space, run), _workspace(run.workspace_nbytes, input)
-    if data and run.runs_in_place and _plain_reserve(reserve_space, input) and _plain(
+    results = ((output, run.output_shape), (output_h, run.output_h_shape),
+               (output_backprop, run.output_shape), (output_h_backprop, run.output_h_shape))
+    if lstm:
+        results += ((output_c, run.output_c_shape), (output_c_backprop, run.output_c_shape))
+    if data and run.runs_in_place and _plain_reserve(reserve_space, input) and all(
+            t is not None and t.shape == shape for t, shape in results) and _plain(
             lstm, (input, input_h, params, output, output_backprop, output_h_backprop),
             (input_c, output_c_backprop)):
-        # The common case, as in planned_forward: on the tensors' addresses.
+        # The common case, as in planned_forward: on the tensors' addresses (the plan's
+        # key fixed the inputs' shapes; the results' and their gradients' are checked above).
         if trust_reserve:
             run.trust_reserve(reserve_space, reserve_space.data_ptr())
         address = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
@@ -287,8 +293,7 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
                 output_h_backprop, c(output_c_backprop), *out, workspace)),
                 0 if workspace is None else workspace.numel(), reserve_space.data_ptr(),
                 reserve_space.numel()):
-            return _gradients(out, (True, True, True if lstm else None,
-                                    True if weights else None), input)
+            return _gradients(out, (True, True, True, True if weights else None), input)
         # a reserve space this process did not note: the checked path reads its header
     grads = run.backprop(input, input_h, input_c, params, output, output_h, output_c,
                          output_backprop, output_h_backprop, output_c_backprop,

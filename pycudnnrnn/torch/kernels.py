@@ -230,8 +230,7 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
     workspace = _workspace(run.forward_workspace_nbytes, input)
     if run.runs_in_place and _plain(lstm, (input, input_h, params), (input_c,)):
         # The common case: cuDNN runs on the tensors' addresses, none crosses DLPack.
-        address = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-        run.forward_at(*map(address, (input, input_h, input_c if lstm else None, params,
+        run.forward_at(*map(_address, (input, input_h, input_c if lstm else None, params,
                                       *out[:3], workspace, reserve)), dropout_key=key)
     else:
         # Each tensor crosses DLPack once, into the plan; the results are `out` already,
@@ -245,6 +244,11 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
         run.trust_reserve(reserve, reserve.data_ptr())
     return (out[0], out[1], out[2] if lstm else input.new_empty((0,)),
             reserve if is_training else input.new_empty((0,), dtype=torch.uint8))
+
+
+def _address(tensor) -> int:
+    """A tensor's device address for ``forward_at`` and ``backprop_at``; 0 for None."""
+    return 0 if tensor is None else tensor.data_ptr()
 
 
 def _plain(lstm, tensors, cell_states) -> bool:
@@ -286,9 +290,8 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
         # key fixed the inputs' shapes; the results' and their gradients' are checked above).
         if trust_reserve:
             run.trust_reserve(reserve_space, reserve_space.data_ptr())
-        address = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
         c = (lambda t: t) if lstm else (lambda t: None)  # noqa: E731
-        if run.backprop_at(*map(address, (
+        if run.backprop_at(*map(_address, (
                 input, input_h, c(input_c), params, output, output_backprop,
                 output_h_backprop, c(output_c_backprop), *out, workspace)),
                 0 if workspace is None else workspace.numel(), reserve_space.data_ptr(),

@@ -4,7 +4,7 @@
 
 Times the cuDNN backend's own Python, on a tiny LSTM (T=1, B=1, H=8, float32) so that
 nothing else counts: a plan's forward (inference) and forward + backprop, the same
-through the functional API, the XLA CUDA handler on a call frame built in Python
+through the functional API, the XLA CUDA handlers on call frames built in Python
 (tests/fake_xla.py), and the PyTorch op. Interleaved rounds; median and quartiles of
 µs per call. Asserts nothing.
 
@@ -77,6 +77,32 @@ def _xla_forward_frame(x, h, c, w):
                np.zeros(max(reserve, 1), np.uint8), np.zeros(max(workspace, 1), np.uint8)]
     frame = FakeCallFrame(host, results, op.attributes(False))
     return frame, xla_ffi.make_handler(targets.cuda_forward)
+
+
+def _xla_step(x, h, c, w):
+    """A training forward and its backprop through the XLA CUDA handlers, on call frames
+    over host copies of the arrays (each call writes the same buffers again)."""
+    from fake_xla import FakeCallFrame
+    from pycudnnrnn import jax as rnn_jax
+    from pycudnnrnn.jax import targets, xla_ffi
+    host = [np.asarray(a).view(np.ndarray).copy() for a in (x, h, c, w)]
+    op = rnn_jax._Op(seed=0, seed2=0, is_training=True, **ATTRS)
+    reserve, workspace = targets.buffer_sizes(op.problem(*host), cuda=True)
+    outputs = [np.empty_like(a) for a in host[:3]]
+    reserve = np.zeros(reserve, np.uint8)
+    forward = FakeCallFrame(host, outputs + [reserve, np.zeros(workspace, np.uint8)],
+                            op.attributes(False))
+    grads = [np.ones_like(a) for a in outputs]
+    backward = FakeCallFrame(host + outputs + grads + [reserve],
+                             [np.empty_like(a) for a in host] + [np.zeros(workspace, np.uint8)],
+                             op.attributes(False))
+    handlers = [xla_ffi.make_handler(targets.cuda_forward),
+                xla_ffi.make_handler(targets.cuda_backprop)]
+
+    def step():
+        forward.call(handlers[0])
+        backward.call(handlers[1])
+    return step
 
 
 def _floor(cupy, plan, x, h, c, w):
@@ -212,6 +238,7 @@ def main():
                 pycudnnrnn.gpu.cupy(), inference, x, h, c, w)
         forward = interleaved(calls, args.rounds, 500, clock=clock)
         step = interleaved({"fwd+bwd plan": plan_step, "fwd+bwd functional": functional_step,
+                            "fwd+bwd XLA handlers": _xla_step(x, h, c, w),
                             **(torch_calls[1] if torch_calls else {})},
                            args.rounds, 200, clock=clock)
         pycudnnrnn.plan.clear_caches()  # no stand-in plan outlives the stand-in

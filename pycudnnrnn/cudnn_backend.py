@@ -305,7 +305,7 @@ class Executor:
             self._leave(stream)
 
     def forward_at(self, x: int, hx: int, cx: int, params: int, y: int, hy: int, cy: int,
-                   work: int, reserve: int, dropout_key=None):
+                   work: int, reserve: int, restart_dropout=False, dropout_key=None):
         """Forward on device addresses (ints, 0 for none), for an adapter whose buffers
         another library allocated: no array crosses into CuPy (a DLPack import each).
 
@@ -314,7 +314,7 @@ class Executor:
         ``reserve_nbytes`` bytes in training, whose header is written here (the caller
         notes it by its buffer: ``reserve_header.remember``), else 0; `work`:
         ``forward_workspace_nbytes`` bytes, or 0 to take them from CuPy's allocator.
-        `dropout_key` as for ``forward``.
+        `restart_dropout` and `dropout_key` as for ``forward``.
         """
         if self.training and not reserve:
             raise ValueError("forward_at: a training forward needs a reserve_space address")
@@ -328,7 +328,7 @@ class Executor:
             self._run_forward(stream, x, y, hx, hy, cx, cy, params,
                               work or taken.data.ptr,
                               0 if self.reserve_offset is None else reserve + self.reserve_offset,
-                              False, dropout_key)
+                              restart_dropout, dropout_key)
         finally:
             self._leave(stream)
 
@@ -410,16 +410,18 @@ class Executor:
 
     def backprop_at(self, x: int, hx: int, cx: int, params: int, y: int, dy: int, dhy: int,
                     dcy: int, dx: int, dhx: int, dcx: int, dparams: int, work: int,
-                    work_nbytes: int, reserve: int, reserve_nbytes: int) -> bool:
+                    work_nbytes: int, reserve: int, reserve_nbytes: int,
+                    trusted=False) -> bool:
         """Backprop on device addresses (0 for none), as ``forward_at`` runs forward: for
         a training plan that runs ``in_place``, on buffers the caller vouches for, the
         data gradients always computed (`dparams` 0: no weight pass). Returns False,
-        having queued nothing, when the reserve space at `reserve` is not one this
-        process noted for this plan (``reserve_header.known``) or not of its size: the
-        checked path then reads and checks its header.
+        having queued nothing, when the reserve space at `reserve` is not of this plan's
+        size or, unless `trusted` (the caller knows it is this plan's forward's, as XLA's
+        custom_vjp does), not one this process noted for it (``reserve_header.known``):
+        the checked path then reads and checks its header.
         """
-        if reserve_header.known(reserve) != self.head or \
-                reserve_nbytes != _HEADER + self.reserve_bytes:
+        if reserve_nbytes != _HEADER + self.reserve_bytes or \
+                not trusted and reserve_header.known(reserve) != self.head:
             return False
         runtime, n = self.cupy.cuda.runtime, self.reserve_bytes
         stream = self._enter()

@@ -131,6 +131,12 @@ class RNNPlan:
                          ("params_backprop", (self.params_size,), self.dtype)]}
         self._forward_shapes = checks.forward_shapes(problem)
         self._backprop_shapes = self._forward_shapes + checks.backprop_shapes(problem)
+        self._described = {  # what describes compares, for forward and for backprop
+            backprop: [(name, shape, self.dtype) for name, shape, _ in inputs] +
+                      [(name, shape, dtype) for name, shape, dtype in self._results_of[run]
+                       if shape is not None and name != "reserve_space"]
+            for backprop, inputs, run in ((False, self._forward_shapes, "forward"),
+                                          (True, self._backprop_shapes, "backprop"))}
 
     @property
     def is_training(self) -> bool:
@@ -224,34 +230,51 @@ class RNNPlan:
         row running its full length (the caller's buffers are then cuDNN's as they are)."""
         return self.device_index is not None and self._executor.in_place
 
+    def describes(self, arrays: dict, backprop=False) -> bool:
+        """Whether `arrays` by name (anything with ``shape`` and ``dtype``: an adapter's
+        description of its buffers) hold each input of forward (of `backprop`) and each
+        of its results, of this plan's shapes and dtype, as ``forward_at`` and
+        ``backprop_at`` take them on trust (the reserve space and workspace are not
+        looked at: their sizes are passed). A comparison per array, no error: where
+        this says False, the checked ``forward`` or ``backprop`` tells what is wrong."""
+        for name, shape, dtype in self._described[backprop]:
+            array = arrays.get(name)
+            if array is None or array.shape != shape or array.dtype != dtype:
+                return False
+        return True
+
     def forward_at(self, input: int, input_h: int, input_c: int, params: int, output: int,
                    output_h: int, output_c: int, workspace: int, reserve_space: int,
-                   dropout_key=None):
+                   restart_dropout=False, dropout_key=None):
         """Forward on device addresses (ints, 0 for none), for an adapter whose buffers
         another library allocated: no DLPack import, no check. The caller vouches for
         the buffers: C-contiguous, of the plan's shapes and dtype, on its device, the
         results fresh; ``forward_workspace_nbytes`` of workspace (or 0: CuPy's
         allocator gives it) and, in training, ``reserve_nbytes`` of reserve space, which
-        it notes with ``trust_reserve(buffer, address)``. Only where ``runs_in_place``."""
+        it notes with ``trust_reserve(buffer, address)``. `restart_dropout` and
+        `dropout_key` as for ``run_forward``. Only where ``runs_in_place``; ``describes``
+        checks the buffers' shapes and dtype for an adapter that has them at hand."""
         if not self.runs_in_place:
             raise ValueError(f"forward_at: {self!r} does not run in place (on the GPU, "
                              f"time-major, every row its full length); use forward")
         with self._on_device():
             self._executor.forward_at(input, input_h, input_c, params, output, output_h,
-                                      output_c, workspace, reserve_space, dropout_key)
+                                      output_c, workspace, reserve_space, restart_dropout,
+                                      dropout_key)
 
     def backprop_at(self, input: int, input_h: int, input_c: int, params: int, output: int,
                     output_backprop: int, output_h_backprop: int, output_c_backprop: int,
                     input_backprop: int, input_h_backprop: int, input_c_backprop: int,
                     params_backprop: int, workspace: int, workspace_nbytes: int,
-                    reserve_space: int, reserve_nbytes: int) -> bool:
+                    reserve_space: int, reserve_nbytes: int, trusted=False) -> bool:
         """Backprop on device addresses, as ``forward_at`` runs forward (the caller
         vouches for the buffers; ``workspace_nbytes`` of workspace leave room for the
         reserve's copy): the data gradients always, the weight gradients when
         `params_backprop` is not 0. Returns False, having run nothing, when the reserve
-        space is not one this process noted for this plan (``trust_reserve``): call
-        ``backprop``, which reads and checks its header. Only where ``runs_in_place``,
-        in training."""
+        space is not of the plan's size or, unless `trusted` (the caller knows it is
+        this plan's forward's, as XLA's custom_vjp does), not one this process noted for
+        this plan (``trust_reserve``): call ``backprop``, which reads and checks its
+        header. Only where ``runs_in_place``, in training."""
         if not (self.runs_in_place and self.problem.is_training):
             raise ValueError(f"backprop_at: {self!r} does not run in place in training (on "
                              f"the GPU, time-major, every row its full length); use backprop")
@@ -259,7 +282,8 @@ class RNNPlan:
             return self._executor.backprop_at(
                 input, input_h, input_c, params, output, output_backprop, output_h_backprop,
                 output_c_backprop, input_backprop, input_h_backprop, input_c_backprop,
-                params_backprop, workspace, workspace_nbytes, reserve_space, reserve_nbytes)
+                params_backprop, workspace, workspace_nbytes, reserve_space, reserve_nbytes,
+                trusted)
 
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan",
                     check_overlaps=False, restart_dropout=False, dropout_key=None):

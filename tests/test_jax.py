@@ -789,6 +789,67 @@ def test_cuda_handler_temporaries_come_from_xla(stand_in_gpu, name, lengths, xla
     assert bool(frame.allocations) == bool(backward.allocations) == needs
 
 
+@pytest.mark.parametrize("name", ["lstm-projection-bi", "gru-bi-ragged", "rnn_tanh-2layer"])
+def test_cuda_handlers_on_a_plan_that_runs_in_place_take_xlas_addresses(
+        stand_in_gpu, monkeypatch, name):
+    """Time-major with every row full (a plan that runs in place): forward and backprop
+    run on XLA's buffers' addresses, no CuPy view of any (each costs microseconds of a
+    tiny call's host time). Results as the NumPy backend's in NaN-filled buffers; the
+    reserve's header written on XLA's stream; backprop trusts it (no read-back, no sync)."""
+    import fake_cuda
+    from pycudnnrnn.jax import targets as ffi_targets
+    case = _case(name, lengths=None)
+    op = _op(case)
+    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+                                                case.params), cuda=True)
+    views, runs = [], []
+    array, at = ffi_targets._Device.array, ffi_targets._at_addresses
+    monkeypatch.setattr(ffi_targets._Device, "array",
+                        lambda self, buffer: views.append(buffer) or array(self, buffer))
+    monkeypatch.setattr(ffi_targets, "_at_addresses",
+                        lambda plan, *a: runs.append((plan, at(plan, *a))) or runs[-1][1])
+    frame, expected, results = _forward_frame(case, op, sizes)
+    assert frame.call(xla_ffi.make_handler(ffi_targets.cuda_forward)) is None, frame.errors
+    [(plan, ran)] = runs
+    assert ran and views == [] and not frame.allocations
+    outputs, reserve = results[:-2], results[-2]
+    for ours, want in zip(outputs, [e for e in expected[:3] if e.size]):
+        assert_ulp_close(ours, want)
+    assert bytes(reserve[:32]) == plan._executor.head
+
+    backward, grads, reference = _backprop_frame(case, op, sizes, expected, outputs, reserve)
+    fake_cuda.reset_counts()
+    assert backward.call(xla_ffi.make_handler(ffi_targets.cuda_backprop)) is None, \
+        backward.errors
+    assert runs[1] == (plan, True) and views == [] and not backward.allocations
+    assert fake_cuda.COUNTS["device_to_host"] == fake_cuda.COUNTS["sync"] == 0
+    for ours, theirs in zip(grads, reference):
+        assert_ulp_close(ours, theirs)
+
+
+def test_what_the_cuda_handlers_cannot_take_on_trust_goes_through_the_checks(stand_in_gpu):
+    """A plan that runs in place, with a reserve space XLA made too small or a result of
+    another shape (our lowering's bug): the checked run, and its error."""
+    from fake_xla import FakeCallFrame
+    from pycudnnrnn.jax import targets as ffi_targets
+    case = _case("lstm-projection-bi", lengths=None)
+    op = _op(case)
+    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+                                                case.params), cuda=True)
+    handler = xla_ffi.make_handler(ffi_targets.cuda_forward)
+    frame, _, _ = _forward_frame(case, op, (sizes[0] - 1, sizes[1]))
+    assert frame.call(handler) == frame.ERROR
+    assert "reserve_space: this call needs" in frame.errors[0][0]
+
+    frame, _, results = _forward_frame(case, op, sizes)
+    results[0] = np.full(results[0].shape[:2] + (results[0].shape[2] + 1,), np.nan,
+                         results[0].dtype)
+    operands = [case.input, case.input_h, case.input_c, case.params]
+    frame = FakeCallFrame(operands, results, op.attributes(False))
+    assert frame.call(handler) == frame.ERROR
+    assert "out output: expected shape" in frame.errors[0][0], frame.errors
+
+
 def test_xla_out_of_memory_is_an_xla_error_and_nothing_leaks(stand_in_gpu):
     """XLA's allocator refusing a temporary: the call fails with XLA's message (its
     error destroyed), and what the call had taken from XLA goes back."""

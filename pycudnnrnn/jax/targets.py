@@ -21,7 +21,10 @@ CUDA) and runs the cached ``RNNPlan`` for them (``pycudnnrnn.plan.for_call``, th
 functional API's cache) with XLA's result buffers as ``out=`` and XLA's workspace: the
 results are written in place. ``reserve_space`` and ``workspace`` are sized at trace
 time by ``buffer_sizes`` for the platform of JAX's default device; a plan uses their
-first bytes (backprop's copy of the reserve space lives in the workspace). On the GPU,
+first bytes (backprop's copy of the reserve space lives in the workspace). A CUDA plan
+that runs in place (time-major, every row full) takes XLA's buffers by address instead
+(``RNNPlan.forward_at`` and ``backprop_at``), with no view, once their shapes and dtype
+are found to be the plan's (``RNNPlan.describes``). On the GPU,
 every temporary the run needs beyond these (ragged padding, rows of length 0,
 batch-major states, a workspace where XLA's is too small) comes from XLA's allocator
 (``xla_ffi.Scratch``) and goes back to it when the call ends: none from CuPy's pool,
@@ -150,44 +153,98 @@ def buffer_sizes(problem, cuda: bool) -> tuple[int, int]:
     return buffer_nbytes(problem, 0 if cuda else None)
 
 
+class _Described:
+    """What a plan's checks and cache key read of an XLA buffer: shape, ndim and dtype."""
+
+    __slots__ = ("shape", "ndim", "dtype")
+
+    def __init__(self, buffer: xla_ffi.Buffer):
+        self.shape, self.ndim = buffer.shape, len(buffer.shape)
+        self.dtype = numpy_dtype(buffer.dtype)
+
+
 def _run(call_frame, target: str, place):
     """Run one call frame through the cached plan for its arrays, on `place`'s device,
     writing straight into XLA's result buffers."""
     from .. import plan as plans
     call = _Call(call_frame, target)
     with place:
-        a = {n: place.array(b) for n, b in call.operands.items()}
-        lengths = _flat_lengths(place.host_lengths(a.pop("sequence_lengths", None)),
-                                a["input"].shape[0 if call.op["time_major"] else 1])
-        out = {n: place.array(b) for n, b in call.results.items()}
+        operands = dict(call.operands)
+        lengths = operands.pop("sequence_lengths", None)
+        lengths = _flat_lengths(
+            None if lengths is None else place.host_lengths(place.array(lengths)),
+            operands["input"].shape[0 if call.op["time_major"] else 1])
+        described = {n: _Described(b) for n, b in (*operands.items(), *call.results.items())}
         for name in ("input_c", "output_c", "output_c_backprop"):
-            a.setdefault(name, None)  # not LSTM
-        plan = plans.for_call(a, lengths, {**call.op, "is_training": call.is_training},
+            described.setdefault(name, None)  # not LSTM
+        plan = plans.for_call(described, lengths, {**call.op, "is_training": call.is_training},
                               place.device)
-        workspace = out.pop("workspace")
-        workspace = workspace[:plan.workspace_nbytes] \
-            if workspace.shape[0] >= plan.workspace_nbytes else None  # None: a temporary
-        if target == FORWARD:
-            reserve = _prefix(out["reserve_space"], plan.reserve_nbytes, "reserve_space") \
-                if call.is_training else None
-            # XLA may run a forward again (remat, jax.checkpoint) and pair its residuals
-            # with the first run's results: masks depend on the seed alone, as on the CPU.
-            run = functools.partial(
-                plan.run_forward, a, out=(out["output"], out["output_h"], out.get("output_c"),
-                                          reserve), workspace=workspace, restart_dropout=True)
-        else:
-            a["reserve_space"] = _prefix(a["reserve_space"], plan.reserve_nbytes,
-                                         "reserve_space")
-            # custom_vjp hands backprop the residual of our own forward call, so the
-            # reserve space is this plan's by construction: reading its header back
-            # would sync XLA's stream at every training step.
-            plan.trust_reserve(a["reserve_space"])
-            run = functools.partial(
-                plan.run_backprop, a, out=(out["input_backprop"], out["input_h_backprop"],
-                                           out.get("input_c_backprop"), out["params_backprop"]),
-                workspace=workspace)
         with place.temporaries():  # not the plan's build: its buffers outlive the call
-            run()
+            if not (place.device is not None and plan.runs_in_place and
+                    plan.describes(described, target == BACKPROP) and _at_addresses(
+                        plan, call.operands, call.results, target, call.is_training)):
+                _checked(plan, call, target, place)
+
+
+def _at_addresses(plan, operands: dict, results: dict, target: str, training: bool) -> bool:
+    """Run `plan` on XLA's buffers' addresses (no CuPy view of them: each costs several
+    microseconds, most of a tiny call's host time). False, having run nothing, where a
+    reserve space is too small: the checked run says so."""
+    workspace = results["workspace"]
+
+    def at(name, buffers):
+        return buffers[name].data if name in buffers else 0  # (a cell state: LSTM only)
+
+    if target == FORWARD:
+        reserve = results["reserve_space"]
+        if training and reserve.shape[0] < plan.reserve_nbytes:
+            return False
+        # As in _checked: masks depend on the seed alone, for XLA's rematerialisation.
+        plan.forward_at(
+            operands["input"].data, operands["input_h"].data, at("input_c", operands),
+            operands["params"].data, results["output"].data, results["output_h"].data,
+            at("output_c", results),
+            workspace.data if workspace.shape[0] >= plan.forward_workspace_nbytes else 0,
+            reserve.data if training else 0, restart_dropout=True)
+        return True
+    reserve = operands["reserve_space"]
+    if reserve.shape[0] < plan.reserve_nbytes:
+        return False
+    # custom_vjp hands backprop the residual of our own forward (see _checked): trusted.
+    return plan.backprop_at(
+        operands["input"].data, operands["input_h"].data, at("input_c", operands),
+        operands["params"].data, operands["output"].data, operands["output_backprop"].data,
+        operands["output_h_backprop"].data, at("output_c_backprop", operands),
+        results["input_backprop"].data, results["input_h_backprop"].data,
+        at("input_c_backprop", results), results["params_backprop"].data,
+        workspace.data, workspace.shape[0], reserve.data, plan.reserve_nbytes, trusted=True)
+
+
+def _checked(plan, call: _Call, target: str, place):
+    """Run `plan` on views of XLA's buffers, through the plan's checks."""
+    a = {n: place.array(b) for n, b in call.operands.items() if n != "sequence_lengths"}
+    out = {n: place.array(b) for n, b in call.results.items()}
+    for name in ("input_c", "output_c", "output_c_backprop"):
+        a.setdefault(name, None)  # not LSTM
+    workspace = out.pop("workspace")
+    workspace = workspace[:plan.workspace_nbytes] \
+        if workspace.shape[0] >= plan.workspace_nbytes else None  # None: a temporary
+    if target == FORWARD:
+        reserve = _prefix(out["reserve_space"], plan.reserve_nbytes, "reserve_space") \
+            if call.is_training else None
+        # XLA may run a forward again (remat, jax.checkpoint) and pair its residuals
+        # with the first run's results: masks depend on the seed alone, as on the CPU.
+        plan.run_forward(a, out=(out["output"], out["output_h"], out.get("output_c"), reserve),
+                         workspace=workspace, restart_dropout=True)
+        return
+    a["reserve_space"] = _prefix(a["reserve_space"], plan.reserve_nbytes, "reserve_space")
+    # custom_vjp hands backprop the residual of our own forward call, so the
+    # reserve space is this plan's by construction: reading its header back
+    # would sync XLA's stream at every training step.
+    plan.trust_reserve(a["reserve_space"])
+    plan.run_backprop(a, out=(out["input_backprop"], out["input_h_backprop"],
+                              out.get("input_c_backprop"), out["params_backprop"]),
+                      workspace=workspace)
 
 
 # --------------------------------------------------------------------------- the CPU

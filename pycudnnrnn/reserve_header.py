@@ -69,29 +69,42 @@ def check(head: bytes | None, dtype, size: int, expected_size: int, problem: Pro
 
 # ----------------------------------------------------------------- headers made here
 
-_known: dict = {}   # data pointer → (weak reference to the buffer, its identity bytes)
+_known: dict = {}   # data pointer → (its identity bytes, [weak references to its buffers])
 _known_lock = threading.Lock()
 
 
 def remember(buffer, pointer: int, head: bytes):
-    """Note that `buffer` (whose memory starts at `pointer`) holds identity `head`."""
+    """Note that `buffer` (whose memory starts at `pointer`) holds identity `head`.
+
+    The note lasts while any buffer noted with that identity lives (forward's own, and
+    a view a trusted backprop noted); another identity at `pointer` replaces them.
+    """
 
     def forget(ref, pointer=pointer):
         with _known_lock:
-            if _known.get(pointer, (None,))[0] is ref:
-                del _known[pointer]
+            entry = _known.get(pointer)
+            if entry is not None and any(r is ref for r in entry[1]):
+                entry[1][:] = [r for r in entry[1] if r is not ref]
+                if not entry[1]:
+                    del _known[pointer]
 
     with _known_lock:
-        _known[pointer] = (weakref.ref(buffer, forget), head)
+        entry = _known.get(pointer)
+        if entry is None or entry[0] != head:
+            _known[pointer] = (head, [weakref.ref(buffer, forget)])
+        elif not any(r() is buffer for r in entry[1]):
+            entry[1].append(weakref.ref(buffer, forget))
 
 
 def known(pointer: int) -> bytes | None:
     """The identity of the reserve space made here whose memory starts at `pointer`, if
-    that buffer is still alive (so the memory is still its own); else None."""
+    a buffer noted with it is still alive (so the memory is still its own); else None."""
     entry = _known.get(pointer)
-    if entry is None or entry[0]() is None:
-        return None
-    return entry[1]
+    if entry is not None:
+        for ref in entry[1]:
+            if ref() is not None:
+                return entry[0]
+    return None
 
 
 def identity(buffer, pointer: int, read) -> bytes | None:

@@ -120,6 +120,18 @@ def install(monkeypatch):
     return fake_api
 
 
+def release_foreign_views():
+    """Run every stream's queued work, then let go of the views of foreign memory whose
+    pointers cuDNN got (kept against a use after free while work on them may be queued):
+    dead, as CuPy's views are once the call that made them returns, with whatever a weak
+    reference ties to them. Not during a capture, nor before replaying a graph that
+    captured work on them."""
+    synchronize_all()
+    if _CAPTURES:
+        raise RuntimeError("a captured graph may replay work on these views")
+    _KEPT.clear()
+
+
 def to_host(a):
     """A host copy of device array `a` once the current stream's work is done (uncounted)."""
     _drain(current_stream().ptr)

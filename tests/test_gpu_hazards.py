@@ -56,6 +56,29 @@ def test_one_reserve_space_serves_any_number_of_backprops(device):
         np.testing.assert_array_equal(device.get(b), a, err_msg=name)
 
 
+def test_a_reserve_noted_by_two_buffers_is_known_while_either_lives():
+    """A trusted backprop notes the reserve space by its own argument (a view, a tensor
+    rebuilt around forward's memory): when that object dies, forward's note stays, so a
+    later backprop with forward's buffer reads no header back from the GPU."""
+    from pycudnnrnn import reserve_header
+    forward = np.zeros(64, np.uint8)
+    pointer, head, other = forward.ctypes.data, b"h" * 32, b"o" * 32
+    reserve_header.remember(forward, pointer, head)
+    view = forward[:]
+    reserve_header.remember(view, pointer, head)
+    reserve_header.remember(view, pointer, head)  # noted again: still one note of it
+    del view
+    gc.collect()
+    assert reserve_header.known(pointer) == head
+    later = forward[:]
+    reserve_header.remember(later, pointer, other)  # another forward wrote the memory
+    assert reserve_header.known(pointer) == other
+    del later
+    gc.collect()
+    assert reserve_header.known(pointer) is None  # forward's note was of the old header
+    del forward
+
+
 # ----------------------------------------------------------------- 5, 6: streams and syncs
 
 def _ragged_plan(case, **overrides):

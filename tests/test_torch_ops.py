@@ -778,6 +778,7 @@ def test_a_trusted_reserve_is_not_read_back_on_the_stand_in_gpu(torch_on_stand_i
     grads = [torch.randn_like(t) for t in fwd[:3]]
     # another tensor object over the same memory (no view: its _base would keep forward's)
     fwd[3] = _rebuilt(fwd[3])
+    fake_cuda.release_foreign_views()  # forward's views of the tensors die, as CuPy's do
     gc.collect()
     results = []
     for trust in (False, True):  # untrusted first: the stand-in keeps views it saw alive

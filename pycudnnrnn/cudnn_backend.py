@@ -23,6 +23,7 @@ CuPy's current stream: no host↔device copy, no sync, no size query. Per run:
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import numpy as np
@@ -337,16 +338,12 @@ class Executor:
         """cudnnRNNForward on addresses, with the dropout state restarted or replayed."""
         handle = cudnn_resources.handle(self.cupy, self.device)
         states = getattr(self.rnn.dropout, "states", None) if self.training else None
-        if states is None:
-            self.calls.forward(handle, x, y, hx, hy, cx, cy, weights, work, reserve)
-            return
-        if restart_dropout:
+        if states is not None and restart_dropout:
             states.restart()
         # A capture's replays run no host code: a key could name no replayed mask.
-        if dropout_key is None or stream.is_capturing():
-            self.calls.forward(handle, x, y, hx, hy, cx, cy, weights, work, reserve)
-            return
-        with states.replaying(dropout_key):
+        replayed = states is not None and dropout_key is not None and \
+            not stream.is_capturing()
+        with states.replaying(dropout_key) if replayed else contextlib.nullcontext():
             self.calls.forward(handle, x, y, hx, hy, cx, cy, weights, work, reserve)
 
     def _forward(self, stream, input, input_h, input_c, params, out, workspace,

@@ -313,7 +313,8 @@ class Executor:
         Only for a plan that runs ``in_place``, on buffers the caller vouches for: C-
         contiguous, of the problem's shapes and dtype, on the plan's device. `reserve`:
         ``reserve_nbytes`` bytes in training, whose header is written here (the caller
-        notes it by its buffer: ``reserve_header.remember``), else 0; `work`:
+        notes it by its buffer, ``reserve_header.remember``, or passes it to
+        ``backprop_at`` as `trusted`), else 0; `work`:
         ``forward_workspace_nbytes`` bytes, or 0 to take them from CuPy's allocator.
         `restart_dropout` and `dropout_key` as for ``forward``.
         """

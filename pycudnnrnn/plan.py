@@ -217,8 +217,8 @@ class RNNPlan:
     def trust_reserve(self, reserve_space, pointer=None):
         """Note that `reserve_space` (a backend array) holds this plan's forward's reserve
         space, for a framework that ties the two by construction (XLA's custom_vjp): its
-        backprop then reads no header back from the GPU. The note lasts as long as the
-        array object does. `pointer`: the address of its first byte, for a framework's
+        backprop then reads no header back from the GPU. The note lasts at least as long
+        as the array object does (as long as any buffer noted with that header). `pointer`: the address of its first byte, for a framework's
         buffer (larger than ``reserve_nbytes``, of which forward was given the start)."""
         if self.device_index is not None and self.problem.is_training:
             reserve_header.remember(reserve_space, reserve_space.data.ptr if pointer is None
@@ -251,7 +251,8 @@ class RNNPlan:
         the buffers: C-contiguous, of the plan's shapes and dtype, on its device, the
         results fresh; ``forward_workspace_nbytes`` of workspace (or 0: CuPy's
         allocator gives it) and, in training, ``reserve_nbytes`` of reserve space, which
-        it notes with ``trust_reserve(buffer, address)``. `restart_dropout` and
+        it notes with ``trust_reserve(buffer, address)`` (or passes to ``backprop_at``
+        as `trusted`, knowing it is this forward's). `restart_dropout` and
         `dropout_key` as for ``run_forward``. Only where ``runs_in_place``; ``describes``
         checks the buffers' shapes and dtype for an adapter that has them at hand."""
         if not self.runs_in_place:

@@ -69,8 +69,11 @@ def check(head: bytes | None, dtype, size: int, expected_size: int, problem: Pro
 
 # ----------------------------------------------------------------- headers made here
 
-_known: dict = {}   # data pointer → (its identity bytes, [weak references to its buffers])
-_known_lock = threading.Lock()
+_known: dict = {}   # data pointer → (its identity bytes, (weak references to its buffers,))
+# Reentrant: a collection that runs while the lock is held may free a noted buffer, whose
+# callback then takes the lock on this same thread. Entries are replaced, never changed,
+# so that known() reads one without the lock.
+_known_lock = threading.RLock()
 
 
 def remember(buffer, pointer: int, head: bytes):
@@ -84,16 +87,19 @@ def remember(buffer, pointer: int, head: bytes):
         with _known_lock:
             entry = _known.get(pointer)
             if entry is not None and any(r is ref for r in entry[1]):
-                entry[1][:] = [r for r in entry[1] if r is not ref]
-                if not entry[1]:
+                refs = tuple(r for r in entry[1] if r is not ref)
+                if refs:
+                    _known[pointer] = (entry[0], refs)
+                else:
                     del _known[pointer]
 
+    ref = weakref.ref(buffer, forget)
     with _known_lock:
         entry = _known.get(pointer)
         if entry is None or entry[0] != head:
-            _known[pointer] = (head, [weakref.ref(buffer, forget)])
+            _known[pointer] = (head, (ref,))
         elif not any(r() is buffer for r in entry[1]):
-            entry[1].append(weakref.ref(buffer, forget))
+            _known[pointer] = (head, tuple(r for r in entry[1] if r() is not None) + (ref,))
 
 
 def known(pointer: int) -> bytes | None:

@@ -79,6 +79,27 @@ def test_a_reserve_noted_by_two_buffers_is_known_while_either_lives():
     del forward
 
 
+def test_a_noted_buffer_freed_while_the_notes_are_being_changed_does_not_deadlock():
+    """A garbage collection may run inside ``remember`` (it allocates while holding the
+    notes' lock) and free a noted buffer, whose callback then takes the lock on this
+    same thread: it must not wait for itself."""
+    from pycudnnrnn import reserve_header
+    pointers = []
+
+    def free_one_inside_the_lock():
+        buffer = np.zeros(8, np.uint8)
+        pointers.append(buffer.ctypes.data)
+        reserve_header.remember(buffer, pointers[0], b"h" * 32)
+        with reserve_header._known_lock:  # as a collection inside remember would
+            del buffer                    # its callback runs here, on this thread
+
+    thread = threading.Thread(target=free_one_inside_the_lock, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "the callback of a freed buffer waited for its own lock"
+    assert reserve_header.known(pointers[0]) is None
+
+
 # ----------------------------------------------------------------- 5, 6: streams and syncs
 
 def _ragged_plan(case, **overrides):

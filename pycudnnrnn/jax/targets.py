@@ -181,6 +181,7 @@ def _run(call_frame, target: str, place):
                               place.device)
         with place.temporaries():  # not the plan's build: its buffers outlive the call
             if not (place.device is not None and plan.runs_in_place and
+                    (target == FORWARD or plan.is_training) and
                     plan.describes(described, target == BACKPROP) and _at_addresses(
                         plan, call.operands, call.results, target, call.is_training)):
                 _checked(plan, call, target, place)

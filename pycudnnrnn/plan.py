@@ -218,8 +218,9 @@ class RNNPlan:
         """Note that `reserve_space` (a backend array) holds this plan's forward's reserve
         space, for a framework that ties the two by construction (XLA's custom_vjp): its
         backprop then reads no header back from the GPU. The note lasts at least as long
-        as the array object does (as long as any buffer noted with that header). `pointer`: the address of its first byte, for a framework's
-        buffer (larger than ``reserve_nbytes``, of which forward was given the start)."""
+        as the array object does (as long as any buffer noted with that header).
+        `pointer`: the address of its first byte, for a framework's buffer (larger than
+        ``reserve_nbytes``, of which forward was given the start)."""
         if self.device_index is not None and self.problem.is_training:
             reserve_header.remember(reserve_space, reserve_space.data.ptr if pointer is None
                                     else pointer, self._executor.head)

@@ -182,12 +182,12 @@ def _run(call_frame, target: str, place):
         with place.temporaries():  # not the plan's build: its buffers outlive the call
             if not (place.device is not None and plan.runs_in_place and
                     (target == FORWARD or plan.is_training) and
-                    plan.describes(described, target == BACKPROP) and _at_addresses(
-                        plan, call.operands, call.results, target, call.is_training)):
+                    plan.describes(described, target == BACKPROP) and
+                    _at_addresses(plan, call.operands, call.results, target)):
                 _checked(plan, call, target, place)
 
 
-def _at_addresses(plan, operands: dict, results: dict, target: str, training: bool) -> bool:
+def _at_addresses(plan, operands: dict, results: dict, target: str) -> bool:
     """Run `plan` on XLA's buffers' addresses (no CuPy view of them: each costs several
     microseconds, most of a tiny call's host time). False, having run nothing, where a
     reserve space is too small: the checked run says so."""
@@ -197,7 +197,7 @@ def _at_addresses(plan, operands: dict, results: dict, target: str, training: bo
         return buffers[name].data if name in buffers else 0  # (a cell state: LSTM only)
 
     if target == FORWARD:
-        reserve = results["reserve_space"]
+        reserve, training = results["reserve_space"], plan.is_training
         if training and reserve.shape[0] < plan.reserve_nbytes:
             return False
         # As in _checked: masks depend on the seed alone, for XLA's rematerialisation.

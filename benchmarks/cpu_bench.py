@@ -8,8 +8,8 @@ docs/performance.md records its figures.
 
 import argparse
 
-from pycudnnrnn.bench import Case, format_table, run
-from pycudnnrnn.environment import collect
+from pycudnnrnn.tools.bench import Case, format_table, run
+from pycudnnrnn.tools.environment import collect
 
 CASES = [
     Case("lstm", 2, True, 64, 32, 256, 256),

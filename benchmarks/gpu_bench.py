@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import pycudnnrnn
-from pycudnnrnn import dtypes
+from pycudnnrnn.core import dtypes
 
 # (name, rnn_mode, layers, bidirectional, T, B, input, hidden, dtype)
 LARGE = [

@@ -145,7 +145,7 @@ def _torch_forward(monkeypatch, cupy, x, h, c, w):
     except ImportError:
         return None
     from pycudnnrnn import plan
-    from pycudnnrnn.arrays import host_lengths
+    from pycudnnrnn.core.arrays import host_lengths
     monkeypatch.setattr(kernels, "_plan_device", lambda tensor: 0)
     kind = plan.device_kind
     monkeypatch.setattr(plan, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
@@ -203,7 +203,7 @@ def main():
             put = fake_cuda._device
         else:
             fake_cuda.install_light(monkeypatch)
-            put = pycudnnrnn.gpu.cupy().asarray
+            put = pycudnnrnn.core.gpu.cupy().asarray
         rng = np.random.default_rng(0)
         n = pycudnnrnn.params_size(num_layers=1, num_units=8, input_size=8, rnn_mode="lstm")
         x, h, c = (put(rng.standard_normal(s).astype(np.float32))
@@ -231,11 +231,11 @@ def main():
             "forward XLA handler": lambda: frame.call(handler),
         }
         torch_calls = None if args.full else _torch_forward(
-            monkeypatch, pycudnnrnn.gpu.cupy(), x, h, c, w)
+            monkeypatch, pycudnnrnn.core.gpu.cupy(), x, h, c, w)
         calls.update(torch_calls[0] if torch_calls else {})
         if not args.full:
             calls[FLOOR] = _floor(
-                pycudnnrnn.gpu.cupy(), inference, x, h, c, w)
+                pycudnnrnn.core.gpu.cupy(), inference, x, h, c, w)
         forward = interleaved(calls, args.rounds, 500, clock=clock)
         step = interleaved({"fwd+bwd plan": plan_step, "fwd+bwd functional": functional_step,
                             "fwd+bwd XLA handlers": _xla_step(x, h, c, w),

@@ -1,4 +1,4 @@
-"""cuDNN's weight-space layout beside pycudnnrnn.layout's, for every mode and option.
+"""cuDNN's weight-space layout beside pycudnnrnn.core.layout's, for every mode and option.
 
     PYTHONPATH=. python3 benchmarks/gpu_layout.py [--json PATH]
 
@@ -14,8 +14,9 @@ import sys
 
 import numpy as np
 
-from pycudnnrnn import cudnn_layout, layout
-from pycudnnrnn.checks import make_config
+from pycudnnrnn.core import layout
+from pycudnnrnn.cuda import weight_space
+from pycudnnrnn.core.checks import make_config
 
 # Sizes that tell the pieces apart: input 5, hidden 8, projection 3; two layers, so the
 # second layer's input width (D·P) shows too.
@@ -29,8 +30,8 @@ def compare(rnn_mode, num_proj, direction, input_mode, dtype=np.float32):
     config = make_config(rnn_mode=rnn_mode, num_layers=2, num_units=8,
                          input_size=8 if input_mode == "skip_input" else 5,
                          input_mode=input_mode, direction=direction, num_proj=num_proj)
-    nbytes, table = cudnn_layout.cudnn_weight_table(config, dtype)
-    ours = cudnn_layout.expected_table(config)
+    nbytes, table = weight_space.cudnn_weight_table(config, dtype)
+    ours = weight_space.expected_table(config)
     ours_bytes = layout.params_size(config) * np.dtype(dtype).itemsize
     return {
         "config": dict(rnn_mode=rnn_mode, num_proj=num_proj, direction=direction,

@@ -17,7 +17,7 @@ from .results import BackpropResult, ForwardResult
 
 def set_allow_tf32(enabled: bool) -> None:
     """Let float32 RNNs on the GPU use TF32 tensor cores (off by default: strict FP32)."""
-    from . import gpu
+    from .core import gpu
     gpu.set_allow_tf32(enabled)
 
 

@@ -1,7 +1,7 @@
-"""``python -m pycudnnrnn``: the command line (see ``pycudnnrnn.cli``)."""
+"""``python -m pycudnnrnn``: the command line (see ``pycudnnrnn.tools.cli``)."""
 
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

@@ -1,10 +1,10 @@
 """The public functions: find the backend, check the arguments, run the backend.
 
-Data flows one way: public function → ``pycudnnrnn.checks`` → backend → result; ``forward``
+Data flows one way: public function → ``pycudnnrnn.core.checks`` → backend → result; ``forward``
 and ``backprop`` go through a cached ``pycudnnrnn.plan.RNNPlan`` (checked in full when
 the plan is built, by shape, dtype and device on every call).
 The backend follows the arrays: CPU arrays (NumPy, or DLPack arrays on the CPU) run on
-``pycudnnrnn.numpy_backend``; CUDA arrays (CuPy, or anything whose
+``pycudnnrnn.cpu.rnn``; CUDA arrays (CuPy, or anything whose
 ``__dlpack_device__`` is CUDA) on cuDNN.
 """
 
@@ -14,9 +14,11 @@ import contextlib
 
 import numpy as np
 
-from . import checks, dtypes, gpu, layout, plan
-from .arrays import device_kind as _device_kind
-from .arrays import host_lengths, readable, results_like
+from . import plan
+from .core import checks, dtypes, gpu, layout
+from .core.arrays import device_kind as _device_kind
+from .core.arrays import host_lengths, readable, results_like
+from .cuda import foreign
 from .results import BackpropResult, ForwardResult
 
 
@@ -58,8 +60,8 @@ class _Route:
         self.device = next(iter(devices.values()))
         # Other libraries' arrays: run on a PyTorch caller's stream (its allocator
         # reuses freed memory in that stream's order); others are kept alive until the
-        # work reading them is done (gpu.keep_until_done).
-        self.stream = gpu.caller_stream(cupy, self.template, self.device)
+        # work reading them is done (foreign.keep_until_done).
+        self.stream = foreign.caller_stream(cupy, self.template, self.device)
         if self.stream is None:
             self.foreign = tuple(a for a in arrays.values()
                                  if a is not None and not isinstance(a, cupy.ndarray))
@@ -71,7 +73,7 @@ class _Route:
     def outputs(self, results):
         """Backend results in the caller's array type (None stays None)."""
         if self.foreign:
-            gpu.keep_until_done(self.xp, self.foreign)
+            foreign.keep_until_done(self.xp, self.foreign)
         if type(self.template) is self.xp.ndarray and not any(
                 type(r) is dtypes.Bfloat16Bits for r in results):
             return results  # the backend's own arrays, as they are (results_like's answer)

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import api, checks, dtypes
+from . import api
+from .core import checks, dtypes
 
 _TORCH_CLASSES = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
 _NUM_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}

@@ -15,10 +15,12 @@ import numbers
 
 import numpy as np
 
-from . import checks, dtypes, gpu, layout, memory, numpy_backend, reserve_header
-from .arrays import device_kind, host_lengths, readable, results_like
-from .config import Problem
-from .lru import LRU
+from .core import checks, dtypes, gpu, layout, reserve_header
+from .core.arrays import device_kind, host_lengths, readable, results_like
+from .core.config import Problem
+from .core.lru import LRU
+from .cpu import executor as cpu_executor
+from .cpu import rnn as cpu_rnn
 from .results import BackpropResult, ForwardResult
 
 _FORWARD_NAMES = ("input", "input_h", "input_c", "params")
@@ -98,11 +100,11 @@ class RNNPlan:
         self.problem, self.device_index = problem, device
         c = problem.config
         if device is None:
-            self._xp, self._executor = np, _NumpyExecutor(problem)
+            self._xp, self._executor = np, cpu_executor.Executor(problem)
             self.device = "cpu"
         else:
-            from . import cudnn_backend
-            self._xp, self._executor = gpu.cupy(), cudnn_backend.Executor(problem, device)
+            from .cuda import executor as cuda_executor
+            self._xp, self._executor = gpu.cupy(), cuda_executor.Executor(problem, device)
             self.device = f"cuda:{device}"
         self.dtype = problem.dtype
         self._lstm = c.is_lstm
@@ -297,7 +299,7 @@ class RNNPlan:
         seed's first masks again rather than continue cuDNN's dropout state (the CPU's
         masks depend on the seed alone anyway). `dropout_key` (hashable): on the GPU, a
         forward run again with the key of one of the seed's last
-        ``cudnn_resources.DROPOUT_REPLAYS_KEPT`` keyed forwards draws that forward's
+        ``pycudnnrnn.cuda.resources.DROPOUT_REPLAYS_KEPT`` keyed forwards draws that forward's
         masks (a framework's recomputation), and leaves the state as it was; a new key
         continues the state.
         """
@@ -469,46 +471,6 @@ def _refuse_overlaps(results, out, workspace, inputs):
                                  f"buffer of its own")
 
 
-class _NumpyExecutor:
-    """The CPU half of a plan: the NumPy backend with the batch's sorted order kept."""
-
-    def __init__(self, problem: Problem):
-        self.problem = problem
-        memory.ensure_available(numpy_backend.plan_nbytes(problem), "a plan")
-        self.batch = numpy_backend._Batch(problem)
-        self.reserve_nbytes = numpy_backend.reserve_nbytes(problem) if problem.is_training else 0
-        self.workspace_nbytes = self.forward_workspace_nbytes = 0
-        # Estimated once; each run compares them with the memory available then.
-        self.forward_nbytes = numpy_backend.forward_nbytes(problem)
-        self.backprop_nbytes = numpy_backend.backprop_nbytes(problem) \
-            if problem.is_training else 0
-
-    def forward(self, input, input_h, input_c, params, out, workspace=None,
-                restart_dropout=False, dropout_key=None):
-        memory.ensure_available(self.forward_nbytes, "forward")
-        results = numpy_backend.forward(self.problem, input=input, input_h=input_h,
-                                        input_c=input_c, params=params, batch=self.batch)
-        return _copy_into(results, out)
-
-    def backprop(self, out, workspace=None, gradients="all", **arrays):
-        memory.ensure_available(self.backprop_nbytes, "backprop")
-        results = numpy_backend.backprop(self.problem, **arrays, gradients=gradients,
-                                         batch=self.batch)
-        return _copy_into(results, out)
-
-
-def _copy_into(results, out):
-    """Results written into the caller's buffers where given."""
-    merged = []
-    for result, buffer in zip(results, out):
-        if buffer is None or result is None:
-            merged.append(result)
-        else:
-            buffer[...] = result
-            merged.append(buffer)
-    return tuple(merged)
-
-
 # ---------------------------------------------------------------------- the plan cache
 
 _plans = LRU(64)
@@ -580,6 +542,24 @@ def buffer_nbytes(problem: Problem, device: int | None) -> tuple[int, int]:
     return _buffer_sizes.get(key, build)
 
 
+def reserve_nbytes(problem: Problem, device: int | None) -> int | None:
+    """Bytes of the reserve space forward returns for `problem` on `device` (None: the
+    CPU) when every row runs, the most any lengths need: what a framework allocates
+    when it traces a call, before any lengths are known.
+
+    On the CPU, the NumPy backend's size: arithmetic on the shapes, so a trace's symbolic
+    sizes give a symbolic answer. On CUDA, cuDNN's (``buffer_nbytes``), which it tells
+    for numbers only: None while time or batch are symbolic.
+    """
+    if not problem.is_training:
+        return 0
+    if device is None:
+        return cpu_rnn.reserve_nbytes(problem)
+    if not all(isinstance(n, int) for n in (problem.max_time, problem.batch_size)):
+        return None
+    return buffer_nbytes(problem, device)[0]
+
+
 def _shapes(arrays):
     return tuple(None if arrays[n] is None else arrays[n].shape for n in _FORWARD_NAMES)
 
@@ -598,5 +578,5 @@ def clear_caches():
     _dropout_plans.clear()
     _adapter_plans.clear()
     _buffer_sizes.clear()
-    from . import cudnn_resources
-    cudnn_resources.clear_caches()
+    from .cuda import resources
+    resources.clear_caches()

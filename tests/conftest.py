@@ -183,7 +183,7 @@ def device(request, monkeypatch):
 
 def _gpu_reason():
     """Why GPU tests cannot run here, or None when they can."""
-    from pycudnnrnn.environment import gpu_status
+    from pycudnnrnn.tools.environment import gpu_status
     usable, detail = gpu_status()  # no CuPy, no driver, no device, no cuDNN: says which
     return None if usable else f"no usable GPU with cuDNN 9: {detail}"
 

@@ -45,7 +45,7 @@ It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
 What it adds besides, to catch GPU bugs a CPU test would miss:
 
 * its own weight-slot table in cuDNN's documented order (all matrices, then all biases;
-  per pseudo-layer, by linLayerID), not ``pycudnnrnn.layout``'s; ``test_fake_cuda.py``
+  per pseudo-layer, by linLayerID), not ``pycudnnrnn.core.layout``'s; ``test_fake_cuda.py``
   holds it against the table cuDNN 9.19 gave on an H200 (``tests/data/gpu-layout.json``);
 * padding behaves as in cuDNN's products over every (t, b) slot: a NaN in the padding of
   x or dy handed to cuDNN spreads into the gradients (0 · NaN = NaN), so the backend must
@@ -56,7 +56,7 @@ What it adds besides, to catch GPU bugs a CPU test would miss:
   where ``using_allocator`` put another allocator in place); while a stream captures a
   graph, transfers and syncs raise, as CUDA refuses them.
 
-``install(monkeypatch)`` is the one way in: it replaces ``pycudnnrnn.gpu.cupy`` and
+``install(monkeypatch)`` is the one way in: it replaces ``pycudnnrnn.core.gpu.cupy`` and
 ``pycudnnrnn.cudnn.capi.api``, the only two places the library finds CuPy and cuDNN.
 ``to_host(a)`` is how a test reads a result (after the current stream's work, as
 ``cupy.asnumpy`` does; not counted). What this cannot show is cuDNN's own arithmetic:
@@ -74,8 +74,11 @@ import types
 import ml_dtypes
 import numpy as np
 
-from pycudnnrnn import cudnn_resources, dtypes, gpu, numpy_backend, plan
-from pycudnnrnn.config import GATES, Problem, RNNConfig
+from pycudnnrnn import plan
+from pycudnnrnn.core import dtypes, gpu
+from pycudnnrnn.cpu import rnn as cpu_rnn
+from pycudnnrnn.cuda import resources
+from pycudnnrnn.core.config import GATES, Problem, RNNConfig
 from pycudnnrnn.cudnn import capi
 from pycudnnrnn.cudnn.capi import api as real_api
 
@@ -107,7 +110,7 @@ def install(monkeypatch):
     monkeypatch.setattr(gpu, "cupy", lambda: fake_cupy)
     monkeypatch.setattr(capi, "api", lambda: fake_api)
     # cuDNN handles live as long as the process: the stand-in's, as long as it is in place
-    monkeypatch.setattr(cudnn_resources, "_handles", {}, raising=False)
+    monkeypatch.setattr(resources, "_handles", {}, raising=False)
     plan.clear_caches()  # nothing built on another GPU (or this one, earlier) is reused
     synchronize_all()  # what an earlier stand-in queued runs before its memory is reused
     _KEPT.clear()
@@ -972,7 +975,7 @@ class FakeCudnn:
             X, HX, CX, W = self._views(problem, config, dtype, x, hx, cx, w)
             assert w_size == W.nbytes
             self._scribble(work, work_size)
-            out = numpy_backend.forward(problem, X, *self._states(problem, HX, CX), W)
+            out = cpu_rnn.forward(problem, X, *self._states(problem, HX, CX), W)
             out_h, out_c = self._states(problem, out[1], out[2] if config.is_lstm else None)
             width = config.num_dirs * config.state_size
             _array(y, dtype, problem.data_shape(width))[...] = out[0]
@@ -1022,7 +1025,7 @@ class FakeCudnn:
             DY = _array(dy, dtype, problem.data_shape(width))
             DHY = _array(dhy, dtype, HX.shape)
             DCY = _array(dcy, dtype, CX.shape) if dcy else None
-            grads = numpy_backend.backprop(problem, X, *self._states(problem, HX, CX), W, *out[:3], DY,
+            grads = cpu_rnn.backprop(problem, X, *self._states(problem, HX, CX), W, *out[:3], DY,
                                            *self._states(problem, DHY, DCY), out[3])
             g_h, g_c = self._states(problem, grads[1], grads[2] if config.is_lstm else None)
             # dx at the valid steps only: nothing in cuDNN's documentation says it

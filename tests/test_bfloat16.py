@@ -20,8 +20,9 @@ import pytest
 import pycudnnrnn
 from conftest import assert_ulp_close, make_case
 from fake_cuda import FakeDeviceArray, _device
-from pycudnnrnn import convert, dtypes
-from pycudnnrnn import gpu as gpu_module
+from pycudnnrnn import convert
+from pycudnnrnn.core import dtypes
+from pycudnnrnn.core import gpu as gpu_module
 from pycudnnrnn.errors import CudnnUnavailableError
 
 torch = pytest.importorskip("torch")
@@ -348,7 +349,7 @@ def test_cudnn_version_gate_for_bfloat16(stand_in_gpu, monkeypatch, version, ok)
 
 @pytest.mark.parametrize("time_major", [True, False])
 def test_bfloat16_descriptors_read_back(time_major):
-    from pycudnnrnn.checks import make_config
+    from pycudnnrnn.core.checks import make_config
     from pycudnnrnn.cudnn import capi, descriptors
     assert descriptors.math_settings(BF16) == (capi.CUDNN_DATA_FLOAT, capi.CUDNN_TENSOR_OP_MATH)
     config = make_config(rnn_mode="gru", num_layers=2, num_units=6, input_size=5,
@@ -456,7 +457,7 @@ def test_plan_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_version):
 @pytest.mark.parametrize("backend", ["cpu", "gpu"], ids=["numpy", "stand-in"])  # not a `gpu` test
 def test_check_command_in_bfloat16(fake_gpu, backend):
     """`pycudnnrnn check --dtype bfloat16`, on the CPU and on the stand-in GPU."""
-    from pycudnnrnn import cli, selfcheck
+    from pycudnnrnn.tools import cli, selfcheck
     assert "bfloat16" in cli.DTYPES
     rows = selfcheck.run(selfcheck.CheckConfig(backend=backend, dtype="bfloat16"))
     what = "bfloat16 vs float64" if backend == "cpu" else "cuDNN vs NumPy"

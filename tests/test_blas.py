@@ -1,11 +1,11 @@
-"""pycudnnrnn.blas: one BLAS thread where the NumPy backend runs inside XLA's thread pool."""
+"""pycudnnrnn.core.blas: one BLAS thread where the NumPy backend runs inside XLA's thread pool."""
 
 import threading
 
 import numpy as np
 import pytest
 
-from pycudnnrnn import blas
+from pycudnnrnn.core import blas
 
 process_wide = [c for c in blas._controls() if isinstance(c, blas._ProcessWide)]
 needs_openblas = pytest.mark.skipif(not process_wide, reason="NumPy's BLAS is not OpenBLAS")
@@ -67,14 +67,14 @@ def test_the_xla_cpu_handler_runs_on_one_blas_thread(two_threads, monkeypatch):
     import jax.numpy as jnp
 
     import pycudnnrnn
-    from pycudnnrnn import numpy_backend
+    from pycudnnrnn.cpu import rnn as cpu_rnn
     from pycudnnrnn import jax as rnn_jax
     seen = {}
     for name in ("forward", "backprop"):
-        def record(*args, _name=name, _f=getattr(numpy_backend, name), **kwargs):
+        def record(*args, _name=name, _f=getattr(cpu_rnn, name), **kwargs):
             seen[_name] = two_threads.get()
             return _f(*args, **kwargs)
-        monkeypatch.setattr(numpy_backend, name, record)
+        monkeypatch.setattr(cpu_rnn, name, record)
     n = pycudnnrnn.params_size(num_layers=2, num_units=4, input_size=3)
     params = jnp.asarray(np.linspace(-0.5, 0.5, n, dtype=np.float32))
     x, h = jnp.ones((5, 2, 3)), jnp.zeros((2, 2, 4))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pycudnnrnn import selfcheck
+from pycudnnrnn.tools import selfcheck
 
 
 def _run(*args, env=None, entry="module"):
@@ -75,7 +75,7 @@ def test_bad_options_are_usage_errors(args, message):
 
 
 def test_gpu_backend_without_a_gpu_is_a_usage_error():
-    from pycudnnrnn.environment import gpu_status
+    from pycudnnrnn.tools.environment import gpu_status
     if gpu_status()[0]:
         pytest.skip("this machine has a GPU")
     proc = _run("check", "--backend", "gpu")
@@ -113,7 +113,7 @@ def _tiny_bench(tmp_path, repeat, *options):
 
 def test_bench_json_carries_the_environment(tmp_path):
     environment = _tiny_bench(tmp_path, repeat=2)[1]["environment"]
-    from pycudnnrnn.environment import collect
+    from pycudnnrnn.tools.environment import collect
     assert set(environment) == set(collect())
     assert environment["numpy"] == __import__("numpy").__version__
 
@@ -194,7 +194,7 @@ class _NoDriverRuntime:
 def _fake_cupy_without_driver(monkeypatch, libcuda_loads):
     import ctypes
     import types
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(runtime=_NoDriverRuntime())
     monkeypatch.setitem(sys.modules, "cupy", fake)
@@ -207,7 +207,7 @@ def _fake_cupy_without_driver(monkeypatch, libcuda_loads):
             raise OSError("libcuda.so.1: cannot open shared object file")
         return real_cdll(name, *args, **kwargs)
 
-    from pycudnnrnn.cudnn import driver
+    from pycudnnrnn.core import driver
     monkeypatch.setattr(driver.ctypes, "CDLL", cdll)
     return gpu
 
@@ -313,7 +313,7 @@ def test_too_large_names_the_bytes_needed():
 
 
 def test_size_estimate_is_instant_for_many_layers_and_grows_linearly():
-    from pycudnnrnn import cli
+    from pycudnnrnn.tools import cli
     args = cli._parser().parse_args(["check", "--layers", "1000000"])
     one = cli.estimated_bytes(args, max_time=7, batch=4, itemsize=8, params_copies=3)
     args.layers = 2000000
@@ -324,7 +324,7 @@ def test_size_estimate_is_instant_for_many_layers_and_grows_linearly():
 def test_size_estimate_covers_what_forward_really_allocates():
     import numpy as np
     import pycudnnrnn
-    from pycudnnrnn import cli
+    from pycudnnrnn.tools import cli
     args = cli._parser().parse_args(["bench", "--layers", "3", "--input-size", "5",
                                      "--hidden-size", "6", "--direction", "bidirectional"])
     T, B = 7, 4
@@ -336,7 +336,7 @@ def test_size_estimate_covers_what_forward_really_allocates():
 
 
 def test_a_library_memory_error_is_a_usage_error(monkeypatch, capsys):
-    from pycudnnrnn import cli, selfcheck
+    from pycudnnrnn.tools import cli, selfcheck
 
     def refuse(cfg):
         raise MemoryError("Unable to allocate 3.8 GiB for an array")
@@ -349,7 +349,7 @@ def test_a_library_memory_error_is_a_usage_error(monkeypatch, capsys):
 
 
 def test_an_unexpected_error_is_not_mistaken_for_a_failed_check(monkeypatch, capsys):
-    from pycudnnrnn import cli, selfcheck
+    from pycudnnrnn.tools import cli, selfcheck
 
     def broken(cfg):
         raise KeyError("a bug")
@@ -427,7 +427,8 @@ def test_make_installs_the_cuda_extra_only_where_an_nvidia_gpu_answers(tmp_path)
 def test_info_reads_the_driver_version_and_lists_gpus(tmp_path, monkeypatch):
     """The GPU-side fields, from what the driver and CuPy report (no GPU needed)."""
     import types
-    from pycudnnrnn import environment, gpu
+    from pycudnnrnn.core import gpu
+    from pycudnnrnn.tools import environment
     version = tmp_path / "version"
     version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  "
                        "Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Sep 25 2025\n")
@@ -443,7 +444,7 @@ def test_info_reads_the_driver_version_and_lists_gpus(tmp_path, monkeypatch):
 
 
 def test_info_without_cudnn_says_how_to_get_it(monkeypatch):
-    from pycudnnrnn import environment
+    from pycudnnrnn.tools import environment
     from pycudnnrnn.cudnn import loader
     monkeypatch.setattr(loader, "nvidia_wheel_roots", lambda: [])
     monkeypatch.setattr(loader, "SONAME", "libcudnn_no_such_library.so.9")
@@ -460,7 +461,8 @@ def test_info_without_cudnn_says_how_to_get_it(monkeypatch):
 def test_cli_sizes_runs_against_the_librarys_memory_figure(monkeypatch, capsys):
     """The CLI read MemAvailable itself: a cgroup's smaller room let a run start that the
     library then refused."""
-    from pycudnnrnn import cli, memory
+    from pycudnnrnn.core import memory
+    from pycudnnrnn.tools import cli
     monkeypatch.setattr(memory, "available_bytes", lambda: (10_000, "the cgroup limit x"))
     with pytest.raises(SystemExit) as info:
         cli.main(["bench", "--repeat", "1"])
@@ -472,7 +474,7 @@ def test_version_and_one_default_direction_and_defaults_in_help():
     from pycudnnrnn import __version__
     proc = _run("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"pycudnnrnn {__version__}"
-    from pycudnnrnn import cli
+    from pycudnnrnn.tools import cli
     for command in ("check", "bench"):
         args = cli._parser().parse_args([command])
         assert args.direction == "unidirectional"  # check was bidirectional, bench not
@@ -497,7 +499,9 @@ def test_an_output_that_cannot_be_written_is_one_line_after_the_run(tmp_path):
 def test_the_size_check_asks_for_at_least_what_the_library_will():
     """--layers 300000 passed the CLI's size check, then failed inside the run: the
     CLI's figure left out the per-layer Python objects the library counts."""
-    from pycudnnrnn import checks, cli, numpy_backend
+    from pycudnnrnn.core import checks
+    from pycudnnrnn.cpu import rnn as cpu_rnn
+    from pycudnnrnn.tools import cli
     args = cli._parser().parse_args(["bench", "--layers", "300000", "--input-size", "1",
                                      "--hidden-size", "1", "--batch", "1"])
     problem = checks.make_problem(max_time=64, batch_size=1, sequence_lengths=None,
@@ -506,13 +510,13 @@ def test_the_size_check_asks_for_at_least_what_the_library_will():
                                   input_size=1, input_mode="linear_input",
                                   direction="unidirectional", num_proj=0, dropout=0.0,
                                   seed=0, seed2=0)
-    library = numpy_backend.forward_nbytes(problem) + numpy_backend.backprop_nbytes(problem)
+    library = cpu_rnn.forward_nbytes(problem) + cpu_rnn.backprop_nbytes(problem)
     assert cli.estimated_bytes(args, max_time=64, batch=1, itemsize=4, params_copies=0) >= \
         library
 
 
 def test_a_memory_error_without_a_message_still_says_why(monkeypatch, capsys):
-    from pycudnnrnn import cli, selfcheck
+    from pycudnnrnn.tools import cli, selfcheck
 
     def fail(config):
         raise MemoryError()

@@ -15,7 +15,7 @@ import pytest
 import pycudnnrnn
 from conftest import benchmark_script, make_case
 from fake_cuda import _device
-from pycudnnrnn import cudnn_resources
+from pycudnnrnn.cuda import resources
 
 
 def _to_device(case):
@@ -56,7 +56,7 @@ def test_descriptors_are_cached_and_layout_checked_once(fake_gpu):
     layout_queries = fake_gpu.calls.count("cudnnGetRNNWeightParams")
     assert layout_queries == 4 * (2 * 4 + 1) * 1  # L·D pseudo-layers × (2G + projection), once
     assert fake_gpu.calls.count("cudnnRNNForward") == 3
-    assert len(cudnn_resources._rnn_descriptors) == 1
+    assert len(resources._rnn_descriptors) == 1
 
 
 def test_a_layout_disagreement_is_reported(fake_gpu, monkeypatch):
@@ -91,13 +91,13 @@ def test_dropout_states_are_initialised_once_per_seed(fake_gpu):
     assert calls.count("cudnnSetDropoutDescriptor") == 3  # seeds 1 and 2, and p = 0 (no states)
     assert calls.count("cudnnRestoreDropoutDescriptor") == 1  # p = 0.5 reuses seed 1's states
     assert calls.count("cudnnDropoutGetStatesSize") == 2
-    assert len(cudnn_resources._rnn_descriptors) + len(cudnn_resources._dropout_rnn_descriptors) == 4
+    assert len(resources._rnn_descriptors) + len(resources._dropout_rnn_descriptors) == 4
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_check_command_gpu_path(fake_gpu, dtype):
     """`pycudnnrnn check --backend gpu` compares cuDNN with NumPy; here the stand-in GPU."""
-    from pycudnnrnn import selfcheck
+    from pycudnnrnn.tools import selfcheck
     cfg = selfcheck.CheckConfig(backend="gpu", dtype=dtype, time_major=False,
                                 lengths=(7, 0, 5, 2))
     rows = selfcheck.run(cfg)

@@ -13,7 +13,7 @@ import pytest
 
 import pycudnnrnn
 from pycudnnrnn import errors
-from pycudnnrnn.checks import make_config
+from pycudnnrnn.core.checks import make_config
 from pycudnnrnn.cudnn import capi, descriptors, loader
 
 
@@ -205,7 +205,7 @@ def test_tensor_descriptor_reads_back():
     (dict(rnn_mode="lstm", num_proj=7), errors.CudnnNotSupportedError, "CUDNN_STATUS_NOT_SUPPORTED"),
 ])
 def test_rejected_configuration_raises_its_family(config, error, reason):
-    cfg = pycudnnrnn.config.RNNConfig(skip_input=False, bidirectional=False, num_layers=1,
+    cfg = pycudnnrnn.core.config.RNNConfig(skip_input=False, bidirectional=False, num_layers=1,
                                       num_units=6, input_size=5, **config)
     with descriptors.DropoutDescriptor() as dropout:
         with pytest.raises(error, match=reason) as info:
@@ -310,17 +310,19 @@ def test_gpu_check_limits_sum_to_under_six_minutes():
 
 def test_the_driver_probe_answers_without_a_gpu():
     """No NVIDIA driver on CI's machines: the probe says so instead of raising."""
-    from pycudnnrnn.cudnn import driver
+    from pycudnnrnn.core import driver
     version = driver.cuda_version() if driver.found() else None
     assert driver.found() == (version is not None)
     assert version is None or version >= 10000
 
 
 def test_only_the_ctypes_layers_import_ctypes():
-    """cudnn/ binds cuDNN and the driver; jax/ mirrors XLA's FFI; blas.py calls the thread
-    count setters of NumPy's BLAS. Nothing else needs ctypes."""
+    """cudnn/ binds cuDNN; jax/ mirrors XLA's FFI; core/driver.py probes the NVIDIA
+    driver and core/blas.py calls the thread count setters of NumPy's BLAS. Nothing else
+    needs ctypes."""
     import pathlib
     package = pathlib.Path(pycudnnrnn.__file__).parent
     users = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                    if "import ctypes" in p.read_text())
-    assert all(u.startswith(("cudnn/", "jax/")) or u == "blas.py" for u in users), users
+    assert all(u.startswith(("cudnn/", "jax/")) or u in ("core/blas.py", "core/driver.py")
+               for u in users), users

@@ -67,7 +67,7 @@ def test_quick_start_code_runs(page):
 def test_pages_say_the_layout_was_checked_on_a_gpu():
     """The H200 run (cuDNN 9.19.0, 20 of 20 layouts) is recorded, and no page still calls
     the projection and skip_input placements unverified."""
-    from pycudnnrnn import layout
+    from pycudnnrnn.core import layout
     read = lambda page: (ROOT_PATH / "docs" / page).read_text(encoding="utf-8")
     record = read("gpu-validation.md")
     assert "| 2026-11-30 16:23 UTC | 1 × NVIDIA H200 | 9.19.0 |" in record

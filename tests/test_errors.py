@@ -194,8 +194,8 @@ def test_reserve_space_from_a_call_with_other_attributes_is_refused(change):
 
 def _problem_fields():
     """(field, changed value) for every field of Problem and of its RNNConfig."""
-    from pycudnnrnn.checks import Problem
-    from pycudnnrnn.config import RNNConfig
+    from pycudnnrnn.core.checks import Problem
+    from pycudnnrnn.core.config import RNNConfig
     changed = dict(rnn_mode="gru", skip_input=True, bidirectional=False, num_layers=3,
                    num_units=5, input_size=7, num_proj=2, dropout=0.5, seed=9, max_time=5,
                    batch_size=2, time_major=False, dtype=np.dtype(np.float32),
@@ -208,8 +208,8 @@ def _problem_fields():
 
 @pytest.mark.parametrize("field,value", _problem_fields(), ids=[f for f, _ in _problem_fields()])
 def test_reserve_identity_covers_every_field(field, value):
-    from pycudnnrnn import reserve_header
-    from pycudnnrnn.checks import Problem, make_config
+    from pycudnnrnn.core import reserve_header
+    from pycudnnrnn.core.checks import Problem, make_config
     config = make_config(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3,
                          input_mode="linear_input", direction="bidirectional", num_proj=0)
     problem = Problem(config, 4, 3, True, np.dtype(np.float64), None)
@@ -436,9 +436,9 @@ def test_out_buffers_that_share_memory_are_refused_naming_both():
 
 
 def test_out_of_the_wrong_kind_or_read_only_is_refused_before_any_work(monkeypatch):
-    from pycudnnrnn import numpy_backend
+    from pycudnnrnn.cpu import rnn as cpu_rnn
     plan, args = _plan_and_args()
-    monkeypatch.setattr(numpy_backend, "forward", None)  # any computation would fail
+    monkeypatch.setattr(cpu_rnn, "forward", None)  # any computation would fail
     for out, given in ((np.empty(plan.output_shape), "numpy.ndarray"), (5, "builtins.int")):
         with pytest.raises(TypeError, match=rf"out: expected a tuple of 4 buffers \(output, "
                                             rf"output_h, output_c, reserve_space\) or None, "

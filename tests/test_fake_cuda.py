@@ -10,7 +10,7 @@ import pytest
 import fake_cuda
 import pycudnnrnn
 from conftest import assert_ulp_close, benchmark_script, make_case
-from pycudnnrnn.checks import make_config
+from pycudnnrnn.core.checks import make_config
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "gpu-layout.json")
 
@@ -73,7 +73,7 @@ def test_the_light_stand_in_runs_plans_without_the_emulation(monkeypatch):
     """What gpu_host_bench times: a plan's runs over plain host arrays, the cuDNN calls a
     run makes marshalled by ctypes into a C no-op (so none reaches the FakeCudnn)."""
     fake = fake_cuda.install_light(monkeypatch)
-    cp = pycudnnrnn.gpu.cupy()
+    cp = pycudnnrnn.core.gpu.cupy()
     case = make_case("lstm")
     plan = pycudnnrnn.RNNPlan(**case.size, max_time=case.input.shape[0],
                               batch_size=case.input.shape[1], dtype=case.input.dtype,
@@ -212,7 +212,7 @@ def test_backward_data_overwrites_the_reserve_space_it_is_handed(fake_gpu):
 
 
 def test_temp_space_sizes_grow_with_the_problem():
-    from pycudnnrnn.checks import make_config
+    from pycudnnrnn.core.checks import make_config
     config = make_config(rnn_mode="lstm", num_layers=2, num_units=8, input_size=4,
                          input_mode="linear_input", direction="unidirectional", num_proj=0)
     small = fake_cuda.temp_space_bytes(config, np.float32, 4, 2, True)

@@ -159,14 +159,14 @@ def test_padding_may_hold_nan(device):
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @gpu_only
 def test_layout_table_matches_cudnn(mode, proj, direction, skip, dtype):
-    from pycudnnrnn import cudnn_layout
-    from pycudnnrnn.checks import make_config
+    from pycudnnrnn.cuda import weight_space
+    from pycudnnrnn.core.checks import make_config
     config = make_config(rnn_mode=mode, num_layers=3, num_units=8, input_size=8 if skip else 5,
                          input_mode="skip_input" if skip else "linear_input", direction=direction,
                          num_proj=proj)
-    nbytes, table = cudnn_layout.cudnn_weight_table(config, dtype)
+    nbytes, table = weight_space.cudnn_weight_table(config, dtype)
     assert nbytes == pycudnnrnn.params_size(**_attrs(config)) * np.dtype(dtype).itemsize
-    assert sorted(table) == cudnn_layout.expected_table(config)
+    assert sorted(table) == weight_space.expected_table(config)
 
 
 def _attrs(config):
@@ -493,10 +493,10 @@ def test_bfloat16_torch_cuda_tensors_in_and_out(cuda):
 @gpu_only
 def test_bfloat16_layout_table_matches_cudnn(cuda, mode, proj):
     _require_bfloat16(cuda)
-    from pycudnnrnn import cudnn_layout
-    from pycudnnrnn.checks import make_config
+    from pycudnnrnn.cuda import weight_space
+    from pycudnnrnn.core.checks import make_config
     config = make_config(rnn_mode=mode, num_layers=2, num_units=8, input_size=5,
                          input_mode="linear_input", direction="bidirectional", num_proj=proj)
-    nbytes, table = cudnn_layout.cudnn_weight_table(config, BF16)
+    nbytes, table = weight_space.cudnn_weight_table(config, BF16)
     assert nbytes == pycudnnrnn.params_size(**_attrs(config)) * 2
-    assert sorted(table) == cudnn_layout.expected_table(config)
+    assert sorted(table) == weight_space.expected_table(config)

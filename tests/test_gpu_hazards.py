@@ -60,7 +60,7 @@ def test_a_reserve_noted_by_two_buffers_is_known_while_either_lives():
     """A trusted backprop notes the reserve space by its own argument (a view, a tensor
     rebuilt around forward's memory): when that object dies, forward's note stays, so a
     later backprop with forward's buffer reads no header back from the GPU."""
-    from pycudnnrnn import reserve_header
+    from pycudnnrnn.core import reserve_header
     forward = np.zeros(64, np.uint8)
     pointer, head, other = forward.ctypes.data, b"h" * 32, b"o" * 32
     reserve_header.remember(forward, pointer, head)
@@ -83,7 +83,7 @@ def test_a_noted_buffer_freed_while_the_notes_are_being_changed_does_not_deadloc
     """A garbage collection may run inside ``remember`` (it allocates while holding the
     notes' lock) and free a noted buffer, whose callback then takes the lock on this
     same thread: it must not wait for itself."""
-    from pycudnnrnn import reserve_header
+    from pycudnnrnn.core import reserve_header
     pointers = []
 
     def free_one_inside_the_lock():
@@ -114,7 +114,7 @@ def _ragged_plan(case, **overrides):
 def test_building_a_plan_makes_no_host_sync(fake_gpu):
     """Its uploads (lengths, row index, padding mask, header) are queued on the current
     stream, and an event marks them: a run on another stream waits for that event."""
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     cp = gpu.cupy()
     case = make_case("gru", "bidirectional", num_layers=2, lengths="zero", num_units=6)
     fake_cuda.reset_counts()
@@ -132,7 +132,7 @@ def test_building_a_plan_makes_no_host_sync(fake_gpu):
 def test_plan_buffers_outlive_work_queued_on_another_stream(fake_gpu):
     """A plan built on one stream and run on another, then dropped (an LRU eviction):
     its device buffers are not reused before the other stream's work is done."""
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     cp = gpu.cupy()
     case = make_case("lstm", num_layers=2, lengths="ragged", num_units=6)
     plan = _ragged_plan(case)
@@ -156,7 +156,7 @@ def test_no_cudnn_handle_is_destroyed_behind_a_capture(fake_gpu):
     """cudnnDestroy synchronizes the device, which invalidates a capture in progress on
     any thread: handles live as long as the process (one per thread and device), so
     neither a thread's exit nor clear_caches destroys one."""
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     cp = gpu.cupy()
     case = make_case("gru", num_units=4)
     args = [fake_cuda._device(a) for a in (case.input, case.input_h, case.params)]
@@ -185,7 +185,7 @@ def test_no_cudnn_handle_is_destroyed_behind_a_capture(fake_gpu):
 # ----------------------------------------------------------------- 2: graphs
 
 def _cupy(device):
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     return gpu.cupy() if device.kind == "stand-in" else pytest.importorskip("cupy")
 
 
@@ -237,7 +237,7 @@ def test_a_captured_graph_keeps_what_its_replays_use(device):
 def xla_stand_in(fake_gpu, monkeypatch):
     """The stand-in GPU with the CuPy views of raw pointers the XLA CUDA handlers take."""
     import ctypes
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     cp = gpu.cupy()
     monkeypatch.setattr(cp.cuda, "UnownedMemory", lambda ptr, size, owner, device:
                         (ctypes.c_char * size).from_address(ptr), raising=False)
@@ -280,7 +280,7 @@ def test_a_keyed_forward_run_again_draws_its_masks_and_leaves_the_state(device):
     """A framework's recomputation (torch.utils.checkpoint) runs a forward again: given
     its key, it draws that forward's masks, and later forwards draw what they would
     have drawn without it; a key too old to replay warns."""
-    from pycudnnrnn import cudnn_resources
+    from pycudnnrnn.cuda import resources
     case = make_case("lstm", num_layers=2, num_units=8, dropout=0.5, dtype=np.float32)
     args = _put_all(device, case)
 
@@ -298,7 +298,7 @@ def test_a_keyed_forward_run_again_draws_its_masks_and_leaves_the_state(device):
     reference = outputs(p, ["a", "b", "c"])
     for got, want in zip((a, b, c), reference):
         np.testing.assert_array_equal(got, want)
-    outputs(p, range(cudnn_resources.DROPOUT_REPLAYS_KEPT))
+    outputs(p, range(resources.DROPOUT_REPLAYS_KEPT))
     with pytest.warns(RuntimeWarning, match="no longer kept"):
         outputs(p, ["a"])
 
@@ -370,7 +370,7 @@ def test_foreign_inputs_live_until_the_work_reading_them_is_done(fake_gpu):
     drops its temporaries right after the call, and its allocator hands their memory to
     its next request on its stream, which fills it, while cuDNN's work is still queued
     on CuPy's stream. The functional API keeps them alive until that work is done."""
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     cp = gpu.cupy()
     case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8)
     theirs, ours = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
@@ -718,7 +718,7 @@ def test_an_unknown_reserve_space_under_capture_is_a_clear_error(fake_gpu):
     """Hazard 6: a reserve space this process did not note (a copy, or a framework's
     tensor object rebuilt at each replay) has its header read back, a sync, which a
     capturing stream refuses: the error says so and what to do."""
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     cp = gpu.cupy()
     case = make_case("lstm", num_units=4)
     p = _plan_of(case)
@@ -744,7 +744,7 @@ def test_gpu_whether_cudnn_writes_the_reserve_space(cuda_only, monkeypatch):
     backend does); whether cuDNN changed the reserve's bytes, and whether a second
     in-place backprop still agreed, goes to the report: if cuDNN never writes it, the
     copy (one reserve-sized read and write per backprop) could go."""
-    from pycudnnrnn import cudnn_backend
+    from pycudnnrnn.cuda import executor as cuda_executor
     case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", T=12, B=6,
                      input_size=8, num_units=16, dtype=np.float32)
     args = _put_all(cuda_only, case)
@@ -757,9 +757,9 @@ def test_gpu_whether_cudnn_writes_the_reserve_space(cuda_only, monkeypatch):
 
     copied = backprop()
     before = _digest(cuda_only, out[3])
-    monkeypatch.setattr(cudnn_backend.Executor, "_reserve_copy",
+    monkeypatch.setattr(cuda_executor.Executor, "_reserve_copy",
                         lambda self, reserve, workspace:
-                        reserve[cudnn_backend._HEADER:cudnn_backend._HEADER + self.reserve_bytes])
+                        reserve[cuda_executor._HEADER:cuda_executor._HEADER + self.reserve_bytes])
     in_place = backprop()
     written = _digest(cuda_only, out[3]) != before
     again = backprop()

@@ -397,7 +397,7 @@ def test_torch_rnn_checks_given_sizes_against_the_shapes():
 def test_a_tensors_device_is_read_from_torch_not_through_dlpack(monkeypatch):
     """arrays.device_kind answers plain tensors and Parameters from their device (PyTorch's
     __dlpack_device__ costs ~5 us a tensor); subclasses still go through DLPack."""
-    from pycudnnrnn.arrays import device_kind
+    from pycudnnrnn.core.arrays import device_kind
 
     class Tensor(torch.Tensor):
         pass

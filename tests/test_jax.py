@@ -641,7 +641,7 @@ def stand_in_gpu(monkeypatch):
     """fake_cuda's stand-in GPU, plus the CuPy pieces the CUDA handlers use (views of raw
     pointers, XLA's stream made current); yields the streams cuDNN's handle was set to."""
     import fake_cuda
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     from pycudnnrnn import plan as plans
     fake_api = fake_cuda.install(monkeypatch)
     fake_cupy, streams = gpu.cupy(), []
@@ -904,7 +904,7 @@ def test_cuda_handlers_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_versio
     refuses bfloat16, so there they are taken as their bits. Equal bit for bit."""
     import ml_dtypes
     from fake_xla import FakeCallFrame
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     from pycudnnrnn.jax import targets as ffi_targets
     gpu.cupy().__version__ = cupy_version
     bf16 = np.dtype(ml_dtypes.bfloat16)

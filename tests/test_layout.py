@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import pycudnnrnn
-from pycudnnrnn import layout
-from pycudnnrnn.checks import make_config
+from pycudnnrnn.core import layout
+from pycudnnrnn.core.checks import make_config
 
 CONFIGS = [
     dict(rnn_mode=m, direction=d, input_mode=i, num_proj=p, num_layers=l, num_units=4,

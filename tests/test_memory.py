@@ -8,7 +8,8 @@ import pytest
 
 import pycudnnrnn
 from conftest import make_case
-from pycudnnrnn import checks, memory, numpy_backend
+from pycudnnrnn.core import checks, memory
+from pycudnnrnn.cpu import rnn as cpu_rnn
 
 
 def _peak(function):
@@ -38,11 +39,11 @@ def test_estimates_bound_the_peak_allocation(mode, proj, dropout, dtype, lengths
                                        case.sequence_lengths, is_training=training, seed=0,
                                        seed2=0, **case.attrs)
         fwd, peak = _peak(lambda: case.forward(is_training=training))
-        estimate = numpy_backend.forward_nbytes(problem)
+        estimate = cpu_rnn.forward_nbytes(problem)
         assert peak <= estimate <= 3 * peak, ("forward", training, peak, estimate)
     grads = [np.full_like(a, 0.01) for a in fwd[:3]]
     _, peak = _peak(lambda: case.backprop(fwd, *grads))
-    estimate = numpy_backend.backprop_nbytes(problem)
+    estimate = cpu_rnn.backprop_nbytes(problem)
     assert peak <= estimate <= 3 * peak, ("backprop", peak, estimate)
 
 
@@ -124,7 +125,7 @@ def test_batch_order_builds_nothing_of_size_t_by_b(lengths):
                                 num_proj=0)
     given = None if lengths is None else np.arange(B) % (T + 1)
     problem = checks.Problem(config, T, B, True, np.dtype(np.float32), given)
-    batch, peak = _peak(lambda: numpy_backend._Batch(problem))
+    batch, peak = _peak(lambda: cpu_rnn._Batch(problem))
     assert peak < T * B / 20, peak
     full = problem.full_lengths
     assert list(batch.active) == [int(np.count_nonzero(full > t)) for t in range(T)]
@@ -166,7 +167,7 @@ def test_estimates_count_the_python_objects_of_many_layers(mode):
     _, build_peak = _peak(lambda: pycudnnrnn.RNNPlan(
         num_layers=L, num_units=1, input_size=1, max_time=1, batch_size=1, rnn_mode=mode,
         direction="bidirectional"))
-    assert build_peak <= numpy_backend.plan_nbytes(plan.problem)
+    assert build_peak <= cpu_rnn.plan_nbytes(plan.problem)
 
 
 def test_the_address_space_limit_counts_as_available_memory(monkeypatch):

@@ -15,7 +15,8 @@ import fake_cuda
 import pycudnnrnn
 from conftest import make_case
 from conftest import STEADY
-from pycudnnrnn import cudnn_resources, plan
+from pycudnnrnn import plan
+from pycudnnrnn.cuda import resources
 
 
 def _plan_for(case, **overrides):
@@ -230,7 +231,7 @@ def test_cpu_training_with_a_fresh_seed_per_step_reuses_one_plan(monkeypatch):
 
 def test_threads_missing_one_key_at_once_share_one_value():
     import threading
-    from pycudnnrnn.lru import LRU
+    from pycudnnrnn.core.lru import LRU
     cache, both_building = LRU(2), threading.Barrier(2)
 
     def build():
@@ -268,13 +269,13 @@ def test_dropout_states_stay_bounded_over_many_seeds(device):
     for seed in range(40):
         pycudnnrnn.forward(*args, **{**case.attrs, "dropout": 0.3, "seed": seed})
     gc.collect()
-    assert cudnn_resources.DROPOUT_SEEDS_KEPT <= 8  # at most ~50 MiB on an H200
-    assert len(cudnn_resources.LIVE_DROPOUT_STATES) <= cudnn_resources.DROPOUT_SEEDS_KEPT
+    assert resources.DROPOUT_SEEDS_KEPT <= 8  # at most ~50 MiB on an H200
+    assert len(resources.LIVE_DROPOUT_STATES) <= resources.DROPOUT_SEEDS_KEPT
     held = _plan_for(case, device="cuda", dropout=0.3, seed=1000)  # a held plan keeps its own
     for seed in range(40):
         pycudnnrnn.forward(*args, **{**case.attrs, "dropout": 0.3, "seed": seed})
     gc.collect()
-    assert len(cudnn_resources.LIVE_DROPOUT_STATES) <= cudnn_resources.DROPOUT_SEEDS_KEPT + 1
+    assert len(resources.LIVE_DROPOUT_STATES) <= resources.DROPOUT_SEEDS_KEPT + 1
     assert held.forward(*args)[0].shape == held.output_shape
 
 

@@ -206,15 +206,15 @@ def test_inference_matches_training_without_dropout(mode, time_major):
 @pytest.mark.parametrize("mode", MODES)
 def test_inference_scratch_does_not_grow_with_depth_or_keep_activations(mode):
     """Inference keeps two layer outputs and one step of gate activations."""
-    from pycudnnrnn import numpy_backend
-    from pycudnnrnn.checks import Problem, make_config
+    from pycudnnrnn.cpu import rnn as cpu_rnn
+    from pycudnnrnn.core.checks import Problem, make_config
 
     def scratch_bytes(num_layers, max_time):
         config = make_config(rnn_mode=mode, num_layers=num_layers, num_units=8, input_size=8,
                              input_mode="linear_input", direction="bidirectional", num_proj=0)
         problem = Problem(config, max_time, 4, True, np.dtype(np.float32), None,
                           is_training=False)
-        return numpy_backend.reserve_nbytes(problem)
+        return cpu_rnn.reserve_nbytes(problem)
 
     assert scratch_bytes(6, 50) == scratch_bytes(2, 50)
     slots, B, width, itemsize = 2, 4, 2 * 8, 4  # two [T, B, D·H] float32 outputs

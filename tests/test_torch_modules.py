@@ -474,7 +474,7 @@ def test_meta_tensors_are_refused_naming_the_argument():
     ("lstm", True, 2, True), ("lstm", False, 2, False), ("gru", False, 0, True),
     ("rnn_tanh", True, 0, False)])
 def test_weight_offsets_agree_with_the_layout_table(mode, bias, proj, bidirectional):
-    from pycudnnrnn.checks import make_config
+    from pycudnnrnn.core.checks import make_config
     from pycudnnrnn.torch import flat_weights
     config = make_config(rnn_mode=mode, num_layers=3, num_units=5, input_size=2,
                          input_mode="linear_input", num_proj=proj,

@@ -489,7 +489,7 @@ def test_cuda_graph_capture_replays_the_forward():
 def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
     """The plumbing of kernels._on_device, with stand-ins for CuPy and torch.cuda (no GPU)."""
     import types
-    from pycudnnrnn import gpu
+    from pycudnnrnn.core import gpu
     from pycudnnrnn.torch import kernels
     seen = {}
 

@@ -3,7 +3,7 @@
 After llvmlite's ``ObjectRef``: each object holds one C handle, passes straight to ctypes
 through ``_as_parameter_``, frees it exactly once in ``close()`` (also by ``with`` or
 when collected), and counts itself in ``LIVE`` so tests can see nothing leaks.
-Builders turn an ``pycudnnrnn.config.RNNConfig`` and a dtype into cuDNN's enums in
+Builders turn an ``pycudnnrnn.core.config.RNNConfig`` and a dtype into cuDNN's enums in
 one place, ``rnn_descriptor_values``.
 """
 
@@ -16,8 +16,8 @@ import threading
 
 import numpy as np
 
-from .. import dtypes
-from ..config import RNNConfig
+from ..core import dtypes
+from ..core.config import RNNConfig
 from ..errors import CudnnUnavailableError
 from . import capi, loader
 

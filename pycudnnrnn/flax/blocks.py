@@ -2,7 +2,7 @@
 
 Flax's cells multiply ``x @ kernel`` with a kernel of shape ``[in_features, G·H]``, gates
 side by side along the last axis, in the same order as cuDNN (LSTM i, f, g, o; GRU r, z,
-n). cuDNN keeps the same gates stacked as ``[G·H, in]`` (``pycudnnrnn.layout``), so each
+n). cuDNN keeps the same gates stacked as ``[G·H, in]`` (``pycudnnrnn.core.layout``), so each
 Flax kernel is the transpose of one stacked block of the buffer, and nothing is
 reordered. Per pseudo-layer (``k = layer · D + direction``) a :class:`Blocks` holds:
 
@@ -27,8 +27,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .. import checks, layout
-from ..config import RNNConfig
+from ..core import checks, layout
+from ..core.config import RNNConfig
 
 
 @dataclasses.dataclass

@@ -8,7 +8,7 @@ handlers are ctypes callbacks, registered with ``jax.ffi.register_ffi_target`` f
 CPU (NumPy backend on host buffers) and for CUDA (cuDNN on XLA's stream); what follows
 is about them. Nothing is compiled.
 
-* Shapes, dtypes and attributes are checked at trace time by ``pycudnnrnn.checks``
+* Shapes, dtypes and attributes are checked at trace time by ``pycudnnrnn.core.checks``
   (``ValueError``/``TypeError`` naming the argument); ``sequence_lengths`` is an
   operand, so it may be traced: its values are checked by the handler, and a bad one
   raises the handler's message from the computation.
@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from .. import checks
+from ..core import checks
 from . import scan, targets
 from ..errors import CudnnUnavailableError
 from .targets import BACKPROP, CHECK_LENGTHS, FORWARD

@@ -3,7 +3,7 @@
 On the CPU a custom call runs the NumPy backend one time step at a time from Python,
 between XLA's own kernels; written in JAX, the same function is compiled by XLA whole
 (each step's products and gate arithmetic fused), and is differentiated, batched and
-sharded by JAX itself. It computes what ``pycudnnrnn.numpy_backend`` computes, step for
+sharded by JAX itself. It computes what ``pycudnnrnn.cpu.rnn`` computes, step for
 step (``docs/semantics.md``); the tests hold the two together.
 
 * The input transform of all steps is one product per pseudo-layer, outside the scan;
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import dtypes, layout, numpy_backend
+from ..core import dtypes, layout
 
 
 def rnn(problem, input, input_h, input_c, params, lengths):
@@ -167,7 +167,7 @@ class _Cell:
 def applies(problem) -> bool:
     """Whether this module computes `problem`: everything but dropout masks (drawn in
     training, between layers: the NumPy backend's rule)."""
-    return not numpy_backend._dropout_layers(problem)
+    return not problem.dropout_layers
 
 
 def constant_lengths(lengths, max_time):

@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from .. import blas, dtypes
+from ..core import blas, dtypes
 from . import xla_ffi
 from .xla_ffi import DataType
 
@@ -117,7 +117,7 @@ def _flat_lengths(lengths, max_time):
     vmapped element and the index within it, not an index into the folded batch."""
     if lengths is None or lengths.ndim == 1:
         return lengths
-    from .. import checks
+    from ..core import checks
     flat = lengths.reshape(-1)
     try:
         return checks.check_lengths(flat, flat.shape[0], max_time)
@@ -309,7 +309,7 @@ def cpu_check_lengths(call_frame):
     ``sequence_lengths`` (any integer type; ``[N, ..., B]`` under ``vmap``), attribute
     ``max_time`` (i64).
     """
-    from .. import checks
+    from ..core import checks
     max_time = xla_ffi.attributes(call_frame)["max_time"]
     (lengths,), (result,) = xla_ffi.buffers(call_frame)
     lengths = host_array(lengths)
@@ -333,7 +333,7 @@ class _Device:
     allocator as CuPy's for the run's temporaries."""
 
     def __init__(self, call_frame):
-        from .. import gpu
+        from ..core import gpu
         self.cupy = cp = gpu.cupy()
         self.device = xla_ffi.device_ordinal(call_frame)
         self._device = cp.cuda.Device(self.device)

@@ -33,8 +33,8 @@ import weakref
 
 import torch
 
-from .. import layout
-from ..checks import make_config
+from ..core import layout
+from ..core.checks import make_config
 from . import kernels
 from .autograd import apply
 from .functional import check_devices, lengths_tensor

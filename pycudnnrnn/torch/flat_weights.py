@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from .. import checks, layout
-from ..config import GATES
+from ..core import checks, layout
+from ..core.config import GATES
 from . import kernels
 
 
@@ -32,7 +32,7 @@ def weight_offsets(shapes, has_biases: bool, projection: bool):
     `has_biases`, then ``weight_hr`` when `projection`. cuDNN's buffer holds the matrices
     of every pseudo-layer (input, recurrent, projection), then their biases (input,
     recurrent), each role's gates stacked as torch.nn stacks them; ``weights_problem``
-    checks these offsets against ``pycudnnrnn.layout`` at every call. Plain integer
+    checks these offsets against ``pycudnnrnn.core.layout`` at every call. Plain integer
     arithmetic, so that ``torch.compile`` traces it where autograd splits the gradient.
     """
     per_layer = 2 + 2 * has_biases + projection
@@ -48,7 +48,7 @@ def weight_offsets(shapes, has_biases: bool, projection: bool):
 
 
 def _layout_slots(config, has_biases):
-    """(offset, shape) of each of torch.nn's weights by ``pycudnnrnn.layout``'s blocks."""
+    """(offset, shape) of each of torch.nn's weights by ``pycudnnrnn.core.layout``'s blocks."""
     slots = []
     for blocks in layout.pseudo_layer_blocks(config):
         chosen = [blocks.w_input, blocks.w_recurrent]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..checks import dropout_seed
+from ..core.checks import dropout_seed
 from . import kernels
 from .autograd import apply
 from .ops import op_attrs

@@ -26,8 +26,9 @@ import threading
 import numpy as np
 import torch
 
-from .. import api, checks, gpu, numpy_backend, plan
-from ..arrays import host_lengths
+from .. import api, plan
+from ..core import checks, gpu
+from ..core.arrays import host_lengths
 
 _NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
                  torch.float64: np.dtype(np.float64)}
@@ -89,11 +90,9 @@ def reserve_nbytes(problem, like: torch.Tensor):
     if not problem.is_training:
         return 0
     if not on_gpu(like):
-        return numpy_backend.reserve_nbytes(problem)
-    if not all(isinstance(n, int) for n in (problem.max_time, problem.batch_size)):
-        return None
+        return plan.reserve_nbytes(problem, None)
     with _on_device(like), _library_memory(like):  # a plan may be built: see there
-        return plan.buffer_nbytes(problem, _plan_device(like))[0]
+        return plan.reserve_nbytes(problem, _plan_device(like))
 
 
 def seed_int(seed) -> int:

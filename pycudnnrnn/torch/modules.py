@@ -24,8 +24,8 @@ import math
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .. import layout
-from ..checks import make_config
+from ..core import layout
+from ..core.checks import make_config
 from . import flat_weights
 from .functional import InputTypeError, InputValueError, check_devices, lengths_tensor
 from .ops import autocast_dtype

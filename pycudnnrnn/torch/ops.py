@@ -30,7 +30,8 @@ import torch
 import torch._dynamo  # noqa: F401  (see below)
 from torch import Tensor
 
-from .. import errors, layout
+from .. import errors
+from ..core import layout
 from . import flat_weights, kernels
 
 _LIB = "pycudnnrnn"

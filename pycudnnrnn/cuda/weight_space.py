@@ -1,6 +1,6 @@
 """The params layout held against cuDNN's own: ``cudnnGetRNNWeightParams`` per weight slot.
 
-Each RNN descriptor's weight space is compared once with ``pycudnnrnn.layout``, piece
+Each RNN descriptor's weight space is compared once with ``pycudnnrnn.core.layout``, piece
 by piece, in cuDNN's terms: (pseudo_layer, linLayerID, kind, offset, size).
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import layout
-from .config import GATES, RNNConfig
-from .cudnn import rnn
-from .cudnn.descriptors import DropoutDescriptor, RNNDescriptor, TensorDescriptor
+from ..core import layout
+from ..core.config import GATES, RNNConfig
+from ..cudnn import rnn
+from ..cudnn.descriptors import DropoutDescriptor, RNNDescriptor, TensorDescriptor
 
 
 def weight_slot(config: RNNConfig, piece: layout.Piece) -> int:
@@ -62,9 +62,10 @@ def cudnn_weight_table(config: RNNConfig, dtype=np.float32):
 
     Builds a throwaway descriptor (no dropout); for the layout tests and diagnosis.
     """
-    from . import cudnn_resources, gpu
+    from ..core import gpu
+    from . import resources
     cupy = gpu.cupy()
-    handle = cudnn_resources.handle(cupy)
+    handle = resources.handle(cupy)
     with DropoutDescriptor() as dropout:
         dropout.set(handle, 0.0, 0, 0, 0)
         with RNNDescriptor(config, np.dtype(dtype), dropout) as desc:
@@ -72,7 +73,7 @@ def cudnn_weight_table(config: RNNConfig, dtype=np.float32):
 
 
 def check_layout(cupy, handle, desc: RNNDescriptor):
-    """Raise if cuDNN's weight space disagrees with ``pycudnnrnn.layout`` (a bug there)."""
+    """Raise if cuDNN's weight space disagrees with ``pycudnnrnn.core.layout`` (a bug there)."""
     nbytes, table = weight_params(cupy, handle, desc)
     expected_nbytes = layout.params_size(desc.config) * desc.dtype.itemsize
     problems = []

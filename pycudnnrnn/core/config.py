@@ -1,6 +1,6 @@
 """The static description of one RNN: what the op's attributes and shapes determine.
 
-`RNNConfig` is built only by ``pycudnnrnn.checks`` (which validates it) and read by
+`RNNConfig` is built only by ``pycudnnrnn.core.checks`` (which validates it) and read by
 everything else: the params layout, both backends and the descriptor cache, for which
 it is the hashable key. `Problem` adds the data's shapes, dtype and lengths: what a
 validated call (or a plan) hands a backend.
@@ -121,6 +121,14 @@ class Problem:
         """Shape of input_h/input_c-like states of the given last dimension."""
         LD, B = self.config.num_pseudo_layers, self.batch_size
         return (LD, B, width) if self.time_major else (B, LD, width)
+
+    @property
+    def dropout_layers(self) -> range:
+        """The layers whose input dropout masks: every layer after the first, in
+        training with dropout; none otherwise."""
+        if self.is_training and self.config.dropout > 0:
+            return range(1, self.config.num_layers)
+        return range(0)
 
     @property
     def full_lengths(self) -> np.ndarray:

@@ -9,18 +9,18 @@ from importlib import metadata
 
 import numpy as np
 
-from . import __version__
-from .cudnn import driver
+from .. import __version__
+from ..core import driver
 
 
 def gpu_status():
     """(usable, detail): whether CUDA arrays can run on cuDNN here, and why not if not."""
     try:
-        from .gpu import cupy as find_cupy
+        from ..core.gpu import cupy as find_cupy
         cupy = find_cupy()
-        from .cudnn import loader
+        from ..cudnn import loader
         loader.load()
-        from .cudnn.descriptors import Handle
+        from ..cudnn.descriptors import Handle
         Handle().close()
     except Exception as exc:
         return False, _reason(exc)
@@ -29,7 +29,7 @@ def gpu_status():
 
 def _reason(exc) -> str:
     """One line: our own unavailability messages as they are, anything else with its type."""
-    from .errors import CudnnUnavailableError
+    from ..errors import CudnnUnavailableError
     text = str(exc) if isinstance(exc, CudnnUnavailableError) else f"{type(exc).__name__}: {exc}"
     return text.splitlines()[0]
 
@@ -58,7 +58,7 @@ def collect() -> dict:
     info["nvidia driver"] = _nvidia_driver()
     info["cuda driver api"] = _cuda_driver_api()
     try:
-        from .cudnn import loader
+        from ..cudnn import loader
         info["cudnn"] = ".".join(map(str, loader.version()))
         info["cudnn library"] = loader.library_path()
     except Exception as exc:  # the loader's message lists every path tried, then the fix
@@ -110,7 +110,7 @@ def _thread_settings() -> str:
 
 def _blas_threads() -> str:
     """Each BLAS library loaded, with the thread count it uses now (threadpoolctl)."""
-    from . import blas
+    from ..core import blas
     try:
         counts = blas.thread_counts()
     except Exception as exc:  # threadpoolctl missing or failing: say so, do not fail
@@ -145,7 +145,7 @@ def _cuda_driver_api() -> str:
 
 def _gpus() -> str:
     try:
-        from .gpu import cupy as find_cupy
+        from ..core.gpu import cupy as find_cupy
         cupy = find_cupy()
         names = []
         for i in range(cupy.cuda.runtime.getDeviceCount()):

@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 
-from . import api, dtypes
+from .. import api
+from ..core import dtypes
 
 #: Test hook (not a user option): scale params_backprop by this factor to prove that
 #: ``check`` notices a wrong gradient.
@@ -161,7 +162,7 @@ def _compare(got, want, what, tolerance):
 
 def check_gpu(cfg: CheckConfig):
     """cuDNN against the NumPy backend, at the dtype's tolerance."""
-    from .gpu import cupy as find_cupy
+    from ..core.gpu import cupy as find_cupy
     cupy = find_cupy()
     args = make_inputs(cfg, cfg.dtype)
     fwd_cpu, _, grads_cpu = _run(cfg, args)

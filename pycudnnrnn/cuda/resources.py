@@ -27,11 +27,11 @@ import threading
 import warnings
 import weakref
 
-from . import gpu
-from .cudnn import rnn
-from .cudnn.descriptors import (DropoutDescriptor, Handle, RNNDataDescriptor, RNNDescriptor,
+from ..core import gpu
+from ..cudnn import rnn
+from ..cudnn.descriptors import (DropoutDescriptor, Handle, RNNDataDescriptor, RNNDescriptor,
                                 TensorDescriptor)
-from .lru import LRU
+from ..core.lru import LRU
 
 #: Seeds whose dropout states the caches keep per device (each ~6 MiB on current GPUs).
 DROPOUT_SEEDS_KEPT = 4
@@ -100,7 +100,7 @@ class DropoutStates:
                     f"a forward more than {DROPOUT_REPLAYS_KEPT} keyed forwards of its seed "
                     f"ago, whose dropout states are no longer kept: it draws new masks, not "
                     f"that forward's (a recomputation then pairs them with the first run's "
-                    f"results); recompute sooner, or raise pycudnnrnn.cudnn_resources."
+                    f"results); recompute sooner, or raise pycudnnrnn.cuda.resources."
                     f"DROPOUT_REPLAYS_KEPT", RuntimeWarning, stacklevel=3)
             yield
             return

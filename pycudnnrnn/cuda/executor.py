@@ -1,9 +1,9 @@
 """The GPU backend: TensorFlow's CudnnRNNV3 / CudnnRNNBackpropV3 on CuPy arrays via cuDNN 9.
 
 ``Executor`` is the GPU half of a ``pycudnnrnn.RNNPlan``: built once for a validated
-``pycudnnrnn.config.Problem`` on one device, it holds the descriptors (from
-``pycudnnrnn.cudnn_resources``; a new RNN descriptor's weight layout is checked against
-ours by ``pycudnnrnn.cudnn_layout``), the workspace and reserve sizes, the device copies of
+``pycudnnrnn.core.config.Problem`` on one device, it holds the descriptors (from
+``pycudnnrnn.cuda.resources``; a new RNN descriptor's weight layout is checked against
+ours by ``pycudnnrnn.cuda.weight_space``), the workspace and reserve sizes, the device copies of
 the lengths, of the running rows' index and of the padding mask, and the reserve
 header. Building one makes no host sync either: its uploads are queued, and an event
 orders them before runs on other streams. A run is then pointers and cuDNN calls on
@@ -17,7 +17,7 @@ CuPy's current stream: no host↔device copy, no sync, no size query. Per run:
   (cuDNN need not write it);
 * arrays already contiguous are used in place; results go into caller buffers (``out``)
   when given; reserve_space starts with the 256-byte header of
-  ``pycudnnrnn.reserve_header`` (remembered on the host, so backprop reads it back only
+  ``pycudnnrnn.core.reserve_header`` (remembered on the host, so backprop reads it back only
   for a buffer this process did not make).
 """
 
@@ -28,9 +28,10 @@ import weakref
 
 import numpy as np
 
-from . import cudnn_layout, cudnn_resources, dtypes, gpu, graphs, layout, reserve_header
-from .config import Problem
-from .cudnn import rnn
+from ..core import dtypes, gpu, layout, reserve_header
+from ..core.config import Problem
+from ..cudnn import rnn
+from . import graphs, resources, weight_space
 
 MAGIC = b"pycudnnrnn-gpu\x00\x01"
 _HEADER = reserve_header.HEADER_BYTES
@@ -70,10 +71,10 @@ class Executor:
         self.in_place = self.direct_states and not self.ragged and B > 0
         self.y_shape = self._run_shape(self.width)
         with cp.cuda.Device(device):
-            handle = cudnn_resources.handle(cp)
-            self.rnn = cudnn_resources.rnn_descriptor(cp, handle, device, c, dtype, self.tf32)
+            handle = resources.handle(cp)
+            self.rnn = resources.rnn_descriptor(cp, handle, device, c, dtype, self.tf32)
             if not self.rnn.layout_checked:  # once per descriptor: a bug in layout.py if not
-                cudnn_layout.check_layout(cp, handle, self.rnn)
+                weight_space.check_layout(cp, handle, self.rnn)
                 self.rnn.layout_checked = True
             self.rows = None if self.all_rows else cp.asarray(rows)
             self.head_device = cp.asarray(np.frombuffer(self.head, dtype=np.uint8))
@@ -101,13 +102,13 @@ class Executor:
         cp, problem, device = self.cupy, self.problem, self.device
         c, dtype, T, B = problem.config, problem.dtype, problem.max_time, self.batch
         tm = problem.time_major
-        self.x_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B, c.input_size,
+        self.x_desc = resources.data_descriptor(device, dtype, tm, T, B, c.input_size,
                                                       run_lengths)
-        self.y_desc = cudnn_resources.data_descriptor(device, dtype, tm, T, B,
+        self.y_desc = resources.data_descriptor(device, dtype, tm, T, B,
                                                       c.num_dirs * c.state_size, run_lengths)
         LD = c.num_pseudo_layers
-        self.h_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.state_size))
-        self.c_desc = cudnn_resources.state_descriptor(device, dtype, (LD, B, c.num_units))
+        self.h_desc = resources.state_descriptor(device, dtype, (LD, B, c.state_size))
+        self.c_desc = resources.state_descriptor(device, dtype, (LD, B, c.num_units))
         self.dev_lengths = cp.asarray(run_lengths)
         if self.ragged:
             steps = np.arange(T)[:, None] < run_lengths[None, :]
@@ -337,7 +338,7 @@ class Executor:
     def _run_forward(self, stream, x, y, hx, hy, cx, cy, weights, work, reserve,
                      restart_dropout, dropout_key):
         """cudnnRNNForward on addresses, with the dropout state restarted or replayed."""
-        handle = cudnn_resources.handle(self.cupy, self.device)
+        handle = resources.handle(self.cupy, self.device)
         states = getattr(self.rnn.dropout, "states", None) if self.training else None
         if states is not None and restart_dropout:
             states.restart()
@@ -434,7 +435,7 @@ class Executor:
             if n:
                 runtime.memcpyAsync(scratch, reserve + _HEADER, n,
                                     runtime.memcpyDeviceToDevice, stream.ptr)
-            handle = cudnn_resources.handle(self.cupy, self.device)
+            handle = resources.handle(self.cupy, self.device)
             self.calls.backward_data(handle, y, dy, dx, hx, dhy, dhx, cx, dcy, dcx, params,
                                      work, scratch)
             if dparams:
@@ -471,7 +472,7 @@ class Executor:
         weights = cp.ascontiguousarray(params)
         work = self._buffer(workspace, self.work_bytes)
         scratch = self._reserve_copy(reserve, workspace)
-        handle = cudnn_resources.handle(cp, self.device)
+        handle = resources.handle(cp, self.device)
         work_ptr, scratch_ptr, hx_ptr, y_ptr = (work.data.ptr, scratch.data.ptr, hx.data.ptr,
                                                 y.data.ptr)
         self.calls.backward_data(handle, y_ptr, dy.data.ptr, dx.data.ptr, hx_ptr, dhy.data.ptr,

@@ -1,18 +1,18 @@
 """Finding CuPy and the GPU, and the GPU settings: the one place that imports CuPy.
 
-``cupy()`` is what every module that needs CuPy calls (the API's routing, the cuDNN
-backend, ``info``, ``check``, ``bench``); the CI stand-in GPU replaces it (and
-``pycudnnrnn.cudnn.capi.api``) to run the cuDNN backend's code without a GPU.
+``cupy()`` is what every module that needs CuPy calls (the API's routing, the CUDA
+backend, the framework adapters' device glue, ``info``, ``check``, ``bench``); the CI
+stand-in GPU replaces it (and ``pycudnnrnn.cudnn.capi.api``) to run the CUDA backend's
+code without a GPU. Finding a device is not running on it: this module is shared by every
+layer (``core``), the backend that runs cuDNN on CuPy is ``pycudnnrnn.cuda``.
 """
 
 from __future__ import annotations
 
-import collections
 import numbers
-import threading
 
-from .cudnn import driver
-from .errors import CudnnUnavailableError
+from ..errors import CudnnUnavailableError
+from . import driver
 
 _settings = {"allow_tf32": False}
 
@@ -70,39 +70,3 @@ def device_index(device) -> int | None:
         return int(device)
     raise TypeError(f"device: expected 'cpu', 'cuda', 'cuda:N' or an int, got "
                     f"{type(device).__name__} {device!r}")
-
-
-# ----------------------------------------------------------------- other libraries' arrays
-
-_in_flight: collections.deque = collections.deque()  # (event, arrays), oldest first
-_in_flight_lock = threading.Lock()
-
-
-def caller_stream(cupy, array, device: int):
-    """CuPy's view of the stream `array`'s library works on, to run the call there: a
-    PyTorch CUDA tensor's current stream; None for other arrays (CuPy's current stream
-    then, and ``keep_until_done`` for those from another library)."""
-    if type(array).__module__.split(".")[0] != "torch":
-        return None
-    import torch
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device)
-
-
-def keep_until_done(cupy, arrays) -> None:
-    """Keep another library's `arrays` alive until the work just queued on CuPy's
-    current stream (which reads them) is done.
-
-    That library frees their memory when the caller drops them and may hand it out
-    again on its own stream at once, unordered with CuPy's: an event recorded now
-    marks the work, and the arrays are released by a later call once it has
-    completed (a query, never a sync). Not while a graph is captured: the caller keeps
-    what a graph reads.
-    """
-    from . import graphs
-    if graphs.holding() is not None:
-        return
-    event = cupy.cuda.get_current_stream().record()
-    with _in_flight_lock:
-        while _in_flight and _in_flight[0][0].done:
-            _in_flight.popleft()
-        _in_flight.append((event, tuple(arrays)))

@@ -88,7 +88,7 @@ class Piece:
     pseudo_layer : int
     role : {"input", "recurrent", "projection"}
     gate : str or None
-        Gate name from ``pycudnnrnn.config.GATES``; None for the projection.
+        Gate name from ``pycudnnrnn.core.config.GATES``; None for the projection.
     shape : tuple of int
     offset : int
         Element offset in the buffer.

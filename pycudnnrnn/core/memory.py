@@ -10,7 +10,7 @@ process's cgroup (v2 or v1) and its address-space limit (``ulimit -v``) still al
 
 from __future__ import annotations
 
-from .errors import InsufficientMemoryError
+from ..errors import InsufficientMemoryError
 
 #: Estimates up to this many bytes are not checked.
 CHECK_ABOVE = 256 << 20

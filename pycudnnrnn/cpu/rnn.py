@@ -29,8 +29,8 @@ import math
 
 import numpy as np
 
-from . import dtypes, layout, reserve_header
-from .config import Problem
+from ..core import dtypes, layout, reserve_header
+from ..core.config import Problem
 
 _MAGIC = b"pycudnnrnn-cpu\x00\x01"
 _HEADER_BYTES = reserve_header.HEADER_BYTES
@@ -139,19 +139,12 @@ def plan_nbytes(problem: Problem) -> int:
 
 # --------------------------------------------------------------------------- reserve space
 
-def _dropout_layers(problem: Problem):
-    c = problem.config
-    if problem.is_training and c.dropout > 0:
-        return range(1, c.num_layers)
-    return range(0)
-
-
 def _reserve_entries(problem: Problem):
     c = problem.config
     T, B, H = problem.max_time, problem.batch_size, c.num_units
     width = c.num_dirs * c.state_size
     entries = [(f"y{s}", (T, B, width)) for s in range(_output_slots(problem))]
-    entries += [(f"mask{l}", (T, B, width)) for l in _dropout_layers(problem)]
+    entries += [(f"mask{l}", (T, B, width)) for l in problem.dropout_layers]
     if c.rnn_mode in ("lstm", "gru"):
         steps = T if problem.is_training else 1
         slots = range(c.num_pseudo_layers if problem.is_training else 1)
@@ -204,7 +197,7 @@ def forward_nbytes(problem: Problem) -> int:
     """
     c, TB, LDB, width, gh = _sizes(problem)
     cs, s = _compute_dtype(problem.dtype).itemsize, problem.dtype.itemsize
-    dropout = bool(_dropout_layers(problem))
+    dropout = bool(problem.dropout_layers)
     lasting = TB * c.input_size * cs + 2 * LDB * (c.state_size + c.num_units) * cs + \
         reserve_nbytes(problem)
     layer = TB * ((width if dropout else 0) + gh) * cs + _weight_copies(problem)
@@ -576,7 +569,7 @@ def forward(problem: Problem, input, input_h, input_c, params, batch=None):
     buffer = _new_reserve(problem) if problem.is_training else \
         np.zeros(reserve_nbytes(problem), dtype=np.uint8)
     views = _carve(buffer, problem)
-    for layer in _dropout_layers(problem):
+    for layer in problem.dropout_layers:
         views[f"mask{layer}"][:] = _dropout_mask(problem, layer, batch, cdt)
 
     blocks = layout.pseudo_layer_blocks(c)

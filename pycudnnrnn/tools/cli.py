@@ -17,8 +17,8 @@ import re
 import sys
 import traceback
 
-from . import dtypes
-from .config import DIRECTIONS, GATES, INPUT_MODES, RNN_MODES
+from ..core import dtypes
+from ..core.config import DIRECTIONS, GATES, INPUT_MODES, RNN_MODES
 
 DTYPES = dtypes.NAMES
 #: ``check`` verifies by finite differences, whose work grows with the problem: it refuses
@@ -77,7 +77,7 @@ def _parser():
     parser = argparse.ArgumentParser(
         prog="pycudnnrnn", description="cuDNN's RNNs (TensorFlow's CudnnRNNV3 op pair) with a "
                                        "NumPy twin: environment, self-check, benchmark.")
-    from . import __version__
+    from .. import __version__
     parser.add_argument("--version", action="version", version=f"pycudnnrnn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{info,check,bench}", required=True)
 
@@ -135,7 +135,7 @@ def _parser():
 def _params_count(args, input_mode):
     """Elements of params (a closed formula: a huge --layers costs nothing to size).
     Raises the library's ValueError for a configuration it refuses."""
-    from . import api
+    from .. import api
     return api.params_size(rnn_mode=args.mode, num_layers=args.layers,
                            num_units=args.hidden_size, input_size=args.input_size,
                            input_mode=input_mode, direction=args.direction,
@@ -164,7 +164,8 @@ def estimated_bytes(args, *, max_time, batch, itemsize, params_copies, input_mod
 def _library_bytes(args, max_time, batch, itemsize, input_mode):
     """What the NumPy backend's own estimates ask of a plan, a forward and a backprop
     (Python objects per layer included): a run this lets through is not refused later."""
-    from . import checks, numpy_backend
+    from ..core import checks
+    from ..cpu import rnn as cpu_rnn
     problem = checks.make_problem(
         max_time=max_time, batch_size=batch, sequence_lengths=None,
         dtype={2: "float16", 4: "float32", 8: "float64"}[itemsize], time_major=True,
@@ -172,18 +173,18 @@ def _library_bytes(args, max_time, batch, itemsize, input_mode):
         num_units=args.hidden_size, input_size=args.input_size, input_mode=input_mode,
         direction=args.direction, num_proj=getattr(args, "num_proj", 0), dropout=0.0,
         seed=0, seed2=0)
-    return numpy_backend.plan_nbytes(problem) + numpy_backend.forward_nbytes(problem) + \
-        numpy_backend.backprop_nbytes(problem)
+    return cpu_rnn.plan_nbytes(problem) + cpu_rnn.forward_nbytes(problem) + \
+        cpu_rnn.backprop_nbytes(problem)
 
 
 def _available_bytes(device):
     """Memory free for the run on `device`, or None when it cannot be told."""
     if device == "gpu":
-        from .gpu import cupy
+        from ..core.gpu import cupy
         return cupy().cuda.runtime.memGetInfo()[0]
     # The library's own figure (MemAvailable, lowered by a cgroup limit), so a run this
     # check lets through is not refused by the library once it has started.
-    from .memory import FALLBACK_BYTES, available_bytes
+    from ..core.memory import FALLBACK_BYTES, available_bytes
     available = available_bytes()[0]
     return None if available == FALLBACK_BYTES else available
 

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from . import api, dtypes
+from .. import api
+from ..core import dtypes
 
 METRICS = ("fwd_ms", "fwd_bwd_ms")
 
@@ -55,7 +56,7 @@ class Case:
 def _xp(device):
     if device == "cpu":
         return np
-    from .gpu import cupy
+    from ..core.gpu import cupy
     return cupy()
 
 

@@ -1,0 +1,8 @@
+"""The CUDA backend: cuDNN on CuPy arrays.
+
+``executor`` runs a plan; ``resources`` keeps handles, descriptors and dropout states
+between calls; ``weight_space`` holds our params layout against cuDNN's weight slots;
+``graphs`` captures plan runs in CUDA graphs; ``foreign`` handles other libraries'
+arrays (their stream, their lifetime). It imports ``core`` and the binding ``cudnn``:
+never the CPU backend.
+"""

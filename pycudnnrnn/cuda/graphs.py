@@ -1,0 +1,77 @@
+"""CUDA graphs of plan runs: capture once with CuPy's stream capture, replay many times.
+
+A plan's run makes no host↔device copy and no sync, so it can be captured. What a
+graph must not do is use memory that is freed and reused after the capture: so the
+capture runs on a private CuPy memory pool that lives as long as the graph, and runs
+the function once eagerly first (the plan's "second call on"), so that the capture
+finds every block it needs in that pool and allocates nothing new.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..core import gpu
+
+class _Capturing(threading.local):
+    held = None  # the default every thread sees: asked at every run, kept cheap
+
+
+_capturing = _Capturing()
+
+
+def holding():
+    """The list a capture on this thread collects the plans its runs use in (the graph
+    keeps them: its replays use their buffers), or None when no capture runs."""
+    return _capturing.held
+
+
+class CapturedGraph:
+    """A captured function: ``replay()`` reruns its GPU work on the same buffers.
+
+    Attributes
+    ----------
+    outputs
+        What the function returned during the capture; each replay rewrites them.
+    stream
+        The CuPy stream the graph replays on.
+    """
+
+    def __init__(self, graph, stream, pool, outputs, held=()):
+        self.graph, self.stream, self._pool, self.outputs = graph, stream, pool, outputs
+        # What a replay reads and writes besides the pool's blocks and the caller's
+        # arrays: the plans' device lengths, row index, padding mask, header and dropout
+        # state (and so their descriptors), kept alive by the graph, not by the caches.
+        self._held = tuple({id(h): h for h in held}.values())
+
+    def replay(self):
+        """Launch the graph on its stream (asynchronously); returns ``outputs``."""
+        self.graph.launch(self.stream)
+        return self.outputs
+
+
+def capture(function) -> CapturedGraph:
+    """Capture ``function()`` (plan runs on CuPy arrays) into a CUDA graph.
+
+    The arrays the function reads are read in place at every replay: write new values
+    into them (``x[...] = new_x``), then ``replay()``. The function runs twice here:
+    once eagerly (its results are discarded), once under capture.
+    """
+    cupy = gpu.cupy()
+    pool = cupy.cuda.MemoryPool()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    held = _capturing.held = []
+    try:
+        with cupy.cuda.using_allocator(pool.malloc), stream:
+            function()  # warm-up: the pool now holds every block a run needs
+            stream.synchronize()
+            for plan in held:
+                plan.settle()  # the sync above: the capture need not query their uploads
+            stream.begin_capture()
+            try:
+                outputs = function()
+            finally:
+                graph = stream.end_capture()
+    finally:
+        _capturing.held = None
+    return CapturedGraph(graph, stream, pool, outputs, held)

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from . import flat_weights
+from . import flat_weights, onnx_export
 from .ops import autocast, autocast_dtype, backprop, backprop_weights, forward, forward_weights
 
 
@@ -215,6 +215,8 @@ def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_b
     options = (attrs["rnn_mode"], attrs["input_mode"], attrs["direction"],
                float(attrs["dropout"]), int(attrs["num_proj"]), bool(attrs["time_major"]),
                has_biases, bool(is_training))
+    if onnx_export.exporting():  # ONNX's own recurrent operators, which any runtime runs
+        return onnx_export.rnn(input, input_h, input_c, weights, sequence_lengths, options)
     if torch.compiler.is_compiling():  # the ops' own autograd formulas: Dynamo traces them
         output, output_h, output_c, _ = _call_op(options, input, input_h, input_c,
                                                  sequence_lengths, seed, weights)

@@ -14,10 +14,11 @@ When it runs which forward:
   examples) and eval results are unchanged;
 * eval mode otherwise: inference (no reserve space, less memory).
 
-Dropout seeds: on the CPU every training call draws its seed from PyTorch's default
-generator, so each step has a fresh mask and ``torch.manual_seed`` reproduces a run. On
-CUDA each module keeps one seed (drawn from PyTorch's generator when it is built, or
-given): cuDNN keeps one dropout state per (device, seed), initialises it once and
+Dropout seeds: on the CPU every training call with dropout draws its seed from PyTorch's
+default generator, so each step has a fresh mask and ``torch.manual_seed`` reproduces a
+run; a call without dropout draws nothing. On CUDA each module keeps one seed (given, or
+made from ``torch.manual_seed``'s seed and the module's place in the process when it is
+built, drawing nothing: ``_module_seed``): cuDNN keeps one dropout state per (device, seed), initialises it once and
 advances it at every training call, as PyTorch's own RNNs do, instead of re-seeding
 (6 MiB of state and a slow initialisation) per step. Either way a forward run again from
 the same PyTorch generator state (``torch.utils.checkpoint``'s recomputation) draws the
@@ -27,6 +28,7 @@ forward by the generator's state (``kernels.dropout_key``).
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import weakref
@@ -40,6 +42,25 @@ from .autograd import apply
 from .functional import check_devices, lengths_tensor
 
 _SEED_BOUND = 2 ** 62
+
+
+_MASK64 = 2 ** 64 - 1
+_modules_seeded = itertools.count()
+
+
+def _module_seed() -> int:
+    """A CUDA dropout seed for a new module (or copy), in [0, 2**62): PyTorch's seed
+    (``torch.manual_seed``'s, so a seeded run repeats) mixed with the module's place among
+    those made in this process (so no two share a dropout state), by splitmix64.
+
+    Nothing is drawn from PyTorch's generator: building or copying a module leaves its
+    stream as torch.nn's RNNs leave it, and the weights of every layer built after one
+    are the same with either. (Asked at construction, never inside a trace.)
+    """
+    x = (torch.initial_seed() + next(_modules_seeded) * 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 2
 
 
 def _draw_seed(shape=()):
@@ -58,11 +79,11 @@ class SeededRNN:
     """
 
     def _init_seed(self, seed):
-        # Drawn even without dropout: `dropout` may be set later, and modules must not share.
+        # Made even without dropout: `dropout` may be set later, and modules must not share.
         if seed is not None and (isinstance(seed, bool) or not hasattr(seed, "__index__")):
             raise TypeError(f"seed: expected an integer or None, got {seed!r}")
         self.seed_drawn = seed is None
-        self.gpu_seed = int(_draw_seed()) if seed is None else operator.index(seed)
+        self.gpu_seed = _module_seed() if seed is None else operator.index(seed)
         self._hold_seed()
 
     def _hold_seed(self):
@@ -71,11 +92,11 @@ class SeededRNN:
         weakref.finalize(self, kernels.release_seed, self.gpu_seed)
 
     def __setstate__(self, state):
-        # A copy (copy.deepcopy, pickle) is a module of its own: a drawn seed is drawn
+        # A copy (copy.deepcopy, pickle) is a module of its own: a seed not given is made
         # again (modules must not share dropout states), and the copy holds its seed.
         super().__setstate__(state)
         if getattr(self, "seed_drawn", True):
-            self.gpu_seed = int(_draw_seed())
+            self.gpu_seed = _module_seed()
         self._hold_seed()
 
     def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attrs, num_layers):

@@ -87,7 +87,9 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         """
         names = getattr(self, "_flat_weights_names", ())
         weights = [self._parameters.get(name) for name in names]
-        if not weights or not all(isinstance(w, torch.nn.Parameter) for w in weights):
+        # Plain parameters only: a tensor subclass (FSDP2's sharded DTensor) is not ours to
+        # re-point into a buffer; each call then concatenates the weights it is given.
+        if not weights or not all(type(w) is torch.nn.Parameter for w in weights):
             return
         first = weights[0]
         if any(w.dtype != first.dtype or w.device != first.device for w in weights):
@@ -102,20 +104,50 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         buffer = torch.zeros(size, dtype=first.dtype, device=first.device)
         with torch.no_grad():
             for w, (offset, shape) in zip(weights, slots):
-                buffer[offset:offset + w.numel()].view(shape).copy_(w)
-                w.set_(buffer.untyped_storage(), offset, shape)
+                view = buffer[offset:offset + w.numel()].view(shape)
+                view.copy_(w)
+                # The view's strides, not the weight's own: a transposed weight (a TF or
+                # Keras kernel, `.data = w.t()`) would read the buffer permuted.
+                w.set_(buffer.untyped_storage(), offset, shape, view.stride())
         self._flat_buffer = buffer
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
         # A weight replaced by a new Parameter (m.weight_hh_l0 = Parameter(...)) joins the
-        # buffer again; functional_call swaps _parameters directly and is not caught here.
-        if isinstance(value, torch.nn.Parameter) and "_flat_buffer" in self.__dict__ and \
-                name in self._flat_weights_names:
+        # buffer again, while the others still are its views. Not the parameters that FSDP2
+        # sets in and out around each call (its unsharded weights are views of its own
+        # all-gather buffer, which it refills: re-pointed into ours, they would go stale);
+        # functional_call swaps _parameters directly and is not caught here.
+        if type(value) is torch.nn.Parameter and "_flat_buffer" in self.__dict__ and \
+                name in self._flat_weights_names and self._others_in_buffer(name):
             self.flatten_parameters()
+
+    def _others_in_buffer(self, name) -> bool:
+        """Whether every weight but `name` is still a view of the module's flat buffer."""
+        slots, size = self._layout()
+        others = [(self._parameters.get(n), slot)
+                  for n, slot in zip(self._flat_weights_names, slots) if n != name]
+        if not others:
+            return True
+        if any(type(w) is not torch.nn.Parameter for w, _ in others):
+            return False
+        base = flat_weights.one_buffer(*map(list, zip(*others)), size)
+        return base is not None and base.data_ptr() == self._flat_buffer.data_ptr()
+
+    def _init_flat_weights(self):
+        super()._init_flat_weights()
+        self._forget_weight_refs()
+
+    def _forget_weight_refs(self):
+        # torch.nn keeps weak references to the weights, to notice replaced ones at each
+        # call; ours looks them up at each call (_weights). A weak reference makes
+        # torch.utils.swap_tensors refuse a weight: load_state_dict and from_torch in the
+        # mode FSDP2 and to_empty use (torch.__future__.set_swap_module_params_on_conversion).
+        self._flat_weight_refs = [None] * len(self._flat_weights_names)
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self._forget_weight_refs()
         self.flatten_parameters()
 
     @property
@@ -160,7 +192,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                             f"{type(module).__module__}.{type(module).__qualname__}")
         first = next(module.parameters())
         ours = cls(*cls._constructor_args(module), device=first.device, dtype=first.dtype)
-        ours.load_state_dict(module.state_dict())
+        _copy_weights(module, ours)
         return ours.train(module.training)
 
     def to_torch(self):
@@ -168,7 +200,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         first = self._weights()[0]
         module = getattr(torch.nn, self._kind)(*self._constructor_args(self),
                                                device=first.device, dtype=first.dtype)
-        module.load_state_dict(self.state_dict())
+        _copy_weights(self, module)
         return module.train(self.training)
 
     @staticmethod
@@ -192,7 +224,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
 
     # ------------------------------------------------------------------ the call
 
-    def forward(self, input, hx=None, *, sequence_lengths=None):
+    def forward(self, input, hx=None, sequence_lengths=None):
         """Run the RNN, as ``torch.nn.{LSTM,GRU,RNN}.forward``.
 
         One addition: `sequence_lengths` (``[B]`` integers, a CPU tensor or a list) with a
@@ -240,6 +272,11 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         return result, self._state_result(h_n, c_n)
 
     def _call(self, data, hx, batch, lengths, time_major, batched):
+        if type(self.bidirectional) is not bool:  # torch.nn builds such a module, then its
+            raise InputTypeError(                 # forward refuses it: so does ours
+                f"bidirectional should be of type bool, got: "
+                f"{type(self.bidirectional).__name__} (torch.nn.{self._kind} is built with it "
+                f"too, and its forward refuses it)")
         weights = self._weights()
         self._check_data(data, weights)
         h0, c0 = self._initial_states(data, hx, batch, batched)
@@ -316,6 +353,15 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
 
     def _state_result(self, h_n, c_n):
         return (h_n, c_n) if self._kind == "LSTM" else h_n
+
+
+def _copy_weights(source, target):
+    """`source`'s weights into `target`'s, in place (not load_state_dict: torch.nn's RNNs
+    keep weak references to their weights, which the swap mode FSDP2 and to_empty use
+    refuses to swap)."""
+    with torch.no_grad():
+        for name in source._flat_weights_names:
+            getattr(target, name).copy_(getattr(source, name))
 
 
 def _flatten_after_load(module, incompatible_keys):

@@ -241,6 +241,62 @@ def test_dropout(mode, op_calls):
     assert not ours.Bidirectional(KERAS[mode](H)).fuses(training=False)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_seeded_pair_draws_keras_masks_after_any_calls(mode, op_calls):
+    """Keras's RNN.call draws each cell's dropout mask at every call, inference too: the
+    fused pair skipped that, so after model(x) its training masks were others (outputs
+    0.27-0.65 apart)."""
+    x = data()
+    make = lambda layers: layers.Bidirectional(
+        {"lstm": layers.LSTM, "gru": layers.GRU}[mode](H, dropout=0.5, seed=3,
+                                                      return_sequences=True))
+    reference, pair = make(keras.layers), make(ours)
+    reference(x), pair(x)
+    pair.set_weights(reference.get_weights())
+    for calls in ([False], [False, False], [None, True, False]):  # then a training call
+        for training in calls:
+            reference(x, training=training), pair(x, training=training)
+        op_calls.clear()
+        got = numpy(pair(x, training=True))
+        assert_close([got], [numpy(reference(x, training=True))], f"{mode} after {calls}")
+    assert op_calls  # each direction on our op (the pair fuses only without dropout)
+
+
+def test_fit_with_validation_follows_keras_with_dropout_in_a_pair(op_calls):
+    """validation_data runs inference between epochs: fit's losses drifted 0.07-0.19."""
+    rng = np.random.default_rng(5)
+    x, y = data(5, (16, T, F)), rng.standard_normal((16, 1)).astype("float32")
+
+    def model(layers):
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((T, F)), layers.Bidirectional(
+            layers.LSTM(H, dropout=0.4, seed=11)), keras.layers.Dense(1)])
+
+    histories, weights = [], None
+    for layers in (keras.layers, ours):
+        m = model(layers)
+        weights = weights or m.get_weights()
+        m.set_weights(weights)
+        m.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        histories.append(m.fit(x, y, batch_size=8, epochs=3, validation_data=(x, y),
+                               shuffle=False, verbose=0).history)
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose(histories[1][key], histories[0][key], rtol=1e-4, err_msg=key)
+    assert op_calls
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["layer", "bidirectional"])
+def test_a_wrong_initial_state_or_mask_is_named(pair, op_calls):
+    x = data()
+    layer = ours.Bidirectional(ours.LSTM(H)) if pair else ours.LSTM(H)
+    width = [np.zeros((B, H - 1), "float32")] * (4 if pair else 2)
+    with pytest.raises(ValueError, match=r"initial_state: expected each state of shape "
+                                         r"\(batch, units\) = \(4, 6\), got \(4, 5\)"):
+        layer(x, initial_state=width)
+    with pytest.raises(ValueError, match=r"mask: expected shape \(batch, time\) = \(4, 5\)"):
+        layer(x, mask=np.ones((B, T + 1), bool))
+
+
 FALLBACKS = {
     "relu": dict(activation="relu"),
     "hard_sigmoid": dict(recurrent_activation="hard_sigmoid"),

@@ -131,6 +131,25 @@ def _spread_backward(y, mask, h0, zero_output_for_mask):
     return ops.where(seen, carried, _before_any(carried, h0))
 
 
+def _check(sequences, states, mask, units):
+    """Each initial state ``[batch, units]`` and the mask ``[batch, time]`` of `sequences`,
+    else a ValueError naming the argument (where a size is still unknown, it is not held
+    against anything)."""
+    batch, time = sequences.shape[0], sequences.shape[1]
+
+    def agrees(shape, expected):
+        return len(shape) == len(expected) and all(
+            a is None or b is None or int(a) == int(b) for a, b in zip(shape, expected))
+
+    for k, state in enumerate(states):
+        if not agrees(tuple(state.shape), (batch, units)):
+            raise ValueError(f"initial_state: expected each state of shape (batch, units) = "
+                             f"{(batch, units)}, got {tuple(state.shape)} at index {k}")
+    if mask is not None and not agrees(tuple(mask.shape), (batch, time)):
+        raise ValueError(f"mask: expected shape (batch, time) = {(batch, time)}, that of the "
+                         f"sequences' first two axes, got {tuple(mask.shape)}")
+
+
 def run(rnn_mode, sequences, initial_state, mask, *, kernel, recurrent_kernel, bias,
         dtype, go_backwards=False, zero_output_for_mask=False):
     """The layer's loop: ``(last_output, outputs, states)`` as Keras's ``inner_loop``.
@@ -150,6 +169,7 @@ def run(rnn_mode, sequences, initial_state, mask, *, kernel, recurrent_kernel, b
     go_backwards, zero_output_for_mask : bool
         The layer's attributes.
     """
+    _check(sequences, initial_state, mask, recurrent_kernel.shape[0])
     x = ops.cast(sequences, dtype)
     h0 = ops.cast(initial_state[0], dtype)
     c0 = ops.cast(initial_state[1], dtype) if rnn_mode == "lstm" else None
@@ -179,6 +199,7 @@ def run_bidirectional(rnn_mode, sequences, forward_state, backward_state, mask, 
     time order (as ``Bidirectional`` turns them); its last output is its final step's,
     which is time 0. The weights are ``(kernel, recurrent_kernel, bias)`` triples.
     """
+    _check(sequences, [*forward_state, *backward_state], mask, forward_weights[1].shape[0])
     x = ops.cast(sequences, dtype)
     lstm = rnn_mode == "lstm"
     states = [[ops.cast(s, dtype) for s in pair] for pair in zip(forward_state, backward_state)]

@@ -516,3 +516,89 @@ def test_docs_examples_run():
         exec(compile(block, path, "exec"), namespace)
     assert namespace["losses"][-1] < namespace["losses"][0]
 
+
+
+# --------------------------------------------------------------------------- lengths
+
+@pytest.mark.parametrize("lengths, dtype, shown", [
+    ([2 ** 32 + 3, 2, 1], "int64", "4294967299"),  # wrapped to 3 by an int32 cast, and ran
+    ([2 ** 31 + 1, 2, 1], "uint32", "2147483649"),  # refused as "got -2147483647"
+    ([-1, 2, 1], "int64", "-1"),
+])
+def test_lengths_out_of_range_are_refused_as_given(lengths, dtype, shown):
+    model = rnn_flax.LSTM(I, H, rngs=nnx.Rngs(0))
+    x = jnp.ones((B, T, I))
+    with jax.enable_x64(True):
+        with pytest.raises(ValueError, match=rf"got {shown}\b"):
+            model(x, seq_lengths=np.array(lengths, dtype))
+        y = model(x, seq_lengths=np.array([T, 2, 0], dtype))  # in range, any integer type
+    np.testing.assert_allclose(y, model(x, seq_lengths=jnp.array([T, 2, 0])), **TOL)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_a_bad_batch_under_nnx_jit_leaves_the_module_usable(mode):
+    """A traced length out of range used to fail the computation, whose failed arrays
+    nnx.jit then wrote into the module: every later call, and model.params, raised."""
+    model = CLASSES[mode](I, H, num_layers=2, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, __import__("optax").sgd(0.1), wrt=nnx.Param)
+    x = jax.random.normal(jax.random.PRNGKey(1), (B, T, I))
+
+    @nnx.jit
+    def step(model, optimizer, x, lengths):
+        def loss(model):
+            carry, y = model(x, seq_lengths=lengths, return_carry=True)
+            return jnp.mean(y ** 2), (carry, y)
+        (value, (carry, y)), grads = nnx.value_and_grad(loss, has_aux=True)(model)
+        optimizer.update(model, grads)
+        return value, carry, y
+
+    good = jnp.array([T, 2, 3])
+    before = np.asarray(model.params[...])
+    want = model(x, seq_lengths=good)
+    with pytest.warns(RuntimeWarning, match=r"seq_lengths: expected values in \[0, 5\].*"
+                                            r"got 9 at index 1"):
+        value, carry, y = step(model, optimizer, x, jnp.array([T, 9, 3]))
+        jax.block_until_ready(y)
+    y = np.asarray(y)
+    assert np.isnan(value) and np.isnan(y[1]).all() and not np.isnan(y[[0, 2]]).any()
+    assert all(np.isnan(np.asarray(leaf)[1]).all() and not np.isnan(np.asarray(leaf)[[0, 2]]).any()
+               for leaf in jax.tree.leaves(carry)), "the carry of that row alone"
+    params = np.asarray(model.params[...])  # readable, finite: the other rows' gradient
+    assert np.isfinite(params).all() and not np.array_equal(params, before)
+    model.params[...] = before
+    np.testing.assert_allclose(model(x, seq_lengths=good), want, **TOL)  # eager, and
+    value, _, y = step(model, optimizer, x, good)  # jitted again
+    np.testing.assert_allclose(y, want, **TOL)
+
+
+# --------------------------------------------------------------------------- round trips
+
+@pytest.mark.parametrize("mode", ["lstm", "lstm_cell", "gru", "rnn_tanh"])
+def test_one_cell_in_one_cell_of_its_class_out(mode):
+    cell = flax_cell(mode, I, nnx.Rngs(0))
+    back = CLASSES[mode].from_flax(cell).to_flax()
+    assert type(back) is type(cell)
+    for a, b in zip(nnx.to_flat_state(nnx.state(cell, nnx.Param)),
+                    nnx.to_flat_state(nnx.state(back, nnx.Param))):
+        assert a[0] == b[0]
+        np.testing.assert_array_equal(a[1][...], b[1][...])
+
+
+def test_layers_come_back_in_their_own_form():
+    """nnx.RNN stays nnx.RNN (its options too), a bare cell a cell, LSTMCell LSTMCell;
+    through nnx.split/merge as well."""
+    layers = [nnx.RNN(nnx.LSTMCell(I, H, rngs=nnx.Rngs(0)), time_major=True, unroll=2),
+              nnx.LSTMCell(H, H, rngs=nnx.Rngs(1))]
+    ours = rnn_flax.LSTM.from_flax(layers)
+    graph, state = nnx.split(ours)
+    back = nnx.merge(graph, state).to_flax()
+    assert isinstance(back, list) and [type(b) for b in back] == [nnx.RNN, nnx.LSTMCell]
+    assert type(back[0].cell) is nnx.LSTMCell and back[0].time_major and back[0].unroll == 2
+    assert [type(c) for c in ours.to_flax(cell_type=nnx.OptimizedLSTMCell)[1:]] == \
+        [nnx.OptimizedLSTMCell]  # asked for explicitly
+    pair = [nnx.Bidirectional(nnx.RNN(flax_cell("gru", I, nnx.Rngs(2))),
+                              nnx.RNN(flax_cell("gru", I, nnx.Rngs(3))), return_carry=True)]
+    back = rnn_flax.GRU.from_flax(pair).to_flax()
+    assert type(back[0]) is nnx.Bidirectional and back[0].return_carry
+    built = rnn_flax.LSTM(I, H, num_layers=2, rngs=nnx.Rngs(0)).to_flax()  # not from Flax
+    assert [type(b) for b in built] == [nnx.OptimizedLSTMCell] * 2

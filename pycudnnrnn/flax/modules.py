@@ -9,11 +9,14 @@ dropout follows ``nnx.Dropout``'s (``deterministic``, ``rngs``, ``model.eval()``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from .. import jax as rnn_jax
@@ -228,7 +231,7 @@ class _RNN(nnx.Module):
             jnp.result_type(inputs.dtype, self.params.dtype)  # Flax's promote_dtype
         x = inputs.astype(dtype).reshape((T, B, self.in_features) if time_major
                                          else (B, T, self.in_features))
-        lengths = self._check_lengths(seq_lengths, batch_shape)
+        lengths, bad = self._check_lengths(seq_lengths, batch_shape, T)
         if initial_carry is None:
             h0, c0 = self._zero_states(B, dtype)
         else:
@@ -240,6 +243,11 @@ class _RNN(nnx.Module):
                                            self._dropout_key(rngs))
         else:
             y, h, c = self._run(x, h0, c0, params, lengths, time_major, self._config())
+        if bad is not None:  # rows whose traced length was out of range: NaN, not an error
+            nan = jnp.asarray(jnp.nan, y.dtype)
+            y = jnp.where(bad[None, :, None] if time_major else bad[:, None, None], nan, y)
+            h = jnp.where(bad[None, :, None], nan, h)
+            c = jnp.where(bad[None, :, None], nan, c) if self._lstm else None
         y = y.reshape((T,) + batch_shape + y.shape[-1:] if time_major
                       else batch_shape + (T,) + y.shape[-1:])
         if not return_carry:
@@ -264,16 +272,32 @@ class _RNN(nnx.Module):
         return inputs
 
     @staticmethod
-    def _check_lengths(seq_lengths, batch_shape):
+    def _check_lengths(seq_lengths, batch_shape, max_time):
+        """``(lengths [B] in their own integer type, bad rows or None)``.
+
+        Known lengths out of ``[0, max_time]`` are refused by ``pycudnnrnn.jax.rnn`` (as
+        given: int64 ``2**32 + 3`` is no 3). Traced ones cannot be refused without failing
+        the whole computation, whose poisoned results ``nnx.jit`` would then write into
+        the module (every later call, and its params, would raise). So they run as
+        length 0, their rows come out NaN (``bad``), and a ``RuntimeWarning`` names the
+        first of them when the computation runs; the rest of the batch and the module's
+        state are what they would be.
+        """
         if seq_lengths is None:
-            return None
+            return None, None
         lengths = jnp.asarray(seq_lengths)
         if not jnp.issubdtype(lengths.dtype, jnp.integer):
             raise TypeError(f"seq_lengths: expected integers, got dtype {lengths.dtype}")
         if lengths.shape != tuple(batch_shape):
             raise ValueError(f"seq_lengths: expected shape {tuple(batch_shape)} (the batch "
                              f"dimensions of inputs), got {lengths.shape}")
-        return lengths.reshape(-1).astype(jnp.int32)
+        lengths = lengths.reshape(-1)
+        if not isinstance(seq_lengths, jax.core.Tracer):
+            return lengths, None  # checked by value where it is known
+        bad = (lengths > max_time) | (lengths < 0) if jnp.issubdtype(
+            lengths.dtype, jnp.signedinteger) else lengths > max_time
+        jax.debug.callback(_warn_bad_lengths, bad, lengths, max_time)
+        return jnp.where(bad, jnp.zeros_like(lengths), lengths), bad
 
     def _dropout_key(self, rngs):
         """A key for this call's masks, as ``nnx.Dropout`` picks one."""
@@ -353,7 +377,8 @@ class _RNN(nnx.Module):
         LSTM, GRU or SimpleRNN
             With ``dtype`` and ``param_dtype`` of the first cell.
         """
-        if not isinstance(layers, (list, tuple)):
+        single = not isinstance(layers, (list, tuple))
+        if single:
             layers = [layers]
         if not layers:
             raise ValueError("layers: expected at least one layer, got an empty list")
@@ -394,6 +419,9 @@ class _RNN(nnx.Module):
             else nnx.data(None)
         module.params.set_value(_blocks.pack([b.astype(param_dtype) for b in blocks],
                                              module._config()))
+        # What to_flax gives back: the same form (a cell for a cell, nnx.RNN for nnx.RNN,
+        # with their options) and the same cell class (LSTMCell stays LSTMCell).
+        module._flax_form = _FlaxForm(single, tuple(map(_layer_form, layers)), type(first))
         return module
 
     def to_flax(self, *, cell_type=None):
@@ -402,24 +430,88 @@ class _RNN(nnx.Module):
         Parameters
         ----------
         cell_type : type, optional
-            For ``LSTM``: ``nnx.OptimizedLSTMCell`` (default) or ``nnx.LSTMCell``.
+            For ``LSTM``: ``nnx.OptimizedLSTMCell`` or ``nnx.LSTMCell``; default the class
+            ``from_flax`` was given, else ``nnx.OptimizedLSTMCell``.
 
         Returns
         -------
-        list
-            One entry per layer: a cell when unidirectional, an ``nnx.Bidirectional`` of
-            two ``nnx.RNN`` otherwise. Run a cell as ``nnx.RNN(cell)``.
+        cell or list
+            For a module made by ``from_flax``, what it was given, in the same form: one
+            cell for one cell; a list of layers, each a cell, an ``nnx.RNN`` or an
+            ``nnx.Bidirectional`` (their options too) as it was. Otherwise a list with one
+            entry per layer: a cell when unidirectional, an ``nnx.Bidirectional`` of two
+            ``nnx.RNN`` otherwise. Run a cell as ``nnx.RNN(cell)``.
         """
         if self.num_proj:
             raise ValueError(f"num_proj: Flax's LSTM cells have no projection, got "
                              f"num_proj={self.num_proj}")
+        form = getattr(self, "_flax_form", None)
+        if cell_type is None and form is not None and self._lstm:
+            cell_type = form.cell_type
         cells = [_cells.make_cell(b, self._rnn_mode, cell_type=cell_type, dtype=self.dtype,
                                   param_dtype=self.param_dtype)
                  for b in _blocks.unpack(self.params[...], self._config())]
-        if not self.bidirectional:
-            return cells
-        return [nnx.Bidirectional(nnx.RNN(cells[2 * l]), nnx.RNN(cells[2 * l + 1]))
-                for l in range(self.num_layers)]
+        D = self._num_dirs
+        per_layer = [cells[D * l:D * l + D] for l in range(self.num_layers)]
+        if form is None:
+            return [_rebuild(("bidirectional", (), (), ()) if D == 2 else ("cell",), layer)
+                    for layer in per_layer]
+        layers = [_rebuild(f, layer) for f, layer in zip(form.layers, per_layer)]
+        return layers[0] if form.single else layers
+
+
+@dataclasses.dataclass(frozen=True)
+class _FlaxForm:
+    """What ``from_flax`` was given, for ``to_flax``: one cell or a list (`single`), each
+    layer as ``_layer_form`` describes it, and the cells' class. (Not a pytree: nnx keeps
+    it as a static attribute.)"""
+
+    single: bool
+    layers: tuple
+    cell_type: type
+
+
+_RNN_OPTIONS = ("time_major", "return_carry", "reverse", "keep_order", "unroll")
+
+
+def _options(layer, names):
+    return tuple((name, getattr(layer, name)) for name in names)
+
+
+def _layer_form(layer):
+    """``("cell",)``, ``("rnn", options)`` or ``("bidirectional", options, forward RNN's
+    options, backward RNN's options)``."""
+    if isinstance(layer, nnx.Bidirectional):
+        return ("bidirectional", _options(layer, ("time_major", "return_carry")),
+                _options(layer.forward_rnn, _RNN_OPTIONS),
+                _options(layer.backward_rnn, _RNN_OPTIONS))
+    if isinstance(layer, nnx.RNN):
+        return ("rnn", _options(layer, _RNN_OPTIONS))
+    return ("cell",)
+
+
+def _rebuild(form, cells):
+    """One layer of `form` (``_layer_form``) around its `cells` (one, or two)."""
+    if form[0] == "cell":
+        return cells[0]
+    if form[0] == "rnn":
+        return nnx.RNN(cells[0], **dict(form[1]))
+    _, options, forward, backward = form
+    return nnx.Bidirectional(nnx.RNN(cells[0], **dict(forward)),
+                             nnx.RNN(cells[1], **dict(backward)), **dict(options))
+
+
+def _warn_bad_lengths(bad, lengths, max_time):
+    """The host side of a traced out-of-range length (``_RNN._check_lengths``)."""
+    bad = np.asarray(bad)
+    if bad.any():
+        index = int(np.flatnonzero(bad)[0])
+        warnings.warn(f"seq_lengths: expected values in [0, {max_time}] (the time steps), got "
+                      f"{int(np.asarray(lengths)[index])} at index {index} of the flattened "
+                      f"batch, under a transform: {int(bad.sum())} such rows come out NaN "
+                      f"(outputs and carry) instead of an error, which would have failed the "
+                      f"computation and left its failed arrays in the module",
+                      RuntimeWarning, stacklevel=2)
 
 
 def _directions(layer, index):

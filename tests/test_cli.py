@@ -526,3 +526,15 @@ def test_a_memory_error_without_a_message_still_says_why(monkeypatch, capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().endswith(
         "not enough memory for these sizes: an allocation failed")
+
+
+@pytest.mark.parametrize("option, value", [("--layers", "999999999999999999999999999999"),
+                                           ("--hidden-size", str(2 ** 40))])
+def test_absurd_sizes_are_usage_errors_at_once(option, value):
+    """--layers 10**30 ran for minutes (the memory estimate listed every layer's entries);
+    a size beyond cuDNN's 32-bit ints is refused before any work, naming it."""
+    proc = subprocess.run([sys.executable, "-m", "pycudnnrnn", "check", option, value],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "expected an int in [1, 2147483647]" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()[-1]) < 300

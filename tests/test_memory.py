@@ -142,10 +142,11 @@ def test_a_plan_of_a_billion_steps_builds_no_per_step_list():
                      np.zeros(plan.params_size, np.float32))
 
 
-@pytest.mark.parametrize("sizes", [dict(batch_size=2 ** 62, max_time=1),
-                                   dict(batch_size=1, max_time=2 ** 62, sequence_lengths=[1])])
+@pytest.mark.parametrize("sizes", [dict(batch_size=2 ** 31 - 1, max_time=1),
+                                   dict(batch_size=1, max_time=2 ** 31 - 1, sequence_lengths=[1])])
 def test_absurd_sizes_are_refused_before_the_plan_allocates(sizes):
-    """batch_size=2**62 gave NumPy's "array is too big" from inside the plan."""
+    """batch_size=2**62 gave NumPy's "array is too big" from inside the plan. (Sizes beyond
+    cuDNN's 32-bit ints are refused by name before this: test_plan.py.)"""
     with pytest.raises(pycudnnrnn.InsufficientMemoryError, match=r"^a plan: needs about"):
         pycudnnrnn.RNNPlan(num_layers=1, num_units=1, input_size=1, **sizes)
 
@@ -179,3 +180,25 @@ def test_the_address_space_limit_counts_as_available_memory(monkeypatch):
     monkeypatch.setattr(memory, "_mem_available", lambda: 1 << 40)
     available, source = memory.available_bytes()
     assert source == "the address-space limit (ulimit -v)" and available < limit
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_relu"])
+@pytest.mark.parametrize("training, dropout", [(True, 0.0), (True, 0.5), (False, 0.5)])
+def test_the_reserve_size_is_the_sum_of_its_entries(mode, training, dropout):
+    """reserve_nbytes sums the entries kind by kind (fast for any number of layers): the
+    same total as the entries the forward lays out."""
+    from pycudnnrnn.core.checks import make_problem
+    problem = make_problem(max_time=7, batch_size=3, sequence_lengths=None, dtype="float32",
+                           time_major=True, is_training=training, rnn_mode=mode, num_layers=3,
+                           num_units=5, input_size=4, input_mode="linear_input",
+                           direction="bidirectional", num_proj=0, dropout=dropout)
+    entries = cpu_rnn._reserve_entries(problem)
+    assert len({name for name, _ in entries}) == len(entries)
+    assert cpu_rnn.reserve_nbytes(problem) == cpu_rnn._HEADER_BYTES + 4 * sum(
+        int(np.prod(shape)) for _, shape in entries)
+    huge = make_problem(max_time=7, batch_size=3, sequence_lengths=None, dtype="float32",
+                        time_major=True, is_training=training, rnn_mode=mode,
+                        num_layers=2 ** 31 - 1, num_units=5, input_size=4,
+                        input_mode="linear_input", direction="bidirectional", num_proj=0,
+                        dropout=dropout)
+    assert cpu_rnn.reserve_nbytes(huge) > (2 ** 40 if training else 0)  # without a list

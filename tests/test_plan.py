@@ -393,3 +393,36 @@ def test_dtype_none_is_the_documented_default():
     plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=2, input_size=2, max_time=2,
                               batch_size=1, dtype=None)
     assert plan.dtype == np.float32
+
+
+@pytest.mark.parametrize("size, value", [("max_time", 2 ** 62), ("batch_size", 2 ** 31),
+                                         ("num_layers", 10 ** 30), ("num_units", 2 ** 31),
+                                         ("input_size", 2 ** 40)])
+def test_sizes_beyond_cudnns_32_bit_ints_are_refused_naming_them(size, value):
+    """RNNPlan(max_time=2**62) was built (its estimate has no time term on the CPU)."""
+    sizes = dict(num_layers=1, num_units=4, input_size=3, max_time=5, batch_size=2)
+    sizes[size] = value
+    with pytest.raises(ValueError, match=rf"{size}: expected an int in \[1, 2147483647\]"):
+        pycudnnrnn.RNNPlan(**sizes, device="cpu")
+
+
+@pytest.mark.parametrize("lengths", [
+    np.array([5, 2], dtype=object), np.array([5, np.int64(2)], dtype=object),
+    np.array([5, 2.5], dtype=object), np.array([5, True], dtype=object),
+    np.array([5, 2 ** 70], dtype=object), [5, 2 ** 64], [5, 2.0], np.array([5, -1]),
+    np.array([[5], [2]]), np.array([5, None], dtype=object)])
+def test_a_plan_takes_the_lengths_the_functional_api_takes(lengths):
+    """Same answer, or the same error, from RNNPlan and forward for odd lengths."""
+    def outcome(call):
+        try:
+            return call() and "ok"
+        except (TypeError, ValueError) as error:
+            return type(error).__name__, str(error)
+
+    n = pycudnnrnn.params_size(num_layers=1, num_units=4, input_size=3)
+    x, h = np.zeros((5, 2, 3), np.float32), np.zeros((1, 2, 4), np.float32)
+    planned = outcome(lambda: pycudnnrnn.RNNPlan(
+        num_layers=1, num_units=4, input_size=3, max_time=5, batch_size=2,
+        sequence_lengths=lengths, device="cpu"))
+    functional = outcome(lambda: pycudnnrnn.forward(x, h, h, np.zeros(n, np.float32), lengths))
+    assert planned == functional

@@ -59,12 +59,26 @@ def array_list(name, value) -> list:
     return list(value)
 
 
+#: The largest size taken (layers, widths, time, batch): cuDNN takes them as 32-bit ints,
+#: and the CPU backend computes the same function.
+SIZE_MAX = 2 ** 31 - 1
+
+
 def _integer(name, value, minimum=None):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return value
+
+
+def _size(name, value, minimum=1):
+    """A size: an int in [minimum, SIZE_MAX]."""
+    value = _integer(name, value, minimum)
+    if value > SIZE_MAX:
+        raise ValueError(f"{name}: expected an int in [{minimum}, {SIZE_MAX}] (cuDNN takes "
+                         f"sizes as 32-bit ints), got {value}")
     return value
 
 
@@ -86,10 +100,10 @@ def make_config(*, rnn_mode, num_layers, num_units, input_size, input_mode, dire
     _choice("rnn_mode", rnn_mode, RNN_MODES)
     _choice("input_mode", input_mode, INPUT_MODES)
     _choice("direction", direction, DIRECTIONS)
-    num_layers = _integer("num_layers", num_layers, 1)
-    num_units = _integer("num_units", num_units, 1)
-    input_size = _integer("input_size", input_size, 1)
-    num_proj = _integer("num_proj", num_proj, 0)
+    num_layers = _size("num_layers", num_layers)
+    num_units = _size("num_units", num_units)
+    input_size = _size("input_size", input_size)
+    num_proj = _size("num_proj", num_proj, 0)
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
         raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__} {dropout!r}")
     if not 0.0 <= float(dropout) < 1.0:
@@ -456,8 +470,8 @@ def make_problem(*, max_time, batch_size, sequence_lengths, dtype, time_major, i
                  **attributes) -> Problem:
     """Validate what an ``RNNPlan`` is built from (the op's attributes and the sizes)."""
     config = make_config(**attributes)
-    max_time = _integer("max_time", max_time, 1)
-    batch_size = _integer("batch_size", batch_size, 1)
+    max_time = _size("max_time", max_time)
+    batch_size = _size("batch_size", batch_size)
     if dtype is None:  # the documented default (np.dtype(None) would be float64)
         dtype = "float32"
     if dtypes.is_bfloat16(dtype):  # "bfloat16" works before ml_dtypes is imported

@@ -139,19 +139,26 @@ def plan_nbytes(problem: Problem) -> int:
 
 # --------------------------------------------------------------------------- reserve space
 
-def _reserve_entries(problem: Problem):
+def _reserve_groups(problem: Problem):
+    """The reserve space's entries, kind by kind: ``(name, indices, shape)``, each kind
+    one entry ``name + str(i)`` of `shape` per index. (Sizes are summed over these, not
+    over the entries: an estimate for 10**9 layers makes no 10**9 tuples.)"""
     c = problem.config
     T, B, H = problem.max_time, problem.batch_size, c.num_units
     width = c.num_dirs * c.state_size
-    entries = [(f"y{s}", (T, B, width)) for s in range(_output_slots(problem))]
-    entries += [(f"mask{l}", (T, B, width)) for l in problem.dropout_layers]
+    groups = [("y", range(_output_slots(problem)), (T, B, width)),
+              ("mask", problem.dropout_layers, (T, B, width))]
     if c.rnn_mode in ("lstm", "gru"):
         steps = T if problem.is_training else 1
         slots = range(c.num_pseudo_layers if problem.is_training else 1)
-        entries += [(f"gates{k}", (steps, B, c.num_gates * H)) for k in slots]
-        extra = "c" if c.is_lstm else "hr"
-        entries += [(f"{extra}{k}", (steps, B, H)) for k in slots]
-    return entries
+        groups += [("gates", slots, (steps, B, c.num_gates * H)),
+                   ("c" if c.is_lstm else "hr", slots, (steps, B, H))]
+    return groups
+
+
+def _reserve_entries(problem: Problem):
+    return [(f"{name}{i}", shape) for name, indices, shape in _reserve_groups(problem)
+            for i in indices]
 
 
 def _output_slots(problem: Problem) -> int:
@@ -165,7 +172,8 @@ def reserve_nbytes(problem: Problem) -> int:
     """Bytes of the reserve_space forward makes for this problem."""
     itemsize = _compute_dtype(problem.dtype).itemsize
     # math.prod, not np.prod: sizes may be symbolic while PyTorch traces (pycudnnrnn.torch)
-    return _HEADER_BYTES + itemsize * sum(math.prod(s) for _, s in _reserve_entries(problem))
+    return _HEADER_BYTES + itemsize * sum(len(indices) * math.prod(shape)
+                                          for _, indices, shape in _reserve_groups(problem))
 
 
 def _sizes(problem: Problem):

@@ -172,3 +172,14 @@ def test_a_modules_cuda_seed_follows_torch_manual_seed_from_run_to_run():
                            text=True, check=True).stdout.split() for seed in (0, 0, 1)]
     assert runs[0] == runs[1] and len(set(runs[0])) == 2  # repeated; one per module
     assert not set(runs[0]) & set(runs[2])
+
+
+@pytest.mark.parametrize("kind,options", KINDS)
+def test_conversions_draw_nothing(kind, options):
+    theirs = getattr(torch.nn, kind)(I, H, num_layers=2, **options)
+    torch.manual_seed(6)
+    ours = getattr(prt, kind).from_torch(theirs)
+    back = ours.to_torch()
+    assert torch.equal(torch.randn(4), torch.manual_seed(6) and torch.randn(4))
+    _assert_same(ours, theirs)
+    _assert_same(ours, back)

@@ -176,3 +176,18 @@ def test_eager_calls_are_untouched_by_the_export_path():
     x = torch.randn(T, B, I, requires_grad=True)
     module(x)[0].sum().backward()
     assert x.grad is not None and module.weight_hh_l0.grad is not None
+
+
+def test_dynamic_batch_and_time_export(tmp_path):
+    from torch.export import Dim
+    torch.manual_seed(3)
+    module = prt.LSTM(I, H, num_layers=2, bidirectional=True, batch_first=True).eval()
+    path = tmp_path / "model.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.randn(B, T, I),), str(path), dynamo=True,
+                          dynamic_shapes=({0: Dim("batch"), 1: Dim("time")},), verbose=False)
+    session = ort.InferenceSession(str(path))
+    for shape in [(B, T, I), (7, 11, I), (1, 2, I)]:
+        x = torch.randn(*shape)
+        _assert_close(_run(session, [x]), _flat(module(x)))

@@ -191,15 +191,14 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
             raise TypeError(f"module: expected torch.nn.{cls._kind}, got "
                             f"{type(module).__module__}.{type(module).__qualname__}")
         first = next(module.parameters())
-        ours = cls(*cls._constructor_args(module), device=first.device, dtype=first.dtype)
+        ours = _built_empty(cls, cls._constructor_args(module), first)
         _copy_weights(module, ours)
         return ours.train(module.training)
 
     def to_torch(self):
         """The PyTorch module computing the same function (weights copied exactly)."""
         first = self._weights()[0]
-        module = getattr(torch.nn, self._kind)(*self._constructor_args(self),
-                                               device=first.device, dtype=first.dtype)
+        module = _built_empty(getattr(torch.nn, self._kind), self._constructor_args(self), first)
         _copy_weights(self, module)
         return module.train(self.training)
 
@@ -353,6 +352,13 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
 
     def _state_result(self, h_n, c_n):
         return (h_n, c_n) if self._kind == "LSTM" else h_n
+
+
+def _built_empty(cls, args, like):
+    """`cls(*args)` on the device and dtype of tensor `like`, its weights uninitialised:
+    built on the meta device, so that no initialiser draws from PyTorch's generator (the
+    weights are copied in next, as a deepcopy draws nothing)."""
+    return cls(*args, device="meta", dtype=like.dtype).to_empty(device=like.device)
 
 
 def _copy_weights(source, target):

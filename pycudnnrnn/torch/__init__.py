@@ -8,13 +8,17 @@
 * ``rnn`` and ``torch.ops.pycudnnrnn.forward`` / ``backprop``: the operators, which
   ``torch.compile``, ``torch.export`` and CUDA graphs accept (``ops``).
 
-CPU tensors run on the NumPy backend and CUDA tensors on cuDNN, through DLPack without
-copies. Importing this package imports torch (``import pycudnnrnn`` does not).
+Eager CPU calls run on PyTorch's own fused RNN kernels, the ones ``torch.nn``'s RNNs
+call (``native``; ``set_cpu_kernels("numpy")`` sends them to the op's NumPy backend);
+compiled, exported and transformed CPU calls run the op on the NumPy backend, and CUDA
+tensors on cuDNN, through DLPack without copies. Importing this package imports torch
+(``import pycudnnrnn`` does not).
 """
 
 from .cudnn_rnn import CudnnRNN, CudnnRNNFunction
 from .functional import InputTypeError, InputValueError, rnn
 from .modules import GRU, LSTM, RNN
+from .native import cpu_kernels, set_cpu_kernels
 
 __all__ = ["LSTM", "GRU", "RNN", "CudnnRNN", "CudnnRNNFunction", "rnn", "InputValueError",
-           "InputTypeError"]
+           "InputTypeError", "set_cpu_kernels", "cpu_kernels"]

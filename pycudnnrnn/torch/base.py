@@ -37,7 +37,7 @@ import torch
 
 from ..core import layout
 from ..core.checks import make_config
-from . import kernels
+from . import kernels, native
 from .autograd import apply
 from .functional import check_devices, lengths_tensor
 
@@ -105,9 +105,14 @@ class SeededRNN:
         `weights` and `has_biases` as for ``autograd.apply``; `attrs` the op's attributes but
         dropout, which this picks from the mode.
         """
+        dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
+        if native.takes(input, weights, attrs["input_mode"]):
+            # torch.nn's own call: its kernels, its dropout masks (from its generator)
+            return native.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
+                              attrs["rnn_mode"], attrs["direction"], attrs["time_major"],
+                              dropout, self.training)
         grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
-        dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
         attrs = dict(attrs, dropout=dropout)
         return apply(input, h0, c0, weights, sequence_lengths, self._seed(input, dropout),
                          attrs, has_biases, self.training or grad)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..core.checks import dropout_seed
-from . import kernels
+from . import kernels, native
 from .autograd import apply
 from .ops import op_attrs
 
@@ -140,6 +140,13 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     lengths, seed = lengths_tensor(sequence_lengths), seed_tensor(seed, seed2)
     if not _draws_masks(input_h, attrs, is_training):
         seed = None  # no CPU tensor for a seed nothing uses (CUDA graphs can take the call)
+        if native.takes(input, [input_h, params] + ([input_c] if lstm else []), input_mode):
+            # The op's checks of the shapes first (native.rnn checks the lengths)
+            kernels.problem(input, input_h, input_c if lstm else None, params, attrs,
+                            is_training)
+            return native.rnn(input, input_h, input_c if lstm else None, [params], None,
+                              lengths, rnn_mode, direction, time_major,
+                              is_training=bool(is_training))
     return apply(input, input_h, input_c if lstm else None, [params], lengths, seed, attrs,
                  None, bool(is_training))
 

@@ -69,10 +69,15 @@ def _lengths(T, B):
     return [T - (b * 37 % B) * (3 * T // 4) // max(B - 1, 1) for b in range(B)]
 
 
-def _timed(call, seconds, warmup=3):
-    """The median time of `call` (ms), over back-to-back calls filling `seconds`."""
-    for _ in range(warmup):
+def _timed(call, seconds):
+    """The median time of `call` (ms), over back-to-back calls filling `seconds`, after as
+    many filling half that (allocator pools, oneDNN primitives and caches warm up: a
+    row's first calls may take several times the later ones)."""
+    end = time.perf_counter() + seconds / 2
+    for k in range(1000):
         call()
+        if k >= 3 and time.perf_counter() > end:
+            break
     times, end = [], time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 5:
         start = time.perf_counter()

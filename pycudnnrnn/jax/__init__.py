@@ -295,13 +295,16 @@ def _not_differentiable(function):
 
 # --------------------------------------------------------------------------- the CPU: scan
 
-def _on_the_cpu(op: _Op, problem, input, input_h, input_c, params, lengths, given):
+def _on_the_cpu(op: _Op, problem, input, input_h, input_c, params, lengths, given,
+                check_lengths=True):
     """``rnn`` in JAX's own operations (``pycudnnrnn.jax.scan``), which XLA compiles for
     the CPU. `lengths` are as ``_check_lengths`` made them, `given` as the caller passed
     them: known ones were checked at trace time, traced ones pass a custom call that
-    range-checks them."""
+    range-checks them (unless `check_lengths` is False: the caller vouches for them)."""
     if not isinstance(given, jax.core.Tracer):  # (a constant is a tracer under jit now)
         lengths = scan.constant_lengths(given, problem.max_time)
+    elif not check_lengths:
+        lengths = lengths.astype(jnp.int32)
     else:
         register()
         lengths = jax.ffi.ffi_call(
@@ -358,7 +361,7 @@ _training.defvjp(_training_fwd, _training_bwd)
 
 def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
         input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0,
-        num_proj=0, time_major=True, is_training=True):
+        num_proj=0, time_major=True, is_training=True, check_lengths=True):
     """The RNN forward as a JAX operation (TensorFlow's ``CudnnRNNV3``, minus reserve_space).
 
     Usable under ``jax.jit``, ``jax.grad`` (with respect to input, input_h, input_c and
@@ -383,6 +386,11 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     is_training : bool, default True
         False: inference (no dropout; the result cannot be differentiated, and under
         ``vmap`` the mapped axis is folded into the batch: one call for all).
+    check_lengths : bool, default True
+        False: the caller vouches that traced `sequence_lengths` are in ``[0, max_time]``
+        (lengths out of range then give unspecified results), and on the CPU the host
+        callback that checks them when the computation runs (about 0.3 ms a call) is left
+        out. Known lengths are checked at trace time either way.
 
     Returns
     -------
@@ -406,7 +414,7 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     empty_c = jnp.zeros((0,), problem.dtype)
     if _default_platform() == "cpu" and scan.applies(problem):
         return _on_the_cpu(op, problem, input, input_h, input_c, params, lengths,
-                           sequence_lengths)
+                           sequence_lengths, check_lengths)
     if op.is_training:
         results = _training(op, input, input_h, input_c, params, lengths)
     else:  # inference draws no masks: one cached function whatever the dropout and seeds

@@ -99,23 +99,36 @@ class SeededRNN:
             self.gpu_seed = _module_seed()
         self._hold_seed()
 
-    def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attrs, num_layers):
+    def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attrs, num_layers,
+             zero_states=False, torch_states=False):
         """``(output, h_n, c_n)`` of the op on checked arguments, c_n empty unless LSTM.
 
         `weights` and `has_biases` as for ``autograd.apply``; `attrs` the op's attributes but
-        dropout, which this picks from the mode.
+        dropout, which this picks from the mode; `zero_states`: h0 and c0 are zeros;
+        `torch_states`: the states in and out are ``[L·D, B, ·]`` when batch-major too
+        (torch.nn's layout), else the op's ``[B, L·D, ·]``.
         """
         dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
-        if native.takes(input, weights, attrs["input_mode"]):
-            # torch.nn's own call: its kernels, its dropout masks (from its generator)
+        if native.takes(input, () if torch_states else weights, attrs["input_mode"]):
+            # torch.nn's own call: its kernels, its dropout masks (from its generator). (The
+            # drop-ins' weights are of one dtype, input's: checked before.)
             return native.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
                               attrs["rnn_mode"], attrs["direction"], attrs["time_major"],
-                              dropout, self.training)
+                              dropout, self.training, zero_states=zero_states,
+                              torch_states=torch_states)
+        transpose = torch_states and not attrs["time_major"]
+        if transpose:  # the op's batch-major states are [B, L·D, ·]
+            h0, c0 = h0.transpose(0, 1), None if c0 is None else c0.transpose(0, 1)
         grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
         attrs = dict(attrs, dropout=dropout)
-        return apply(input, h0, c0, weights, sequence_lengths, self._seed(input, dropout),
-                         attrs, has_biases, self.training or grad)
+        output, h_n, c_n = apply(input, h0, c0, weights, sequence_lengths,
+                                 self._seed(input, dropout), attrs, has_biases,
+                                 self.training or grad)
+        if transpose:
+            h_n = h_n.transpose(0, 1).contiguous()
+            c_n = c_n.transpose(0, 1).contiguous() if c0 is not None else c_n
+        return output, h_n, c_n
 
     def _seed(self, input, dropout):
         """The op's seed: a 0-d int64 CPU tensor (a graph input: a fresh one per step does

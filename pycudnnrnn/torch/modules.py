@@ -285,17 +285,11 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         if batch == 0:  # nothing to run (the op needs a batch): empty results, as torch.nn
             return _empty_batch(data, h0, c0, weights, time_major,
                                 self._num_directions() * (self.proj_size or self.hidden_size))
-        if not time_major:  # the op's batch-major states are [B, L·D, ·]
-            h0, c0 = h0.transpose(0, 1), None if c0 is None else c0.transpose(0, 1)
         attrs = dict(rnn_mode=self.rnn_mode, input_mode="linear_input",
-                     direction=self.attrs["direction"], num_proj=self.proj_size,
-                     time_major=time_major)
-        output, h_n, c_n = self._run(data, h0, c0, weights, bool(self.bias), lengths, attrs,
-                                     self.num_layers)
-        if not time_major:
-            h_n = h_n.transpose(0, 1).contiguous()
-            c_n = c_n.transpose(0, 1).contiguous() if c0 is not None else c_n
-        return output, h_n, c_n
+                     direction="bidirectional" if self.bidirectional else "unidirectional",
+                     num_proj=self.proj_size, time_major=time_major)
+        return self._run(data, h0, c0, weights, bool(self.bias), lengths, attrs,
+                         self.num_layers, zero_states=hx is None, torch_states=True)
 
     def _num_directions(self):
         return 2 if self.bidirectional else 1
@@ -304,12 +298,14 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         if data.shape[-1] != self.input_size:
             raise InputValueError(f"input: expected size(-1) == input_size={self.input_size}, "
                                   f"got shape {tuple(data.shape)}")
-        check_devices(data.device, [("input", data)] + [
-            (name, w) for name, w in zip(self._flat_weights_names, weights)])
-        if data.device.type == "meta":
+        device = data.device
+        if any(w.device != device for w in weights):  # the names only to say which
+            check_devices(device, [("input", data)] + [
+                (name, w) for name, w in zip(self._flat_weights_names, weights)])
+        if data.is_meta:
             raise InputTypeError("input: expected a tensor with data, got a tensor on the "
                                  "meta device (it has no values to compute with)")
-        if autocast_dtype(data.device.type) is None and data.dtype != weights[0].dtype:
+        if data.dtype != weights[0].dtype and autocast_dtype(device.type) is None:
             raise InputTypeError(
                 f"input: RNN input dtype ({data.dtype}) does not match weight dtype "
                 f"({weights[0].dtype}). Convert input: input.to({weights[0].dtype}), or "

@@ -73,27 +73,33 @@ def takes(input, weights, input_mode="linear_input") -> bool:
     """Whether a call on `input` and `weights` runs on PyTorch's kernels (see the module
     docstring); where not, the op runs and its checks name what is wrong."""
     dtype = input.dtype
-    return (_choice.kernels == "torch" and input.device.type == "cpu" and dtype in _DTYPES
+    # Cheapest first: this is asked at every call. (Either ONNX exporter traces: TorchScript's
+    # with torch.jit, the other with torch.export.)
+    return (_choice.kernels == "torch" and input.is_cpu and dtype in _DTYPES
+            and input.numel() > 0
             and input_mode == "linear_input" and all(w.dtype == dtype for w in weights)
-            and not torch.is_autocast_enabled("cpu")
             and torch._C._functorch.maybe_current_level() is None
-            and not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
-            and not torch.onnx.is_in_onnx_export())
+            and not torch.compiler.is_exporting() and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and not torch.is_autocast_enabled("cpu"))
 
 
 def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode, direction,
-        time_major, dropout=0.0, train=False, is_training=True):
+        time_major, dropout=0.0, train=False, is_training=True, zero_states=False,
+        torch_states=False):
     """``(output, output_h, output_c)`` as the op gives them, on PyTorch's kernels.
 
     Arguments in the op's layout and convention; `weights` torch.nn's list (`has_biases`
     as torch.nn's ``bias``), or ``[params]`` in cuDNN's layout (`has_biases` None).
     `dropout` and `train` as ``torch.nn``'s; `is_training` False is an inference call,
-    whose results refuse a backward as the op's do.
+    whose results refuse a backward as the op's do. `zero_states`: the initial states are
+    zeros (then not reordered for packing). `torch_states`: states in and out are
+    ``[L·D, B, ·]`` even when batch-major, as torch.nn's (no transposes either way).
     """
     if not is_training:
         with torch.no_grad():
             results = rnn(input, input_h, input_c, weights, has_biases, sequence_lengths,
-                          rnn_mode, direction, time_major)
+                          rnn_mode, direction, time_major, zero_states=zero_states,
+                          torch_states=torch_states)
         sources = [t for t in (input, input_h, input_c, *weights)
                    if t is not None and t.requires_grad]
         if not (sources and torch.is_grad_enabled()):
@@ -101,10 +107,10 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
         return tuple(_Inference.apply(r, *sources) for r in results)
     lstm = rnn_mode == "lstm"
     bidirectional = direction == "bidirectional"
-    if sequence_lengths is not None:  # values in range, as the op checks them
-        T, B = input.shape[:2] if time_major else input.shape[1::-1]
-        checks.check_lengths(sequence_lengths.cpu().numpy(), B, T)
-    if not time_major:  # the op's batch-major states are [B, L·D, ·]; torch.nn's [L·D, B, ·]
+    ragged, empty = (False, False) if sequence_lengths is None else \
+        _ragged_lengths(sequence_lengths, input, time_major)
+    transpose = not (time_major or torch_states)
+    if transpose:  # the op's batch-major states are [B, L·D, ·]; torch.nn's [L·D, B, ·]
         input_h = input_h.transpose(0, 1)
         input_c = input_c.transpose(0, 1) if lstm else input_c
     num_layers = input_h.shape[0] // (2 if bidirectional else 1)
@@ -113,44 +119,60 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
                                              input.shape[-1], input_c, input_h), True
     hx = [input_h, input_c] if lstm else input_h
     kernel = _KERNELS[rnn_mode]
-    if sequence_lengths is None or bool((sequence_lengths == input.shape[0 if time_major
-                                                                        else 1]).all()):
+    if not ragged:
         output, *states = kernel(input, hx, weights, has_biases, num_layers, dropout, train,
                                  bidirectional, not time_major)
     else:
         output, states = _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout,
-                                 train, bidirectional, time_major, sequence_lengths, lstm)
+                                 train, bidirectional, time_major, sequence_lengths, lstm,
+                                 zero_states, empty)
     output_h = states[0]
     output_c = states[1] if lstm else output.new_empty((0,))
-    if not time_major:
+    if transpose:
         output_h = output_h.transpose(0, 1)
         output_c = output_c.transpose(0, 1) if lstm else output_c
     return output, output_h, output_c
 
 
+def _ragged_lengths(lengths, input, time_major) -> tuple[bool, bool]:
+    """``(ragged, empty)``: whether `lengths` leave any row short of max_time, and any of
+    length 0; out of ``[0, max_time]``, or not one per row, the op's ValueError. (One
+    reduction in the common case: asked per call.)"""
+    T, B = (input.shape[0], input.shape[1]) if time_major else (input.shape[1], input.shape[0])
+    if lengths.shape == (B,):
+        low, high = (int(v) for v in torch.aminmax(lengths))
+        if 0 <= low and high <= T:
+            return low < T, low == 0
+    checks.check_lengths(lengths.cpu().numpy(), B, T)  # raises, naming the value
+    raise AssertionError("unreachable: check_lengths refuses what is out of range")
+
+
 def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
-            bidirectional, time_major, lengths, lstm):
-    """The kernel on the rows that run, sorted and packed; results in the caller's order."""
-    lengths = lengths.to(torch.int64)
-    rows = torch.argsort(lengths, descending=True, stable=True)
-    rows = rows[:int((lengths > 0).sum())]  # rows of length 0 run nothing
+            bidirectional, time_major, lengths, lstm, zero_states, empty):
+    """The kernel on packed rows, results in the caller's order (``torch.nn``'s recipe for
+    a PackedSequence of unsorted lengths); rows of length 0, which packing refuses, are
+    left out of it and keep their state."""
     batch_axis, T = (1, input.shape[0]) if time_major else (0, input.shape[1])
     states = hx if lstm else [hx]
-    packed = pack_padded_sequence(input.index_select(batch_axis, rows), lengths[rows],
-                                  batch_first=not time_major, enforce_sorted=True)
-    running = [s.index_select(1, rows) for s in states]
-    data, *finals = kernel(packed.data, packed.batch_sizes, running if lstm else running[0],
-                           weights, has_biases, num_layers, dropout, train, bidirectional)
-    output, _ = pad_packed_sequence(PackedSequence(data, packed.batch_sizes),
-                                    batch_first=not time_major, total_length=T)
-    B = input.shape[batch_axis]
-    if rows.shape[0] == B:  # every row ran: only the order to undo
-        inverse = torch.empty_like(rows)
-        inverse[rows] = torch.arange(B)
-        return (output.index_select(batch_axis, inverse),
-                [f.index_select(1, inverse) for f in finals])
+    if empty:  # run the others; their results go back among the empty rows' below
+        rows = (lengths > 0).nonzero().squeeze(1)
+        input, lengths = input.index_select(batch_axis, rows), lengths[rows]
+    packed = pack_padded_sequence(input, lengths, batch_first=not time_major,
+                                  enforce_sorted=False)
+    order = packed.sorted_indices
+    sorted_states = [s[:, :len(order)] if zero_states else
+                     s.index_select(1, rows[order] if empty else order) for s in states]
+    data, *finals = kernel(packed.data, packed.batch_sizes,
+                           sorted_states if lstm else sorted_states[0], weights, has_biases,
+                           num_layers, dropout, train, bidirectional)
+    output, _ = pad_packed_sequence(
+        PackedSequence(data, packed.batch_sizes, order, packed.unsorted_indices),
+        batch_first=not time_major, total_length=T)
+    finals = [f.index_select(1, packed.unsorted_indices) for f in finals]
+    if not empty:
+        return output, finals
     shape = list(output.shape)
-    shape[batch_axis] = B
+    shape[batch_axis] = states[0].shape[1]
     return (output.new_zeros(shape).index_copy(batch_axis, rows, output),
             [s.index_copy(1, rows, f) for s, f in zip(states, finals)])
 

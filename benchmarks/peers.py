@@ -107,6 +107,12 @@ def _torch_calls(side, kind, cell, bidirectional, ragged, size, compiled=False):
     else:
         run = lambda x: module(x)[0]  # noqa: E731
     if compiled:
+        # Inductor's disk caches do not key on a custom op's fake (its reserve size): a
+        # graph cached with another version of this library would be reused.
+        from torch._functorch import config as functorch_config
+        from torch._inductor import config as inductor_config
+        inductor_config.fx_graph_cache = False
+        functorch_config.enable_autograd_cache = False
         run = torch.compile(run, fullgraph=side == "ours")
     if kind == "forward":
         module.eval()

@@ -128,3 +128,91 @@ def test_the_route_is_chosen_by_what_the_op_alone_can_do(monkeypatch):
     with pytest.raises(ValueError, match="kind: expected 'torch' or 'numpy'"):
         prt.set_cpu_kernels("cuda")
     assert seeded[0].shape == (T, B, H)
+
+
+# --------------------------------------------------------------------------- the op's kernels
+
+def _op_call(rnn_mode, time_major, lengths, num_proj=0):
+    import pycudnnrnn
+    torch.manual_seed(2)
+    P = num_proj or H
+    n = pycudnnrnn.params_size(rnn_mode=rnn_mode, num_layers=2, num_units=H, input_size=I,
+                               direction="bidirectional", num_proj=num_proj)
+    x = torch.randn((T, B, I) if time_major else (B, T, I), dtype=torch.float64,
+                    requires_grad=True)
+    states = [torch.randn((4, B, w) if time_major else (B, 4, w), dtype=torch.float64,
+                          requires_grad=True) for w in (P, H)]
+    params = (torch.rand(n, dtype=torch.float64) - 0.5).requires_grad_()
+    lengths = None if lengths is None else torch.tensor(lengths)
+    return x, states[0], states[1] if rnn_mode == "lstm" else None, params, lengths, \
+        (rnn_mode, "linear_input", "bidirectional", 0.0, num_proj, time_major, True)
+
+
+def _op_results(args):
+    x, h, c, params, lengths, attrs = args
+    for t in (x, h, c, params):
+        if t is not None:
+            t.grad = None
+    out = torch.ops.pycudnnrnn.forward(x, h, c, params, lengths, None, *attrs)
+    g = torch.Generator().manual_seed(4)
+    sum(((r * torch.randn(r.shape, generator=g, dtype=r.dtype)).sum()
+         for r in out[:3] if r.numel())).backward()
+    return [r.detach().numpy() for r in out[:3]] + \
+        [t.grad.numpy() for t in (x, h, c, params) if t is not None], out[3]
+
+
+@pytest.mark.parametrize("rnn_mode,num_proj", [("lstm", 0), ("lstm", 2), ("gru", 0),
+                                               ("rnn_relu", 0)])
+@pytest.mark.parametrize("time_major", [True, False])
+@pytest.mark.parametrize("lengths", list(LENGTHS))
+def test_the_ops_cpu_kernels_equal_the_numpy_backend(rnn_mode, num_proj, time_major, lengths):
+    """What torch.compile, torch.export and torch.func run: the op, on PyTorch's kernels."""
+    args = _op_call(rnn_mode, time_major, LENGTHS[lengths], num_proj)
+    got, reserve = _op_results(args)
+    assert reserve.numel() == prt.native.RESERVE_NBYTES
+    with prt.cpu_kernels("numpy"):
+        want, numpy_reserve = _op_results(args)
+    assert numpy_reserve.numel() > prt.native.RESERVE_NBYTES
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert_ulp_close(a, b, err_msg=f"result {k}")
+
+
+def test_a_reserve_without_its_graph_still_backprops_and_graphs_are_freed():
+    import gc
+    x, h, c, params, lengths, attrs = _op_call("lstm", True, LENGTHS["zero"])
+    before = len(prt.native._graphs)
+    out = torch.ops.pycudnnrnn.forward(x.detach(), h.detach(), c.detach(), params.detach(),
+                                       lengths, None, *attrs)
+    assert len(prt.native._graphs) == before + 1
+    grads = [torch.randn_like(t) for t in out[:3]]
+    backprop = lambda reserve: torch.ops.pycudnnrnn.backprop(  # noqa: E731
+        x.detach(), h.detach(), c.detach(), params.detach(), lengths, None, *out[:3], *grads,
+        reserve, *attrs[:6], "all")
+    kept, copied = backprop(out[3]), backprop(out[3].clone())  # the copy: recomputed
+    for a, b in zip(kept, copied):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert torch.equal(out[3], torch.ops.pycudnnrnn.forward(
+        x, h, c, params, lengths, None, *attrs)[3])  # the same bytes: a function
+    del out, kept, copied
+    gc.collect()
+    assert len(prt.native._graphs) == before
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_a_compiled_step_equals_the_eager_one(kind):
+    torch.manual_seed(0)
+    module = getattr(prt, kind)(I, H, num_layers=2, bidirectional=True, batch_first=True,
+                                dtype=torch.float64)
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    lengths = torch.tensor(LENGTHS["zero"])
+
+    def step(forward):
+        module.zero_grad(set_to_none=True)
+        loss = forward(x, lengths)
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in module.parameters()]
+
+    loss = lambda x, lengths: module(x, sequence_lengths=lengths)[0].square().sum()  # noqa: E731
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    for a, b in zip(step(compiled), step(loss)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

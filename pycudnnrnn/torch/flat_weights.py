@@ -14,6 +14,7 @@ import torch
 
 from ..core import checks, layout
 from ..core.config import GATES
+from ..core.lru import LRU
 from . import kernels
 
 
@@ -63,8 +64,20 @@ def weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_trai
 
     The sizes come from `input`, `input_h` and ``weights[0]`` (``weight_ih_l0``,
     ``[gates·hidden_size, input_size]``); each weight's shape is checked against its
-    slot. Reads no data: works on fake tensors.
+    slot. Reads no data: works on fake tensors. Remembered for tensors of known sizes
+    (the op's kernels ask at every call).
     """
+    key = kernels.known_sizes_key(input, input_h, input_c, list(weights), has_biases,
+                                  tuple(attrs.items()), is_training)
+    build = lambda: _weights_problem(input, input_h, input_c, weights, has_biases,  # noqa: E731
+                                     attrs, is_training)
+    return build() if key is None else _problems.get(key, build)
+
+
+_problems = LRU(64)
+
+
+def _weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_training):
     if attrs["input_mode"] != "linear_input":
         raise ValueError(f"input_mode: torch.nn's weights have input matrices, so expected "
                          f"'linear_input', got {attrs['input_mode']!r}")

@@ -29,6 +29,8 @@ import torch
 from .. import api, plan
 from ..core import checks, gpu
 from ..core.arrays import host_lengths
+from ..core.lru import LRU
+from . import native
 
 _NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
                  torch.float64: np.dtype(np.float64)}
@@ -70,11 +72,44 @@ def problem(input, input_h, input_c, params, attrs, is_training):
     Works on fake tensors (it reads no data, and no sequence lengths: no size depends
     on them), and raises the functional API's own errors. `params` may be a tensor
     or anything with ``shape``, ``ndim`` and a NumPy ``dtype`` (see
-    ``flat_weights.weights_problem``).
+    ``flat_weights.weights_problem``). Remembered for tensors of known sizes: the op's
+    kernels ask at every call.
     """
-    shapes = _shapes(input, input_h, input_c, params, attrs)
-    return checks.check_forward(*shapes.values(), None, seed=0, seed2=0,
-                                is_training=is_training, **attrs)
+    def build():
+        shapes = _shapes(input, input_h, input_c, params, attrs)
+        return checks.check_forward(*shapes.values(), None, seed=0, seed2=0,
+                                    is_training=is_training, **attrs)
+
+    key = known_sizes_key(input, input_h, input_c, params, tuple(attrs.items()), is_training)
+    return build() if key is None else _problems.get(key, build)
+
+
+_problems = LRU(64)
+
+
+def known_sizes_key(*parts):
+    """A cache key of tensors' shapes and dtypes and other hashable parts; None when a
+    size is symbolic (a trace's: no key, lest it be specialised) or a part unhashable."""
+    key = []
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            shape = tuple(part.shape)
+            if not all(type(d) is int for d in shape):
+                return None
+            key.append((shape, part.dtype, part.device))
+        elif isinstance(part, (list, tuple)) and part and isinstance(part[0], torch.Tensor):
+            sub = known_sizes_key(*part)
+            if sub is None:
+                return None
+            key.append(sub)
+        else:
+            key.append(part)
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def reserve_nbytes(problem, like: torch.Tensor):
@@ -90,7 +125,8 @@ def reserve_nbytes(problem, like: torch.Tensor):
     if not problem.is_training:
         return 0
     if not on_gpu(like):
-        return plan.reserve_nbytes(problem, None)
+        return native.RESERVE_NBYTES if native.runs_kernels(problem) else \
+            plan.reserve_nbytes(problem, None)
     with _on_device(like), _library_memory(like):  # a plan may be built: see there
         return plan.reserve_nbytes(problem, _plan_device(like))
 
@@ -140,6 +176,10 @@ def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, 
     input, input_h, input_c, params = _detached(input, input_h, input_c, params)
     lengths = host_lengths(sequence_lengths)
     if not on_gpu(input):
+        if input.dtype in native.DTYPES and native.runs_kernels(
+                problem(input, input_h, input_c, params, attrs, is_training)):
+            return native.forward_kernel(input, input_h, input_c, params,
+                                         _lengths_tensor(lengths), attrs, is_training)
         return api.forward(input, input_h, input_c, params, lengths, **split_seed(seed),
                            **attrs, is_training=is_training)
     with _on_device(input):
@@ -160,6 +200,10 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
                        output_backprop, output_h_backprop, output_c_backprop)
     lengths = host_lengths(sequence_lengths)
     if not on_gpu(input):
+        key = native.graph_key(reserve_space)
+        if key is not None:  # a forward on PyTorch's kernels
+            return native.backprop_kernel(key, *arrays[:4], _lengths_tensor(lengths),
+                                          arrays[7:], attrs, gradients)
         return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
                             **split_seed(seed), **attrs, gradients=gradients)
     with _on_device(input):
@@ -429,6 +473,11 @@ def _allocator(cupy, device: int, stream):
             _allocators.clear()
         _allocators[key] = allocator
     return allocator
+
+
+def _lengths_tensor(lengths):
+    """Host lengths (checked, or None) as the int64 tensor PyTorch's kernels take."""
+    return None if lengths is None else torch.as_tensor(np.asarray(lengths, np.int64))
 
 
 def _detached(*tensors):

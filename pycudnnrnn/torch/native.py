@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
@@ -39,7 +40,7 @@ from ..core.checks import make_config
 
 _KERNELS = {"lstm": torch.lstm, "gru": torch.gru, "rnn_tanh": torch.rnn_tanh,
             "rnn_relu": torch.rnn_relu}
-_DTYPES = (torch.float32, torch.float64)
+DTYPES = (torch.float32, torch.float64)
 
 
 class _Choice(threading.local):
@@ -75,7 +76,7 @@ def takes(input, weights, input_mode="linear_input") -> bool:
     dtype = input.dtype
     # Cheapest first: this is asked at every call. (Either ONNX exporter traces: TorchScript's
     # with torch.jit, the other with torch.export.)
-    return (_choice.kernels == "torch" and input.is_cpu and dtype in _DTYPES
+    return (_choice.kernels == "torch" and input.is_cpu and dtype in DTYPES
             and input.numel() > 0
             and input_mode == "linear_input" and all(w.dtype == dtype for w in weights)
             and torch._C._functorch.maybe_current_level() is None
@@ -111,12 +112,14 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
         _ragged_lengths(sequence_lengths, input, time_major)
     transpose = not (time_major or torch_states)
     if transpose:  # the op's batch-major states are [B, L·D, ·]; torch.nn's [L·D, B, ·]
-        input_h = input_h.transpose(0, 1)
-        input_c = input_c.transpose(0, 1) if lstm else input_c
+        # (contiguous: PyTorch's LSTM with a projection views them)
+        input_h = input_h.transpose(0, 1).contiguous()
+        input_c = input_c.transpose(0, 1).contiguous() if lstm else input_c
     num_layers = input_h.shape[0] // (2 if bidirectional else 1)
     if has_biases is None:
-        weights, has_biases = _torch_weights(weights[0], rnn_mode, bidirectional, num_layers,
-                                             input.shape[-1], input_c, input_h), True
+        weights, has_biases = [w for _, w in _torch_weights(
+            weights[0], rnn_mode, bidirectional, num_layers, input.shape[-1], input_c,
+            input_h)], True
     hx = [input_h, input_c] if lstm else input_h
     kernel = _KERNELS[rnn_mode]
     if not ragged:
@@ -178,7 +181,8 @@ def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
 
 
 def _torch_weights(params, rnn_mode, bidirectional, num_layers, input_size, input_c, input_h):
-    """torch.nn's weights as views of the flat params (cuDNN's layout; gradients reach it)."""
+    """torch.nn's weights as views of the flat params (cuDNN's layout; gradients reach it):
+    ``[(offset, view), ...]`` in torch.nn's order; states in torch.nn's layout."""
     state_size, num_units = input_h.shape[-1], (input_c.shape[-1] if rnn_mode == "lstm"
                                                  else input_h.shape[-1])
     config = make_config(rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units,
@@ -191,7 +195,8 @@ def _torch_weights(params, rnn_mode, bidirectional, num_layers, input_size, inpu
                       blocks.w_projection):
             if block is not None:
                 size = block.shape[0] * (block.shape[1] if len(block.shape) == 2 else 1)
-                weights.append(params[block.offset:block.offset + size].view(block.shape))
+                weights.append((block.offset,
+                                params[block.offset:block.offset + size].view(block.shape)))
     return weights
 
 
@@ -211,3 +216,118 @@ class _Inference(torch.autograd.Function):
     def backward(ctx, grad):
         raise RuntimeError("pycudnnrnn: backward needs forward with is_training=True (the "
                            "modules do this by themselves when a gradient is needed)")
+
+
+# --------------------------------------------------------------------------- the op's kernels
+#
+# Compiled, exported and transformed calls see the op (torch.ops.pycudnnrnn.forward and
+# backprop), whose CPU kernels run PyTorch's kernels too where they compute its function.
+# A kernel runs below autograd, so forward records its graph with autograd switched back on
+# (as PyTorch's own invoke_leaf_function does) and keeps it under its reserve space's
+# address (the reserve's bytes are the same at every call: the op stays a function of its
+# inputs); backprop runs autograd on that graph, or on a graph made again for a reserve
+# space whose graph is gone (a copy of one). The graph lives as long as the reserve space.
+
+#: The reserve space of a forward on PyTorch's kernels: these bytes.
+RESERVE_NBYTES = 16
+_MAGIC = b"pycudnnrnn:torch"
+_graphs: dict = {}
+_AUTOGRAD_KEYS = [key for name, key in torch._C.DispatchKey.__members__.items()
+                  if name.startswith("Autograd") or name == "ADInplaceOrView"]
+
+
+def runs_kernels(problem) -> bool:
+    """Whether the op's CPU kernels for `problem` (a validated one) run on PyTorch's
+    kernels: float32 or float64, a linear input, no dropout mask drawn, a batch, and
+    PyTorch's kernels chosen (``set_cpu_kernels``: before compiling, since the reserve
+    space's size follows)."""
+    return (_choice.kernels == "torch" and problem.dtype.name in ("float32", "float64")
+            and not problem.config.skip_input and not problem.dropout_layers
+            and problem.batch_size > 0 and _FORCE_GUARD is not None)
+
+
+_FORCE_GUARD = getattr(torch._C, "_ForceDispatchKeyGuard", None)
+
+
+@contextlib.contextmanager
+def _autograd():
+    """Autograd on, inside an op's kernel (which runs with it excluded)."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in _AUTOGRAD_KEYS:
+        exclude = exclude.remove(key)
+    with _FORCE_GUARD(torch._C._dispatch_tls_local_include_set(), exclude), \
+            torch.enable_grad():
+        yield
+
+
+def _graph(input, input_h, input_c, params, lengths, attrs):
+    """``(leaves, offsets, results)``: the forward on PyTorch's kernels, recorded for
+    backprop. Leaves: input, input_h, input_c, then each of torch.nn's weights on its own
+    (views of `params` at `offsets`): a gradient reaching params through views would make a
+    zero-padded copy of the whole buffer per weight."""
+    time_major, lstm = attrs["time_major"], attrs["rnn_mode"] == "lstm"
+    states = [t if time_major or t is None else t.transpose(0, 1) for t in (input_h, input_c)]
+    bidirectional = attrs["direction"] == "bidirectional"
+    weights = _torch_weights(params, attrs["rnn_mode"], bidirectional,
+                             states[0].shape[0] // (2 if bidirectional else 1),
+                             input.shape[-1], states[1] if lstm else None, states[0])
+    leaves = [None if t is None else t.detach().requires_grad_()
+              for t in (input, input_h, input_c, *(w for _, w in weights))]
+    with _autograd():
+        results = rnn(*leaves[:3], leaves[3:], True, lengths, attrs["rnn_mode"],
+                      attrs["direction"], time_major)
+    return leaves, [offset for offset, _ in weights], results
+
+
+def forward_kernel(input, input_h, input_c, params, lengths, attrs, is_training):
+    """The op's forward on CPU tensors: ``(output, output_h, output_c, reserve_space)``."""
+    if not is_training:
+        with torch.no_grad():
+            output, output_h, output_c = rnn(input, input_h, input_c, [params], None, lengths,
+                                             attrs["rnn_mode"], attrs["direction"],
+                                             attrs["time_major"])
+        return (output.contiguous(), output_h.contiguous(), output_c.contiguous(),
+                input.new_empty((0,), dtype=torch.uint8))  # the fakes' strides
+    leaves, offsets, results = _graph(input, input_h, input_c, params, lengths, attrs)
+    reserve = torch.tensor(list(_MAGIC), dtype=torch.uint8)
+    key = reserve.data_ptr()
+    _graphs[key] = (leaves, offsets, results)
+    weakref.finalize(reserve, _graphs.pop, key, None)
+    return (*(r.detach().contiguous() for r in results), reserve)  # the fakes' strides
+
+
+def graph_key(reserve_space):
+    """The key of the graph that a forward on PyTorch's kernels kept for `reserve_space`
+    (possibly none kept: a copy), or None for another reserve space (the NumPy
+    backend's)."""
+    if reserve_space is None or reserve_space.numel() != RESERVE_NBYTES or \
+            reserve_space.dtype != torch.uint8 or \
+            bytes(reserve_space.cpu().numpy()) != _MAGIC:
+        return None
+    return reserve_space.data_ptr()
+
+
+def backprop_kernel(key, input, input_h, input_c, params, lengths, grads, attrs, gradients):
+    """The op's backprop for the forward `key` names: ``(dx, dh, dc, dparams)``, None for
+    the gradients `gradients` leaves out (and dc unless LSTM)."""
+    entry = _graphs.get(key)
+    if entry is None:  # its graph is gone (a reserve space copied, or from a pickle)
+        entry = _graph(input, input_h, input_c, params, lengths, attrs)
+    leaves, offsets, results = entry
+    lstm = attrs["rnn_mode"] == "lstm"
+    data, weights = gradients in ("all", "data"), gradients in ("all", "weights")
+    data_wanted = [k for k, needed in enumerate((data, data, data and lstm)) if needed]
+    wanted = [leaves[k] for k in data_wanted] + (leaves[3:] if weights else [])
+    outputs = [r for r, g in zip(results, grads) if g is not None and r.numel()]
+    cotangents = [g for r, g in zip(results, grads) if g is not None and r.numel()]
+    with _autograd():
+        found = torch.autograd.grad(outputs, wanted, cotangents, retain_graph=True,
+                                    allow_unused=True)
+    found = [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(wanted, found)]
+    out = [None] * 4
+    for k, g in zip(data_wanted, found):
+        out[k] = g.contiguous()
+    if weights:  # one flat gradient in cuDNN's layout, which the weights' blocks tile
+        parts = sorted(zip(offsets, found[len(data_wanted):]), key=lambda part: part[0])
+        out[3] = torch.cat([g.reshape(-1) for _, g in parts])
+    return tuple(out)

@@ -30,8 +30,11 @@ demo: $(STAMP)
 test: $(TESTED)
 	$(PY) -m pytest -q
 
+# Every row of docs/performance.md, ours beside each framework's own RNN, each side in a
+# process of its own (about an hour on 2 cores); `make bench BENCH=--quick` for LSTM alone.
+BENCH ?=
 bench: $(TESTED)
-	$(PY) benchmarks/cpu_bench.py
+	$(PY) benchmarks/peers.py $(BENCH)
 
 docs: $(TESTED)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

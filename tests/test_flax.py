@@ -602,3 +602,23 @@ def test_layers_come_back_in_their_own_form():
     assert type(back[0]) is nnx.Bidirectional and back[0].return_carry
     built = rnn_flax.LSTM(I, H, num_layers=2, rngs=nnx.Rngs(0)).to_flax()  # not from Flax
     assert [type(b) for b in built] == [nnx.OptimizedLSTMCell] * 2
+
+
+def test_known_lengths_out_of_range_are_refused_under_nnx_jit_too():
+    """A NumPy constant inside nnx.jit reached the op unchecked (a tracer after asarray)."""
+    model = rnn_flax.GRU(I, H, rngs=nnx.Rngs(0))
+    x = jnp.ones((B, T, I))
+    call = nnx.jit(lambda m, x: m(x, seq_lengths=np.array([T + 4, 2, 1])))
+    with pytest.raises(ValueError, match=r"got 9 at index 0"):
+        call(model, x)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16"])
+def test_traced_narrow_lengths_are_compared_without_wrapping(dtype):
+    """int8 lengths against max_time 200 wrapped: valid rows came out NaN."""
+    model = rnn_flax.LSTM(I, H, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 200, I))
+    lengths = jnp.asarray([100, 2], dtype)
+    y = nnx.jit(lambda m, x, l: m(x, seq_lengths=l))(model, x, lengths)
+    assert not np.isnan(np.asarray(y)).any()
+    np.testing.assert_allclose(y, model(x, seq_lengths=np.array([100, 2])), **TOL)

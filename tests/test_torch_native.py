@@ -216,3 +216,92 @@ def test_a_compiled_step_equals_the_eager_one(kind):
     compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
     for a, b in zip(step(compiled), step(loss)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+# --------------------------------------------------------------------------- edges (review)
+
+def test_cudnn_rnn_on_pytorchs_kernels_keeps_the_ops_checks():
+    module = prt.CudnnRNN(I, H)
+    x = torch.randn(T, B, I)
+    with pytest.raises(ValueError, match="input_h: expected shape"):
+        module(x, (torch.randn(1, B + 1, H), torch.randn(1, B + 1, H)))
+    with pytest.raises(TypeError, match="input_h: expected dtype"):
+        module(x, (torch.randn(1, B, H, dtype=torch.float64), torch.randn(1, B, H)))
+
+
+def test_a_weight_of_another_dtype_is_named_as_the_op_names_it():
+    module = prt.LSTM(I, H)
+    module.weight_hh_l0.data = module.weight_hh_l0.data.double()
+    with pytest.raises(TypeError, match=r"weights\[1\]: expected dtype torch.float32"):
+        module(torch.randn(T, B, I))
+
+
+@pytest.mark.parametrize("call", ["module", "rnn", "op"])
+def test_every_length_zero_keeps_every_state(call):
+    torch.manual_seed(5)
+    module = prt.GRU(I, H, bidirectional=True, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    h0 = torch.randn(2, B, H, dtype=torch.float64, requires_grad=True)
+    zeros = [0] * B
+    if call == "module":
+        output, h_n = module(x, h0, sequence_lengths=zeros)
+    elif call == "rnn":
+        output, h_n, _ = prt.rnn(x, h0, None, module.params.detach(), zeros, rnn_mode="gru",
+                                 direction="bidirectional")
+    else:
+        output, h_n, _, _ = torch.ops.pycudnnrnn.forward(
+            x, h0, None, module.params.detach(), torch.tensor(zeros), None, "gru",
+            "linear_input", "bidirectional", 0.0, 0, True, True)
+    assert output.shape == (T, B, 2 * H) and not output.any()
+    torch.testing.assert_close(h_n, h0, rtol=0, atol=0)
+    h_n.sum().backward()
+    torch.testing.assert_close(h0.grad, torch.ones_like(h0), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.uint32,
+                                   torch.uint64])
+def test_lengths_of_any_integer_dtype(dtype):
+    module = prt.LSTM(I, H, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    lengths = [6, 2, 0, 5, 1]
+    got = module(x, sequence_lengths=torch.tensor(lengths, dtype=dtype))[0]
+    want = module(x, sequence_lengths=torch.tensor(lengths))[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_ops_training_forward_under_inference_mode():
+    x, h, c, params, lengths, attrs = _op_call("lstm", True, LENGTHS["ragged"])
+    with torch.inference_mode():
+        out = torch.ops.pycudnnrnn.forward(x.detach(), h.detach(), c.detach(),
+                                           params.detach(), lengths, None, *attrs)
+    assert out[3].numel() == prt.native.RESERVE_NBYTES
+    with prt.cpu_kernels("numpy"):
+        want = torch.ops.pycudnnrnn.forward(x.detach(), h.detach(), c.detach(),
+                                            params.detach(), lengths, None, *attrs)
+    for a, b in zip(out[:3], want[:3]):
+        assert_ulp_close(a.numpy(), b.numpy())
+
+
+def test_the_ops_results_are_fresh_and_its_reserve_knows_its_call():
+    x, h, c, params, lengths, attrs = _op_call("lstm", True, LENGTHS["ragged"])
+    detached = [t.detach() for t in (x, h, c, params)]
+    out = torch.ops.pycudnnrnn.forward(*detached, lengths, None, *attrs)
+    grads = [torch.randn_like(t) for t in out[:3]]
+
+    def backprop(reserve, lengths=lengths, dropout=0.0):
+        return torch.ops.pycudnnrnn.backprop(
+            *detached, lengths, None, *out[:3], *grads, reserve, *attrs[:3], dropout,
+            *attrs[4:6], "all")
+
+    want = backprop(out[3])
+    out[0].mul_(2)  # the caller's to write into: the graph keeps its own
+    for a, b in zip(backprop(out[3]), want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="reserve_space: made by a forward call with a "
+                                         "different identity"):
+        backprop(out[3], lengths=torch.tensor([6, 6, 6, 6, 6]))
+    with pytest.raises(ValueError, match="reserve_space: made by a forward call with a "
+                                         "different identity"):
+        backprop(out[3], dropout=0.5)
+    with pytest.raises(ValueError, match="reserve_space: expected the uint8 array made by"):
+        backprop(torch.zeros(prt.native.RESERVE_NBYTES, dtype=torch.uint8))  # the NumPy's

@@ -191,3 +191,18 @@ def test_dynamic_batch_and_time_export(tmp_path):
     for shape in [(B, T, I), (7, 11, I), (1, 2, I)]:
         x = torch.randn(*shape)
         _assert_close(_run(session, [x]), _flat(module(x)))
+
+
+def test_torchscripts_exporter_keeps_batch_and_time_dynamic(tmp_path):
+    """sequence_lens was a constant of the traced batch: another batch size failed."""
+    torch.manual_seed(4)
+    module = prt.GRU(I, H, bidirectional=True).eval()
+    path = tmp_path / "model.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.randn(T, B, I),), str(path), dynamo=False,
+                          input_names=["x"], dynamic_axes={"x": {0: "time", 1: "batch"}})
+    session = ort.InferenceSession(str(path))
+    for shape in [(T, B, I), (9, 2, I), (1, 7, I)]:
+        x = torch.randn(*shape)
+        _assert_close(_run(session, [x]), _flat(module(x)))

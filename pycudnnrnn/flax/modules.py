@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from .. import jax as rnn_jax
+from ..core import checks
 from . import blocks as _blocks
 from . import cells as _cells
 
@@ -292,10 +293,14 @@ class _RNN(nnx.Module):
             raise ValueError(f"seq_lengths: expected shape {tuple(batch_shape)} (the batch "
                              f"dimensions of inputs), got {lengths.shape}")
         lengths = lengths.reshape(-1)
-        if not isinstance(seq_lengths, jax.core.Tracer):
-            return lengths, None  # checked by value where it is known
-        bad = (lengths > max_time) | (lengths < 0) if jnp.issubdtype(
-            lengths.dtype, jnp.signedinteger) else lengths > max_time
+        if not isinstance(seq_lengths, jax.core.Tracer):  # known: refused by value now
+            checks.check_lengths(np.asarray(seq_lengths).reshape(-1), lengths.shape[0],
+                                 max_time)
+            return lengths, None
+        # Compared in their own type, widened to 32 bits (max_time may not fit in 8 or 16)
+        wide = lengths if lengths.dtype.itemsize >= 4 else lengths.astype(jnp.int32)
+        bad = (wide > max_time) | (wide < 0) if jnp.issubdtype(
+            wide.dtype, jnp.signedinteger) else wide > max_time
         # The host callback only when a row is bad: a callback costs ~0.3 ms a call.
         jax.lax.cond(bad.any(), lambda: jax.debug.callback(_warn_bad_lengths, bad, lengths,
                                                            max_time), lambda: None)

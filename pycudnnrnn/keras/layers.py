@@ -145,12 +145,14 @@ class Bidirectional(keras.layers.Bidirectional):
         # a later training call draws the masks Keras's pair would.
         for layer, state in ((fwd, forward_state), (bwd, backward_state)):
             layer._maybe_config_dropout_masks(layer.cell, sequences[:, 0, :], state)
-        forward, backward = loop.run_bidirectional(
-            fwd._rnn_mode, sequences, forward_state, backward_state, mask,
-            forward_weights=weights(fwd), backward_weights=weights(bwd),
-            dtype=self.compute_dtype, zero_output_for_mask=fwd.zero_output_for_mask)
-        for layer in (fwd, bwd):
-            layer._maybe_reset_dropout_masks(layer.cell)
+        try:
+            forward, backward = loop.run_bidirectional(
+                fwd._rnn_mode, sequences, forward_state, backward_state, mask,
+                forward_weights=weights(fwd), backward_weights=weights(bwd),
+                dtype=self.compute_dtype, zero_output_for_mask=fwd.zero_output_for_mask)
+        finally:  # no mask of this call kept for the next
+            for layer in (fwd, bwd):
+                layer._maybe_reset_dropout_masks(layer.cell)
         pick = 1 if self.return_sequences else 0  # outputs, else the last output
         y, y_rev = (ops.cast(r[pick], self.compute_dtype) for r in (forward, backward))
         merged = {"concat": lambda: ops.concatenate([y, y_rev], axis=-1),

@@ -137,9 +137,9 @@ def _check(sequences, states, mask, units):
     against anything)."""
     batch, time = sequences.shape[0], sequences.shape[1]
 
-    def agrees(shape, expected):
+    def agrees(shape, expected):  # (== and not int(): a traced size stays symbolic)
         return len(shape) == len(expected) and all(
-            a is None or b is None or int(a) == int(b) for a, b in zip(shape, expected))
+            a is None or b is None or a == b for a, b in zip(shape, expected))
 
     for k, state in enumerate(states):
         if not agrees(tuple(state.shape), (batch, units)):

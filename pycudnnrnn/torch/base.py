@@ -109,9 +109,12 @@ class SeededRNN:
         (torch.nn's layout), else the op's ``[B, L·D, ·]``.
         """
         dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
-        if native.takes(input, () if torch_states else weights, attrs["input_mode"]):
-            # torch.nn's own call: its kernels, its dropout masks (from its generator). (The
-            # drop-ins' weights are of one dtype, input's: checked before.)
+        if native.takes(input, weights, attrs["input_mode"]):
+            if not torch_states:
+                # CudnnRNN: the op's checks of the shapes and dtypes first (the drop-ins
+                # made torch.nn's own checks before this)
+                kernels.problem(input, h0, c0, weights[0], dict(attrs, dropout=dropout), True)
+            # torch.nn's own call: its kernels, its dropout masks (from its generator)
             return native.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
                               attrs["rnn_mode"], attrs["direction"], attrs["time_major"],
                               dropout, self.training, zero_states=zero_states,

@@ -176,10 +176,12 @@ def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, 
     input, input_h, input_c, params = _detached(input, input_h, input_c, params)
     lengths = host_lengths(sequence_lengths)
     if not on_gpu(input):
-        if input.dtype in native.DTYPES and native.runs_kernels(
-                problem(input, input_h, input_c, params, attrs, is_training)):
-            return native.forward_kernel(input, input_h, input_c, params,
-                                         _lengths_tensor(lengths), attrs, is_training)
+        if input.dtype in native.DTYPES:
+            checked = _host_problem(input, input_h, input_c, params, lengths, attrs,
+                                    is_training)
+            if native.runs_kernels(checked):
+                return native.forward_kernel(checked, input, input_h, input_c, params,
+                                             _lengths_tensor(lengths), attrs)
         return api.forward(input, input_h, input_c, params, lengths, **split_seed(seed),
                            **attrs, is_training=is_training)
     with _on_device(input):
@@ -200,10 +202,10 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
                        output_backprop, output_h_backprop, output_c_backprop)
     lengths = host_lengths(sequence_lengths)
     if not on_gpu(input):
-        key = native.graph_key(reserve_space)
-        if key is not None:  # a forward on PyTorch's kernels
-            return native.backprop_kernel(key, *arrays[:4], _lengths_tensor(lengths),
-                                          arrays[7:], attrs, gradients)
+        if native.runs_backprop(reserve_space):  # a forward on PyTorch's kernels
+            checked = _host_problem(*arrays[:4], lengths, attrs, True)
+            return native.backprop_kernel(checked, *arrays[:4], _lengths_tensor(lengths),
+                                          arrays[7:], reserve_space, attrs, gradients)
         return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
                             **split_seed(seed), **attrs, gradients=gradients)
     with _on_device(input):
@@ -473,6 +475,16 @@ def _allocator(cupy, device: int, stream):
             _allocators.clear()
         _allocators[key] = allocator
     return allocator
+
+
+def _host_problem(input, input_h, input_c, params, lengths, attrs, is_training):
+    """The validated ``Problem`` of a CPU call, its lengths checked and in it (the reserve
+    space's identity covers them)."""
+    checked = problem(input, input_h, input_c, params, attrs, is_training)
+    if lengths is None:
+        return checked
+    return dataclasses.replace(checked, lengths=checks.check_lengths(
+        lengths, checked.batch_size, checked.max_time))
 
 
 def _lengths_tensor(lengths):

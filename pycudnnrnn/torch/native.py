@@ -35,7 +35,7 @@ import weakref
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from ..core import checks, layout
+from ..core import checks, layout, reserve_header
 from ..core.checks import make_config
 
 _KERNELS = {"lstm": torch.lstm, "gru": torch.gru, "rnn_tanh": torch.rnn_tanh,
@@ -108,8 +108,11 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
         return tuple(_Inference.apply(r, *sources) for r in results)
     lstm = rnn_mode == "lstm"
     bidirectional = direction == "bidirectional"
-    ragged, empty = (False, False) if sequence_lengths is None else \
-        _ragged_lengths(sequence_lengths, input, time_major)
+    ragged = empty = False
+    if sequence_lengths is not None:  # they steer the packing: host int64, once checked
+        sequence_lengths = sequence_lengths.cpu()
+        ragged, empty = _ragged_lengths(sequence_lengths, input, time_major)
+        sequence_lengths = sequence_lengths.to(torch.int64)
     transpose = not (time_major or torch_states)
     if transpose:  # the op's batch-major states are [B, L·D, ·]; torch.nn's [L·D, B, ·]
         # (contiguous: PyTorch's LSTM with a projection views them)
@@ -143,7 +146,8 @@ def _ragged_lengths(lengths, input, time_major) -> tuple[bool, bool]:
     reduction in the common case: asked per call.)"""
     T, B = (input.shape[0], input.shape[1]) if time_major else (input.shape[1], input.shape[0])
     if lengths.shape == (B,):
-        low, high = (int(v) for v in torch.aminmax(lengths))
+        # (aminmax has no unsigned kernels; a uint64 past int64 reads negative: refused)
+        low, high = (int(v) for v in torch.aminmax(lengths.to(torch.int64)))
         if 0 <= low and high <= T:
             return low < T, low == 0
     checks.check_lengths(lengths.cpu().numpy(), B, T)  # raises, naming the value
@@ -159,6 +163,10 @@ def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
     states = hx if lstm else [hx]
     if empty:  # run the others; their results go back among the empty rows' below
         rows = (lengths > 0).nonzero().squeeze(1)
+        if not rows.numel():  # nothing runs: zeros out, the states as they came
+            shape = list(input.shape)
+            shape[-1] = states[0].shape[-1] * (2 if bidirectional else 1)
+            return input.new_zeros(shape), [s + 0 for s in states]
         input, lengths = input.index_select(batch_axis, rows), lengths[rows]
     packed = pack_padded_sequence(input, lengths, batch_first=not time_major,
                                   enforce_sorted=False)
@@ -228,8 +236,9 @@ class _Inference(torch.autograd.Function):
 # inputs); backprop runs autograd on that graph, or on a graph made again for a reserve
 # space whose graph is gone (a copy of one). The graph lives as long as the reserve space.
 
-#: The reserve space of a forward on PyTorch's kernels: these bytes.
-RESERVE_NBYTES = 16
+#: The reserve space of a forward on PyTorch's kernels: the identity header alone
+#: (core.reserve_header: this route's magic, then the call's fingerprint).
+RESERVE_NBYTES = reserve_header.IDENTITY_BYTES
 _MAGIC = b"pycudnnrnn:torch"
 _graphs: dict = {}
 _AUTOGRAD_KEYS = [key for name, key in torch._C.DispatchKey.__members__.items()
@@ -279,50 +288,63 @@ def _graph(input, input_h, input_c, params, lengths, attrs):
     return leaves, [offset for offset, _ in weights], results
 
 
-def forward_kernel(input, input_h, input_c, params, lengths, attrs, is_training):
-    """The op's forward on CPU tensors: ``(output, output_h, output_c, reserve_space)``."""
-    if not is_training:
+def forward_kernel(problem, input, input_h, input_c, params, lengths, attrs):
+    """The op's forward on CPU tensors for a validated `problem` (its lengths the host's):
+    ``(output, output_h, output_c, reserve_space)``, fresh tensors with the fakes' strides."""
+    if not problem.is_training or torch.is_inference_mode_enabled():  # nothing to record
         with torch.no_grad():
-            output, output_h, output_c = rnn(input, input_h, input_c, [params], None, lengths,
-                                             attrs["rnn_mode"], attrs["direction"],
-                                             attrs["time_major"])
-        return (output.contiguous(), output_h.contiguous(), output_c.contiguous(),
-                input.new_empty((0,), dtype=torch.uint8))  # the fakes' strides
-    leaves, offsets, results = _graph(input, input_h, input_c, params, lengths, attrs)
-    reserve = torch.tensor(list(_MAGIC), dtype=torch.uint8)
-    key = reserve.data_ptr()
-    _graphs[key] = (leaves, offsets, results)
-    weakref.finalize(reserve, _graphs.pop, key, None)
-    return (*(r.detach().contiguous() for r in results), reserve)  # the fakes' strides
+            results = rnn(input, input_h, input_c, [params], None, lengths,
+                          attrs["rnn_mode"], attrs["direction"], attrs["time_major"])
+        leaves = offsets = None
+    else:
+        leaves, offsets, results = _graph(input, input_h, input_c, params, lengths, attrs)
+    if not problem.is_training:
+        reserve = input.new_empty((0,), dtype=torch.uint8)
+    else:
+        reserve = torch.tensor(list(reserve_header.header(problem, _MAGIC)), dtype=torch.uint8)
+        if leaves is not None:
+            key = reserve.data_ptr()
+            _graphs[key] = (leaves, offsets, results)
+            weakref.finalize(reserve, _graphs.pop, key, None)
+    # Copies: the graph keeps its own results (an in-place write into ours would fail
+    # its backprop, or change it).
+    return (*(r.detach().clone(memory_format=torch.contiguous_format) for r in results),
+            reserve)
 
 
-def graph_key(reserve_space):
-    """The key of the graph that a forward on PyTorch's kernels kept for `reserve_space`
-    (possibly none kept: a copy), or None for another reserve space (the NumPy
-    backend's)."""
-    if reserve_space is None or reserve_space.numel() != RESERVE_NBYTES or \
-            reserve_space.dtype != torch.uint8 or \
-            bytes(reserve_space.cpu().numpy()) != _MAGIC:
-        return None
-    return reserve_space.data_ptr()
+def runs_backprop(reserve_space) -> bool:
+    """Whether `reserve_space` is one a forward on PyTorch's kernels made (by its magic;
+    ``backprop_kernel`` checks the rest of its identity)."""
+    return reserve_space is not None and reserve_space.dtype == torch.uint8 and \
+        reserve_space.dim() == 1 and reserve_space.numel() >= len(_MAGIC) and \
+        bytes(reserve_space[:len(_MAGIC)].cpu().numpy()) == _MAGIC
 
 
-def backprop_kernel(key, input, input_h, input_c, params, lengths, grads, attrs, gradients):
-    """The op's backprop for the forward `key` names: ``(dx, dh, dc, dparams)``, None for
-    the gradients `gradients` leaves out (and dc unless LSTM)."""
-    entry = _graphs.get(key)
-    if entry is None:  # its graph is gone (a reserve space copied, or from a pickle)
+def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, reserve_space,
+                    attrs, gradients):
+    """The op's backprop on CPU tensors for the forward that made `reserve_space`, of the
+    validated `problem` (refused, as the other backends refuse it, when its identity is
+    another call's): ``(dx, dh, dc, dparams)``, None for the gradients `gradients` leaves
+    out (and dc unless LSTM)."""
+    head = bytes(reserve_space[:RESERVE_NBYTES].cpu().numpy())
+    reserve_header.check(head, "uint8", reserve_space.numel(), RESERVE_NBYTES, problem,
+                         _MAGIC, "PyTorch-kernel")
+    entry = _graphs.get(reserve_space.data_ptr())
+    if entry is None:  # its graph is gone (a copy of the reserve space, or a pickle)
         entry = _graph(input, input_h, input_c, params, lengths, attrs)
     leaves, offsets, results = entry
     lstm = attrs["rnn_mode"] == "lstm"
     data, weights = gradients in ("all", "data"), gradients in ("all", "weights")
     data_wanted = [k for k, needed in enumerate((data, data, data and lstm)) if needed]
     wanted = [leaves[k] for k in data_wanted] + (leaves[3:] if weights else [])
-    outputs = [r for r, g in zip(results, grads) if g is not None and r.numel()]
-    cotangents = [g for r, g in zip(results, grads) if g is not None and r.numel()]
+    # (A result that does not depend on the inputs, every row of length 0's output, has
+    # no graph: its gradient reaches nothing.)
+    used = [(r, g) for r, g in zip(results, grads)
+            if g is not None and r.numel() and r.requires_grad]
     with _autograd():
-        found = torch.autograd.grad(outputs, wanted, cotangents, retain_graph=True,
-                                    allow_unused=True)
+        found = torch.autograd.grad([r for r, _ in used], wanted, [g for _, g in used],
+                                    retain_graph=True, allow_unused=True) if used else \
+            [None] * len(wanted)
     found = [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(wanted, found)]
     out = [None] * 4
     for k, g in zip(data_wanted, found):

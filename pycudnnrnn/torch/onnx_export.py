@@ -107,9 +107,6 @@ def _node(operator, inputs, attrs, shapes):
         return torch.onnx.ops.symbolic_multi_out(operator, inputs, attrs,
                                                  dtypes=[inputs[0].dtype] * len(shapes),
                                                  shapes=shapes)
-    if inputs[4] is None:  # sequence_lens: every row its full length, the same function
-        T, B = shapes[0][0], shapes[0][2]
-        inputs[4] = torch.full((B,), T, dtype=torch.int32)
     return _TracedNode.apply(operator, tuple(attrs.items()), tuple(shapes), *inputs)
 
 
@@ -124,8 +121,18 @@ class _TracedNode(torch.autograd.Function):
     @staticmethod
     def symbolic(g, operator, attrs, shapes, *inputs):
         suffix = lambda value: "s" if isinstance(value, (str, list)) else "i"  # noqa: E731
-        return g.op(operator, *inputs, outputs=len(shapes),
+        return g.op(operator, *(_absent(g) if i is None else i for i in inputs),
+                    outputs=len(shapes),
                     **{f"{name}_{suffix(value)}": value for name, value in attrs})
+
+
+def _absent(g):
+    """An optional input left out (sequence_lens without lengths), as TorchScript's
+    exporter writes one: a None constant of optional tensor type. (A constant tensor of
+    full lengths would fix the batch size in the graph.)"""
+    node = g.op("prim::Constant")
+    node.setType(torch._C.OptionalType.ofTensor())
+    return node
 
 
 def _layer_weights(weights, has_biases, config):

@@ -297,6 +297,19 @@ def test_a_wrong_initial_state_or_mask_is_named(pair, op_calls):
         layer(x, mask=np.ones((B, T + 1), bool))
 
 
+@pytest.mark.parametrize("pair", [False, True], ids=["layer", "bidirectional"])
+def test_a_mask_with_a_last_axis_of_one_is_taken_as_keras_takes_it(pair, op_calls):
+    """Keras's backends add that axis to a [batch, time] mask themselves: [batch, time, 1]
+    computes the same (it was refused as a mask of the wrong shape)."""
+    x = data()
+    layer = ours.Bidirectional(ours.LSTM(H, return_sequences=True)) if pair \
+        else ours.LSTM(H, return_sequences=True)
+    assert_close(numpy([layer(x, mask=RIGHT_PADDED[..., None])]),
+                 numpy([layer(x, mask=RIGHT_PADDED)]), "mask", rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"mask: expected shape \(batch, time\) = \(4, 5\)"):
+        layer(x, mask=np.ones((B, T, 2), bool))
+
+
 FALLBACKS = {
     "relu": dict(activation="relu"),
     "hard_sigmoid": dict(recurrent_activation="hard_sigmoid"),

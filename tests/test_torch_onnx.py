@@ -206,3 +206,32 @@ def test_torchscripts_exporter_keeps_batch_and_time_dynamic(tmp_path):
     for shape in [(T, B, I), (9, 2, I), (1, 7, I)]:
         x = torch.randn(*shape)
         _assert_close(_run(session, [x]), _flat(module(x)))
+
+
+class _Packed(torch.nn.Module):
+    """A PackedSequence in, padded out: torch.nn's recipe for ragged batches."""
+
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x, lengths):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        output, state = self.rnn(packed)
+        output = torch.nn.utils.rnn.pad_packed_sequence(output, total_length=x.shape[0])[0]
+        return output, state
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_torchscripts_exporter_takes_a_packed_sequence(tmp_path, kind):
+    """TorchScript's exporter removes a pad of a pack only when the pad reads both of that
+    pack's results: the module's packed output carried the input's batch_sizes, and the
+    export failed ('must occur in pairs') where torch.nn's passes."""
+    torch.manual_seed(0)
+    model = _Packed(getattr(prt, kind)(I, H, num_layers=2, bidirectional=True)).eval()
+    x, lengths = torch.randn(T, B, I), torch.tensor([6, 2, 4, 5])
+    session = _export(model, (x, lengths), tmp_path / "packed.onnx", dynamo=False)
+    with torch.no_grad():
+        expected = _flat(model(x, lengths))
+    for got, want in zip(_run(session, [x, lengths]), expected):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)

@@ -132,9 +132,10 @@ def _spread_backward(y, mask, h0, zero_output_for_mask):
 
 
 def _check(sequences, states, mask, units):
-    """Each initial state ``[batch, units]`` and the mask ``[batch, time]`` of `sequences`,
-    else a ValueError naming the argument (where a size is still unknown, it is not held
-    against anything)."""
+    """The mask as ``[batch, time]`` bools (or None), after checking it and each initial
+    state ``[batch, units]`` against `sequences`: else a ValueError naming the argument
+    (where a size is still unknown, it is not held against anything). A mask ``[batch,
+    time, 1]`` is taken as Keras's backends take it."""
     batch, time = sequences.shape[0], sequences.shape[1]
 
     def agrees(shape, expected):  # (== and not int(): a traced size stays symbolic)
@@ -145,9 +146,15 @@ def _check(sequences, states, mask, units):
         if not agrees(tuple(state.shape), (batch, units)):
             raise ValueError(f"initial_state: expected each state of shape (batch, units) = "
                              f"{(batch, units)}, got {tuple(state.shape)} at index {k}")
-    if mask is not None and not agrees(tuple(mask.shape), (batch, time)):
-        raise ValueError(f"mask: expected shape (batch, time) = {(batch, time)}, that of the "
-                         f"sequences' first two axes, got {tuple(mask.shape)}")
+    if mask is None:
+        return None
+    shape = tuple(mask.shape)
+    if len(shape) == 3 and shape[2] == 1:
+        mask = mask[:, :, 0]
+    if not agrees(tuple(mask.shape), (batch, time)):
+        raise ValueError(f"mask: expected shape (batch, time) = {(batch, time)} (or with a "
+                         f"last axis of 1), that of the sequences' first two axes, got {shape}")
+    return ops.cast(mask, "bool")
 
 
 def run(rnn_mode, sequences, initial_state, mask, *, kernel, recurrent_kernel, bias,
@@ -161,7 +168,7 @@ def run(rnn_mode, sequences, initial_state, mask, *, kernel, recurrent_kernel, b
         Dropout, if any, already applied.
     initial_state : list of tensor
         ``[h, c]`` (LSTM) or ``[h]`` (GRU), each [batch, units].
-    mask : bool tensor [batch, time] or None
+    mask : bool tensor [batch, time] (or [batch, time, 1]) or None
     kernel, recurrent_kernel, bias
         The cell's weights, as Keras holds them.
     dtype : str
@@ -169,13 +176,11 @@ def run(rnn_mode, sequences, initial_state, mask, *, kernel, recurrent_kernel, b
     go_backwards, zero_output_for_mask : bool
         The layer's attributes.
     """
-    _check(sequences, initial_state, mask, recurrent_kernel.shape[0])
+    mask = _check(sequences, initial_state, mask, recurrent_kernel.shape[0])
     x = ops.cast(sequences, dtype)
     h0 = ops.cast(initial_state[0], dtype)
     c0 = ops.cast(initial_state[1], dtype) if rnn_mode == "lstm" else None
     params = keras_params(rnn_mode, [(kernel, recurrent_kernel, bias)], dtype)
-    if mask is not None:
-        mask = ops.cast(mask, "bool")
     if go_backwards:
         x = ops.flip(x, axis=1)
         mask = None if mask is None else ops.flip(mask, axis=1)
@@ -199,7 +204,8 @@ def run_bidirectional(rnn_mode, sequences, forward_state, backward_state, mask, 
     time order (as ``Bidirectional`` turns them); its last output is its final step's,
     which is time 0. The weights are ``(kernel, recurrent_kernel, bias)`` triples.
     """
-    _check(sequences, [*forward_state, *backward_state], mask, forward_weights[1].shape[0])
+    mask = _check(sequences, [*forward_state, *backward_state], mask,
+                  forward_weights[1].shape[0])
     x = ops.cast(sequences, dtype)
     lstm = rnn_mode == "lstm"
     states = [[ops.cast(s, dtype) for s in pair] for pair in zip(forward_state, backward_state)]
@@ -208,7 +214,6 @@ def run_bidirectional(rnn_mode, sequences, forward_state, backward_state, mask, 
     params = keras_params(rnn_mode, [forward_weights, backward_weights], dtype)
     lengths = None
     if mask is not None:
-        mask = ops.cast(mask, "bool")
         x, lengths = _compact(x, mask)
     y, h, c = _op(rnn_mode, x, h0, c0, params, lengths, direction="bidirectional")
     H = h0.shape[-1]

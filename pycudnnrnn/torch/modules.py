@@ -265,8 +265,10 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         order = packed.sorted_indices
         if order is not None:
             output, lengths = output.index_select(1, order), lengths[order.cpu()]
-        data = pack_padded_sequence(output, lengths, enforce_sorted=True).data
-        result = PackedSequence(data, packed.batch_sizes, packed.sorted_indices,
+        # (Its own batch_sizes, equal to the input's: ONNX's TorchScript exporter removes a
+        # pad of a pack only when the pad reads both of that pack's results.)
+        repacked = pack_padded_sequence(output, lengths, enforce_sorted=True)
+        result = PackedSequence(repacked.data, repacked.batch_sizes, packed.sorted_indices,
                                 packed.unsorted_indices)
         return result, self._state_result(h_n, c_n)
 

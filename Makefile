@@ -31,7 +31,7 @@ test: $(TESTED)
 	$(PY) -m pytest -q
 
 # Every row of docs/performance.md, ours beside each framework's own RNN, each side in a
-# process of its own (about an hour on 2 cores); `make bench BENCH=--quick` for LSTM alone.
+# process of its own (several hours on 2 cores); `make bench BENCH=--quick` for LSTM alone (~10 min).
 BENCH ?=
 bench: $(TESTED)
 	$(PY) benchmarks/peers.py $(BENCH)

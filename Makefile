@@ -31,7 +31,8 @@ test: $(TESTED)
 	$(PY) -m pytest -q
 
 # Every row of docs/performance.md, ours beside each framework's own RNN, each side in a
-# process of its own (several hours on 2 cores); `make bench BENCH=--quick` for LSTM alone (~10 min).
+# process of its own (several hours on 2 cores); `make bench BENCH=--quick` for LSTM
+# alone (about 10 minutes).
 BENCH ?=
 bench: $(TESTED)
 	$(PY) benchmarks/peers.py $(BENCH)

@@ -177,6 +177,24 @@ def test_cpu_training_step_is_xla_s_own_operations(lengths):
     assert calls["pycudnnrnn_forward"] == calls["pycudnnrnn_backprop"] == 1
 
 
+@pytest.mark.parametrize("rnn_mode, kept", [("lstm", 4 + 1 + 1), ("gru", 3 + 3 + 1),
+                                            ("rnn_tanh", 1 + 1)])
+def test_cpu_training_keeps_per_step_only_pre_activations_and_states(rnn_mode, kept):
+    """What the CPU's scan keeps for the backward pass, per step: the gate pre-activations
+    and the state the step started from (`kept` [B, H] blocks, GRU's input and recurrent
+    products apart), and the input; the rest is recomputed. Keeping every intermediate
+    (12 blocks for an LSTM) made the buffers of a medium LSTM cross glibc's 32 MB mmap
+    threshold, and every call paid ~8000 page faults (a third of its time)."""
+    T, B, I, H = 7, 3, 2, 5
+    n = pycudnnrnn.params_size(rnn_mode=rnn_mode, num_layers=1, num_units=H, input_size=I)
+    x, h = jnp.ones((T, B, I)), jnp.zeros((1, B, H))
+    c = h if rnn_mode == "lstm" else None
+    loss = lambda p, x: jnp.sum(rnn_jax.rnn(x, h, c, p, None, rnn_mode=rnn_mode)[0])  # noqa: E731
+    _, backward = jax.vjp(loss, jnp.full((n,), 0.1), x)
+    per_step = [a for a in jax.tree_util.tree_leaves(backward) if a.shape[:1] == (T,)]
+    assert sum(a.size for a in per_step) == T * B * (kept * H + I)
+
+
 def test_nan_padding_and_unused_states_reach_no_gradient(lowering):
     """A zero-length row's initial state and the input's padding may hold anything: NaN
     there stays out of every other result and of the weight gradients."""

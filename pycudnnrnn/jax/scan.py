@@ -8,6 +8,9 @@ step (``docs/semantics.md``); the tests hold the two together.
 
 * Each step makes two products, the input's and the state's, each for all gates at once
   (gates in cuDNN's order); see ``_Cell._products`` for why inside the scan.
+* For the backward pass a step keeps its gates' pre-activations (named
+  ``pycudnnrnn.gates``) and the state it started from; ``jax.checkpoint`` recomputes the
+  rest, which is cheap elementwise work (see ``_Cell.__call__``).
 * A ragged batch: a row's results are those of its steps ``t < length`` (the steps
   after are computed and dropped, see ``_Rows.scan``); the reverse direction reads each
   row backwards from its own last step; padding of the output is zero. The state of a row of length 0 is zeroed before it meets the weights,
@@ -24,6 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from ..core import dtypes, layout
 
@@ -148,6 +152,10 @@ class _Rows:
         return (self._reverse(y) if reverse else y), carry
 
 
+_GATES = "pycudnnrnn.gates"
+_KEEP_GATES = jax.checkpoint_policies.save_only_these_names(_GATES)
+
+
 class _Cell:
     """One pseudo-layer's weights (its blocks, from ``_split``) and its step, in cuDNN's
     gate order."""
@@ -178,15 +186,27 @@ class _Cell:
         return xw, h @ self.w_rec_t
 
     def __call__(self, carry, x):
+        """The state after one step from `carry` on input `x`.
+
+        Differentiated, it keeps only what is named ``pycudnnrnn.gates`` (and its own
+        arguments): kept whole, JAX's linearisation stores a dozen [B, H] intermediates a
+        step for an LSTM, and a medium problem's buffers (T64 B32 H256) then cross glibc's
+        32 MB mmap threshold, so that every call pays ~8000 page faults, a third of its
+        time (measured: benchmarks/peers.py, flax).
+        """
+        return jax.checkpoint(self._step, policy=_KEEP_GATES)(carry, x)
+
+    def _step(self, carry, x):
         h = carry[0]
         xw, rec = self._products(x, h)
         if self.mode == "gru":
+            xw, rec = checkpoint_name(xw, _GATES), checkpoint_name(rec, _GATES)
             xs = jnp.split(xw, 3, axis=-1)
             rs = jnp.split(rec + self.b_rec, 3, axis=-1)
             r, z = (jax.nn.sigmoid(a + b) for a, b in zip(xs[:2], rs[:2]))
             n = jnp.tanh(xs[2] + r * rs[2])
             return ((h - n) * z + n,)
-        pre = xw + rec
+        pre = checkpoint_name(xw + rec, _GATES)
         if self.mode == "lstm":
             i, f, g, o = jnp.split(pre, 4, axis=-1)
             c = jax.nn.sigmoid(f) * carry[1] + jax.nn.sigmoid(i) * jnp.tanh(g)

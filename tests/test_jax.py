@@ -183,8 +183,9 @@ def test_cpu_training_keeps_per_step_only_pre_activations_and_states(rnn_mode, k
     """What the CPU's scan keeps for the backward pass, per step: the gate pre-activations
     and the state the step started from (`kept` [B, H] blocks, GRU's input and recurrent
     products apart), and the input; the rest is recomputed. Keeping every intermediate
-    (12 blocks for an LSTM) made the buffers of a medium LSTM cross glibc's 32 MB mmap
-    threshold, and every call paid ~8000 page faults (a third of its time)."""
+    (JAX's own derivative of the loop: 12 blocks for an LSTM) made the buffers of a
+    medium LSTM cross glibc's 32 MB mmap threshold, and every call paid ~8000 page
+    faults (a third of its time)."""
     T, B, I, H = 7, 3, 2, 5
     n = pycudnnrnn.params_size(rnn_mode=rnn_mode, num_layers=1, num_units=H, input_size=I)
     x, h = jnp.ones((T, B, I)), jnp.zeros((1, B, H))
@@ -193,6 +194,43 @@ def test_cpu_training_keeps_per_step_only_pre_activations_and_states(rnn_mode, k
     _, backward = jax.vjp(loss, jnp.full((n,), 0.1), x)
     per_step = [a for a in jax.tree_util.tree_leaves(backward) if a.shape[:1] == (T,)]
     assert sum(a.size for a in per_step) == T * B * (kept * H + I)
+
+
+def _scan_products(jaxpr):
+    """The number of products in the body of each ``scan`` in `jaxpr` (nested ones too)."""
+    def subjaxprs(eqn):
+        for value in eqn.params.values():
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(v, "jaxpr", v)
+                if hasattr(inner, "eqns"):
+                    yield inner
+
+    def products(jaxpr):  # not counting those of scans inside
+        return sum(1 if e.primitive.name == "dot_general" else
+                   0 if e.primitive.name == "scan" else sum(map(products, subjaxprs(e)))
+                   for e in jaxpr.eqns)
+
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            yield products(eqn.params["jaxpr"].jaxpr)
+        for inner in subjaxprs(eqn):
+            yield from _scan_products(inner)
+
+
+@pytest.mark.parametrize("num_proj, forward, backward", [(0, 2, 1), (3, 3, 2)])
+def test_cpu_backward_loop_makes_only_the_products_that_carry_the_state(num_proj, forward,
+                                                                          backward):
+    """An LSTM's gradient on the CPU: the forward loop makes the input's, the state's
+    (and the projection's) products; the backward loop only the state's (and the
+    projection's), and the weight and input gradients are products over all steps after
+    it, as cuDNN makes them (JAX's own derivative of the loop made 4 products a step, 6
+    with a projection)."""
+    T, B, I, H = 5, 3, 2, 4
+    n = pycudnnrnn.params_size(num_layers=1, num_units=H, input_size=I, num_proj=num_proj)
+    h, c = jnp.zeros((1, B, num_proj or H)), jnp.zeros((1, B, H))
+    loss = lambda p, x: jnp.sum(rnn_jax.rnn(x, h, c, p, None, num_proj=num_proj)[0])  # noqa: E731
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(jnp.ones(n), jnp.ones((T, B, I)))
+    assert sorted(_scan_products(jaxpr.jaxpr)) == [backward, forward]
 
 
 def test_nan_padding_and_unused_states_reach_no_gradient(lowering):

@@ -7,15 +7,19 @@ sharded by JAX itself. It computes what ``pycudnnrnn.cpu.rnn`` computes, step fo
 step (``docs/semantics.md``); the tests hold the two together.
 
 * Each step makes two products, the input's and the state's, each for all gates at once
-  (gates in cuDNN's order); see ``_Cell._products`` for why inside the scan.
-* For the backward pass a step keeps its gates' pre-activations (named
-  ``pycudnnrnn.gates``) and the state it started from; ``jax.checkpoint`` recomputes the
-  rest, which is cheap elementwise work (see ``_Cell.__call__``).
+  (gates in cuDNN's order); see ``_Kind.pre_activations`` for why inside the scan.
+* Derivatives (``_steps``, a ``jax.custom_jvp``): a step keeps its pre-activations and
+  the state it started from, and the rest is recomputed (cheap, elementwise); the weight
+  and input gradients are one product each over all steps, outside the loop, whose
+  backward steps then make one product each (JAX's own derivative of the loop makes
+  four, and keeps a dozen [B, H] intermediates a step). Forward mode, higher orders,
+  ``vmap`` and sharding work as for any JAX function.
 * A ragged batch: a row's results are those of its steps ``t < length`` (the steps
   after are computed and dropped, see ``_Rows.scan``); the reverse direction reads each
-  row backwards from its own last step; padding of the output is zero. The state of a row of length 0 is zeroed before it meets the weights,
-  so that an initial state that is never used (even NaN) cannot reach the weight
-  gradients, as in the NumPy backend; the row's output_h is that state as it came.
+  row backwards from its own last step; padding of the output is zero. The state of a
+  row of length 0 is zeroed before it meets the weights, so that an initial state that
+  is never used (even NaN) cannot reach the weight gradients, as in the NumPy backend;
+  the row's output_h is that state as it came.
 * float16 and bfloat16 compute in float32 and round once, when results leave.
 
 Dropout masks are drawn by the NumPy backend's generator, which JAX cannot reproduce:
@@ -24,10 +28,12 @@ a training call that applies dropout stays on the custom call (``pycudnnrnn.jax`
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.ad_checkpoint import checkpoint_name
 
 from ..core import dtypes, layout
 
@@ -117,11 +123,8 @@ class _Rows:
     def scan(self, cell, xw, carry, reverse):
         """Run `cell` over the steps of `xw` [T, B, in] from `carry`; ``(y, carry)``."""
         if self.lengths is None:
-            def step(carry, xw_t):
-                carry = cell(carry, xw_t)
-                return carry, carry[0]
-            carry, y = jax.lax.scan(step, carry, xw, reverse=reverse)
-            return y, carry
+            states, carry = _steps(cell.kind, reverse, cell.weights, xw, carry, None)
+            return states[0], carry
 
         # Every row runs every step and keeps each step's state: no select per step (XLA
         # runs a loop's ops one by one, and on small problems they cost more than the
@@ -132,19 +135,12 @@ class _Rows:
         # weight gradients through the dropped steps) and given back as it came.
         # (relu's state is unbounded: there a row keeps its state past its end, lest the
         # dropped steps overflow, and inf · 0 make the gradients NaN.)
-        def step(carry, inputs):
-            xw_t, running = inputs
-            new = cell(carry, xw_t)
-            if cell.bounded:
-                return new, new
-            new = tuple(jnp.where(running[:, None], n, s) for n, s in zip(new, carry))
-            return new, new
-
         if reverse:
             xw = self._reverse(xw)
         started = (self.lengths > 0)[:, None]
-        _, states = jax.lax.scan(step, tuple(jnp.where(started, s, 0) for s in carry),
-                                 (xw, self.running))
+        states, _ = _steps(cell.kind, False, cell.weights, xw,
+                           tuple(jnp.where(started, s, 0) for s in carry),
+                           None if cell.kind.bounded else self.running)
         last = jnp.maximum(self.lengths - 1, 0)[None, :, None]
         carry = tuple(jnp.where(started, jnp.take_along_axis(a, last, axis=0)[0], s)
                       for a, s in zip(states, carry))
@@ -152,67 +148,147 @@ class _Rows:
         return (self._reverse(y) if reverse else y), carry
 
 
-_GATES = "pycudnnrnn.gates"
-_KEEP_GATES = jax.checkpoint_policies.save_only_these_names(_GATES)
+# --------------------------------------------------------------------------- one pseudo-layer
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _steps(kind, reverse, weights, xs, carry, running):
+    """The state after each step (a tuple of ``[T, B, ·]``, as `carry`) and after the last,
+    of a scan of `kind`'s cell with `weights` over `xs` [T, B, in] from `carry`.
+    `running` [T, B] (or None: every row) says which rows take a step; the others keep
+    their state (relu's rule, see ``_Rows.scan``).
+
+    Its derivative (``_steps_jvp``) is the scan's own, arranged so that the products
+    with the weights' tangents, and so in reverse mode the weight and input gradients,
+    are one product each over all steps, outside the loop, as cuDNN and the NumPy
+    backend make them: a loop keeps only the products that carry the state.
+    """
+    return _forward(kind, reverse, weights, xs, carry, running)[:2]
+
+
+def _forward(kind, reverse, weights, xs, carry, running, keep=False):
+    """``(states, final carry, kept)``; `keep`: also each step's pre-activations and (with
+    a projection) unprojected output, what the derivative needs (else ``kept`` is None)."""
+    def step(carry, inputs):
+        x, run = inputs
+        pre = kind.pre_activations(weights, x, carry[0])
+        out, *rest = kind.elementwise(pre, carry, run)
+        new = (kind.project(weights, out), *rest)
+        return new, (new, (pre, out if kind.projected else None) if keep else None)
+
+    final, (states, kept) = jax.lax.scan(step, carry, (xs, running), reverse=reverse)
+    return states, final, kept
+
+
+@_steps.defjvp
+def _steps_jvp(kind, reverse, primals, tangents):
+    weights, xs, carry, running = primals
+    d_weights, d_xs, d_carry, _ = tangents
+    states, final, (pre, out) = _forward(kind, reverse, weights, xs, carry, running, keep=True)
+    # The state each step starts from: the one before it in the scan's order.
+    if reverse:
+        before = tuple(jnp.concatenate([s[1:], c[None]]) for s, c in zip(states, carry))
+    else:
+        before = tuple(jnp.concatenate([c[None], s[:-1]]) for s, c in zip(states, carry))
+    # What the tangents of weights and inputs add to each step, all steps at once: the
+    # pre-activations' (W·dx + dW·x + dW_rec·h + db) and the projection's (dP·out).
+    d_pre = jax.jvp(lambda w, x: kind.pre_activations(w, x, before[0]),
+                    (weights, xs), (d_weights, d_xs))[1]
+    d_projected = jax.jvp(lambda w: kind.project(w, out), (weights,), (d_weights,))[1] \
+        if kind.projected else None
+
+    def d_elementwise(pre, state, run, d_pre, d_state):
+        return jax.jvp(lambda p, s: kind.elementwise(p, s, run), (pre, state),
+                       (d_pre, d_state))[1]
+    # Recomputed in the backward pass from pre and the state (cheap, elementwise), not
+    # stored: stored, they were a dozen [B, H] blocks a step for an LSTM, and a medium
+    # problem's buffers crossed glibc's 32 MB mmap threshold: ~8000 page faults a call.
+    d_elementwise = jax.checkpoint(d_elementwise)
+
+    def step(d_carry, inputs):
+        pre_t, before_t, d_pre_t, d_projected_t, run = inputs
+        d_pre_t = tuple(a + b for a, b in zip(d_pre_t, kind.recurrent(weights, d_carry[0])))
+        d_out, *d_rest = d_elementwise(pre_t, before_t, run, d_pre_t, d_carry)
+        d_h = kind.project(weights, d_out)
+        d_new = (d_h if d_projected_t is None else d_h + d_projected_t, *d_rest)
+        return d_new, d_new
+
+    d_final, d_states = jax.lax.scan(step, d_carry, (pre, before, d_pre, d_projected,
+                                                      running), reverse=reverse)
+    return (states, final), (d_states, d_final)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    """A pseudo-layer's cell, apart from its weights: static, so hashable."""
+
+    mode: str
+    gates: int
+    skip: bool
+    projected: bool
+
+    @property
+    def bounded(self) -> bool:
+        return self.mode != "rnn_relu"  # tanh, σ and LSTM's c (+1 a step at most)
+
+    def pre_activations(self, w, x, h):
+        """The products of a step (or of every step at once: any leading axes), with the
+        biases, each for all gates at once (gates in cuDNN's order): ``(W x + b + R h,)``,
+        a GRU's ``(W x + b_in, R h + b_rec)`` apart (its reset gate scales the second).
+
+        Both products inside the step: XLA's CPU runs a scan over the input faster than
+        over its transform precomputed for every step (the loop reads its slices of a
+        [T, B, G·H] buffer dearly, and the buffer adds to the memory each call takes).
+        """
+        xw = (jnp.tile(x, (1,) * (x.ndim - 1) + (self.gates,)) if self.skip
+              else x @ w["w_input_t"]) + w["bias"]
+        if self.mode == "gru":
+            return xw, h @ w["w_rec_t"] + w["b_rec"]
+        return (xw + h @ w["w_rec_t"],)
+
+    def recurrent(self, w, d_h):
+        """What a state's tangent `d_h` adds to the pre-activations (linear in it)."""
+        d_rec = d_h @ w["w_rec_t"]
+        return (jnp.zeros_like(d_rec), d_rec) if self.mode == "gru" else (d_rec,)
+
+    def elementwise(self, pre, carry, running):
+        """The step's new ``(output, c)`` (``(output,)`` but for an LSTM) from its
+        pre-activations and `carry`, the state it starts from; rows not `running` (None:
+        all run) keep their state."""
+        if self.mode == "gru":
+            h = carry[0]
+            xs, rs = jnp.split(pre[0], 3, axis=-1), jnp.split(pre[1], 3, axis=-1)
+            r, z = (jax.nn.sigmoid(a + b) for a, b in zip(xs[:2], rs[:2]))
+            n = jnp.tanh(xs[2] + r * rs[2])
+            new = ((h - n) * z + n,)
+        elif self.mode == "lstm":
+            i, f, g, o = jnp.split(pre[0], 4, axis=-1)
+            c = jax.nn.sigmoid(f) * carry[1] + jax.nn.sigmoid(i) * jnp.tanh(g)
+            new = (jax.nn.sigmoid(o) * jnp.tanh(c), c)
+        else:
+            new = (jnp.tanh(pre[0]) if self.mode == "rnn_tanh" else jax.nn.relu(pre[0]),)
+        if running is None:
+            return new
+        return tuple(jnp.where(running[:, None], n, s) for n, s in zip(new, carry))
+
+    def project(self, w, out):
+        """An LSTM's projection of its output (linear); the output itself without one."""
+        return out @ w["w_proj_t"] if self.projected else out
 
 
 class _Cell:
-    """One pseudo-layer's weights (its blocks, from ``_split``) and its step, in cuDNN's
-    gate order."""
+    """One pseudo-layer's cell (``kind``) and weights (``weights``: its blocks from
+    ``_split``, arranged for the products)."""
 
     def __init__(self, config, blocks):
-        self.mode = config.rnn_mode
-        self.gates = config.num_gates
-        self.bounded = self.mode != "rnn_relu"  # tanh, σ and LSTM's c (+1 a step at most)
-        w_input, w_rec = blocks["w_input"], blocks["w_recurrent"]
-        self.w_proj = blocks["w_projection"]
+        w_input, w_rec, w_proj = blocks["w_input"], blocks["w_recurrent"], blocks["w_projection"]
         b_input, b_rec = blocks["b_input"], blocks["b_recurrent"]
-        gru = self.mode == "gru"
-        self.bias = b_input if gru else b_input + b_rec
-        self.b_rec = b_rec
-        self.skip = w_input is None
-        self.w_input_t = None if self.skip else w_input.T
-        self.w_rec_t = w_rec.T
-
-    def _products(self, x, h):
-        """``(W x + b, R h)`` of one step, each one product for every gate.
-
-        Both inside the step: XLA's CPU runs a scan over the input 2-2.5 times faster than
-        over its transform precomputed for every step (the loop reads its slices of a
-        [T, B, G·H] buffer dearly), and one product per step for all gates ~10 % faster in
-        training than one per gate or [x, h] joined (measured: benchmarks/peers.py).
-        """
-        xw = (jnp.tile(x, (1, self.gates)) if self.skip else x @ self.w_input_t) + self.bias
-        return xw, h @ self.w_rec_t
-
-    def __call__(self, carry, x):
-        """The state after one step from `carry` on input `x`.
-
-        Differentiated, it keeps only what is named ``pycudnnrnn.gates`` (and its own
-        arguments): kept whole, JAX's linearisation stores a dozen [B, H] intermediates a
-        step for an LSTM, and a medium problem's buffers (T64 B32 H256) then cross glibc's
-        32 MB mmap threshold, so that every call pays ~8000 page faults, a third of its
-        time (measured: benchmarks/peers.py, flax).
-        """
-        return jax.checkpoint(self._step, policy=_KEEP_GATES)(carry, x)
-
-    def _step(self, carry, x):
-        h = carry[0]
-        xw, rec = self._products(x, h)
-        if self.mode == "gru":
-            xw, rec = checkpoint_name(xw, _GATES), checkpoint_name(rec, _GATES)
-            xs = jnp.split(xw, 3, axis=-1)
-            rs = jnp.split(rec + self.b_rec, 3, axis=-1)
-            r, z = (jax.nn.sigmoid(a + b) for a, b in zip(xs[:2], rs[:2]))
-            n = jnp.tanh(xs[2] + r * rs[2])
-            return ((h - n) * z + n,)
-        pre = checkpoint_name(xw + rec, _GATES)
-        if self.mode == "lstm":
-            i, f, g, o = jnp.split(pre, 4, axis=-1)
-            c = jax.nn.sigmoid(f) * carry[1] + jax.nn.sigmoid(i) * jnp.tanh(g)
-            h = jax.nn.sigmoid(o) * jnp.tanh(c)
-            return (h if self.w_proj is None else h @ self.w_proj.T), c
-        return (jnp.tanh(pre) if self.mode == "rnn_tanh" else jax.nn.relu(pre),)
+        gru = config.rnn_mode == "gru"
+        self.kind = _Kind(config.rnn_mode, config.num_gates, w_input is None,
+                          w_proj is not None)
+        self.weights = {"w_input_t": None if w_input is None else w_input.T,
+                        "w_rec_t": w_rec.T, "bias": b_input if gru else b_input + b_rec,
+                        "b_rec": b_rec if gru else None,
+                        "w_proj_t": None if w_proj is None else w_proj.T}
 
 
 def applies(problem) -> bool:

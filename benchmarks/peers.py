@@ -113,6 +113,9 @@ def _torch_calls(side, kind, cell, bidirectional, ragged, size, compiled=False):
         from torch._inductor import config as inductor_config
         inductor_config.fx_graph_cache = False
         functorch_config.enable_autograd_cache = False
+        # Each row's function is the same code object: without a reset, a process's rows
+        # pass Dynamo's recompile limit (8), which fullgraph=True makes an error.
+        torch._dynamo.reset()
         run = torch.compile(run, fullgraph=side == "ours")
     if kind == "forward":
         module.eval()

@@ -177,15 +177,16 @@ def test_cpu_training_step_is_xla_s_own_operations(lengths):
     assert calls["pycudnnrnn_forward"] == calls["pycudnnrnn_backprop"] == 1
 
 
-@pytest.mark.parametrize("rnn_mode, kept", [("lstm", 4 + 1 + 1), ("gru", 3 + 3 + 1),
+@pytest.mark.parametrize("rnn_mode, kept", [("lstm", 4 + 1 + 1), ("gru", 2 + 1 + 1 + 1),
                                             ("rnn_tanh", 1 + 1)])
 def test_cpu_training_keeps_per_step_only_pre_activations_and_states(rnn_mode, kept):
     """What the CPU's scan keeps for the backward pass, per step: the gate pre-activations
-    and the state the step started from (`kept` [B, H] blocks, GRU's input and recurrent
-    products apart), and the input; the rest is recomputed. Keeping every intermediate
-    (JAX's own derivative of the loop: 12 blocks for an LSTM) made the buffers of a
-    medium LSTM cross glibc's 32 MB mmap threshold, and every call paid ~8000 page
-    faults (a third of its time)."""
+    and the state the step started from (`kept` [B, H] blocks: a GRU's reset and update
+    gates summed, its candidate's two products apart), and the input; the rest is
+    recomputed. Keeping every intermediate (JAX's own derivative of the loop: 12 blocks
+    for an LSTM) made the buffers of a medium LSTM cross glibc's 32 MB mmap threshold,
+    and every call paid ~8000 page faults (a third of its time); a GRU's two products
+    kept whole (6 blocks) did the same to a medium GRU."""
     T, B, I, H = 7, 3, 2, 5
     n = pycudnnrnn.params_size(rnn_mode=rnn_mode, num_layers=1, num_units=H, input_size=I)
     x, h = jnp.ones((T, B, I)), jnp.zeros((1, B, H))

@@ -232,8 +232,11 @@ class _Kind:
 
     def pre_activations(self, w, x, h):
         """The products of a step (or of every step at once: any leading axes), with the
-        biases, each for all gates at once (gates in cuDNN's order): ``(W x + b + R h,)``,
-        a GRU's ``(W x + b_in, R h + b_rec)`` apart (its reset gate scales the second).
+        biases, each for all gates at once (gates in cuDNN's order): ``(W x + b + R h,)``;
+        a GRU's ``(W_rz x + b + R_rz h, W_n x + b_in, R_n h + b_rec)``, its candidate's
+        two apart (the reset gate scales the second) and its other gates' summed: what
+        a step keeps for the derivative is 4 blocks of [B, H], not 6 (at 6, a medium
+        problem's buffers crossed glibc's 32 MB mmap threshold: ~9000 page faults a call).
 
         Both products inside the step: XLA's CPU runs a scan over the input faster than
         over its transform precomputed for every step (the loop reads its slices of a
@@ -242,24 +245,31 @@ class _Kind:
         xw = (jnp.tile(x, (1,) * (x.ndim - 1) + (self.gates,)) if self.skip
               else x @ w["w_input_t"]) + w["bias"]
         if self.mode == "gru":
-            return xw, h @ w["w_rec_t"] + w["b_rec"]
+            hw = h @ w["w_rec_t"] + w["b_rec"]
+            return self._gru_parts(xw, hw)
         return (xw + h @ w["w_rec_t"],)
 
     def recurrent(self, w, d_h):
         """What a state's tangent `d_h` adds to the pre-activations (linear in it)."""
         d_rec = d_h @ w["w_rec_t"]
-        return (jnp.zeros_like(d_rec), d_rec) if self.mode == "gru" else (d_rec,)
+        return self._gru_parts(jnp.zeros_like(d_rec), d_rec) if self.mode == "gru" \
+            else (d_rec,)
+
+    @staticmethod
+    def _gru_parts(xw, hw):
+        """A GRU's pre-activations from its two products (gates r, z, n in each)."""
+        rz = 2 * hw.shape[-1] // 3
+        return xw[..., :rz] + hw[..., :rz], xw[..., rz:], hw[..., rz:]
 
     def elementwise(self, pre, carry, running):
         """The step's new ``(output, c)`` (``(output,)`` but for an LSTM) from its
         pre-activations and `carry`, the state it starts from; rows not `running` (None:
         all run) keep their state."""
         if self.mode == "gru":
-            h = carry[0]
-            xs, rs = jnp.split(pre[0], 3, axis=-1), jnp.split(pre[1], 3, axis=-1)
-            r, z = (jax.nn.sigmoid(a + b) for a, b in zip(xs[:2], rs[:2]))
-            n = jnp.tanh(xs[2] + r * rs[2])
-            new = ((h - n) * z + n,)
+            rz, x_n, h_n = pre
+            r, z = jnp.split(jax.nn.sigmoid(rz), 2, axis=-1)
+            n = jnp.tanh(x_n + r * h_n)
+            new = ((carry[0] - n) * z + n,)
         elif self.mode == "lstm":
             i, f, g, o = jnp.split(pre[0], 4, axis=-1)
             c = jax.nn.sigmoid(f) * carry[1] + jax.nn.sigmoid(i) * jnp.tanh(g)

@@ -44,7 +44,8 @@ def test_keras_backend(backend, runs):
     proc = runs[backend]
     output, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, f"KERAS_BACKEND={backend}:\n{output[-12000:]}"
-    # nothing skipped but the docs page, which runs on PyTorch only
+    # nothing skipped but the other backend's own tests: the docs page (on PyTorch only),
+    # the lowered programs (on JAX only)
     skipped = [line for line in output.splitlines() if line.startswith("SKIPPED")]
-    assert " passed" in output and all("docs page" in l for l in skipped) \
-        and len(skipped) == (backend == "jax"), output[-2000:]
+    other = "docs page" if backend == "jax" else "lowered program"
+    assert " passed" in output and len(skipped) == 1 and other in skipped[0], output[-2000:]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
 
 import numpy as np
 
@@ -166,6 +167,22 @@ def check_lengths(sequence_lengths, batch_size, max_time):
         raise ValueError(f"sequence_lengths: expected values in [0, {max_time}] (max_time), "
                          f"got {int(lengths[b])} at index {b}")
     return lengths.astype(np.int64)
+
+
+def warn_out_of_range_lengths(lengths, max_time):
+    """A ``RuntimeWarning`` naming the first of traced `lengths` [B] out of
+    ``[0, max_time]``, whose rows ``pycudnnrnn.flax`` runs as NaN rather than fail the
+    computation (``_RNN._check_lengths`` there); nothing when all are in range."""
+    lengths = np.asarray(lengths).reshape(-1)  # (any batch axes: vmap's too)
+    bad = (lengths < 0) | (lengths > max_time)
+    if bad.any():
+        index = int(np.flatnonzero(bad)[0])
+        warnings.warn(f"seq_lengths: expected values in [0, {max_time}] (the time steps), got "
+                      f"{int(lengths[index])} at index {index} of the flattened "
+                      f"batch, under a transform: {int(bad.sum())} such rows come out NaN "
+                      f"(outputs and carry) instead of an error, which would have failed the "
+                      f"computation and left its failed arrays in the module",
+                      RuntimeWarning, stacklevel=2)
 
 
 def _python_integers(lengths, max_time):

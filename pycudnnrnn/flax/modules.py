@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ from flax import nnx
 
 from .. import jax as rnn_jax
 from ..core import checks
+from ..jax.targets import WARN_LENGTHS
 from . import blocks as _blocks
 from . import cells as _cells
 
@@ -301,9 +301,7 @@ class _RNN(nnx.Module):
         wide = lengths if lengths.dtype.itemsize >= 4 else lengths.astype(jnp.int32)
         bad = (wide > max_time) | (wide < 0) if jnp.issubdtype(
             wide.dtype, jnp.signedinteger) else wide > max_time
-        # The host callback only when a row is bad: a callback costs ~0.3 ms a call.
-        jax.lax.cond(bad.any(), lambda: jax.debug.callback(_warn_bad_lengths, bad, lengths,
-                                                           max_time), lambda: None)
+        jax.lax.cond(bad.any(), lambda: _warn_bad_lengths(lengths, max_time), lambda: None)
         return jnp.where(bad, jnp.zeros_like(lengths), lengths), bad
 
     def _dropout_key(self, rngs):
@@ -508,17 +506,20 @@ def _rebuild(form, cells):
                              nnx.RNN(cells[1], **dict(backward)), **dict(options))
 
 
-def _warn_bad_lengths(bad, lengths, max_time):
-    """The host side of a traced out-of-range length (``_RNN._check_lengths``)."""
-    bad = np.asarray(bad)
-    if bad.any():
-        index = int(np.flatnonzero(bad)[0])
-        warnings.warn(f"seq_lengths: expected values in [0, {max_time}] (the time steps), got "
-                      f"{int(np.asarray(lengths)[index])} at index {index} of the flattened "
-                      f"batch, under a transform: {int(bad.sum())} such rows come out NaN "
-                      f"(outputs and carry) instead of an error, which would have failed the "
-                      f"computation and left its failed arrays in the module",
-                      RuntimeWarning, stacklevel=2)
+def _warn_bad_lengths(lengths, max_time):
+    """``checks.warn_out_of_range_lengths`` when the computation runs (under ``lax.cond``:
+    only when a length is bad). On the CPU an FFI call: a host callback, even one never
+    called, puts every call of the program on JAX's slower dispatch (~0.6 ms a small
+    training step); elsewhere a ``jax.debug.callback``."""
+    def on_cpu(lengths):
+        rnn_jax.register()
+        warn = jax.ffi.ffi_call(WARN_LENGTHS, (), has_side_effect=True,
+                                vmap_method="broadcast_all")
+        warn(lengths, max_time=np.int64(max_time))
+
+    def elsewhere(lengths):
+        jax.debug.callback(checks.warn_out_of_range_lengths, lengths, max_time)
+    jax.lax.platform_dependent(lengths, cpu=on_cpu, default=elsewhere)
 
 
 def _directions(layer, index):

@@ -50,6 +50,7 @@ from .xla_ffi import DataType
 FORWARD = "pycudnnrnn_forward"
 BACKPROP = "pycudnnrnn_backprop"
 CHECK_LENGTHS = "pycudnnrnn_check_lengths"
+WARN_LENGTHS = "pycudnnrnn_warn_lengths"
 
 #: The op attributes every call carries, with the types they are lowered as.
 OP_ATTRIBUTES = ("rnn_mode", "input_mode", "direction", "dropout", "seed", "seed2",
@@ -320,6 +321,18 @@ def cpu_check_lengths(call_frame):
     host_array(result)[...] = lengths
 
 
+def cpu_warn_lengths(call_frame):
+    """``pycudnnrnn_warn_lengths``: ``checks.warn_out_of_range_lengths`` on traced lengths
+    (operand ``sequence_lengths`` [B], any integer type, ``[N, ..., B]`` under ``vmap``;
+    attribute ``max_time``; no results). ``pycudnnrnn.flax`` calls it only when a length
+    is out of range; a host callback there instead, even one never called, put every call
+    of the program on JAX's slower dispatch (~0.6 ms a small training step)."""
+    from ..core import checks
+    (lengths,), _ = xla_ffi.buffers(call_frame)
+    checks.warn_out_of_range_lengths(host_array(lengths),
+                                     xla_ffi.attributes(call_frame)["max_time"])
+
+
 # --------------------------------------------------------------------------- CUDA
 
 #: Where a temporary from XLA starts: cudaMalloc's alignment (CuPy's pool's blocks have
@@ -406,5 +419,6 @@ def handlers() -> dict:
     return {("cpu", FORWARD): xla_ffi.make_handler(cpu_forward),
             ("cpu", BACKPROP): xla_ffi.make_handler(cpu_backprop),
             ("cpu", CHECK_LENGTHS): xla_ffi.make_handler(cpu_check_lengths),
+            ("cpu", WARN_LENGTHS): xla_ffi.make_handler(cpu_warn_lengths),
             ("CUDA", FORWARD): xla_ffi.make_handler(cuda_forward),
             ("CUDA", BACKPROP): xla_ffi.make_handler(cuda_backprop)}

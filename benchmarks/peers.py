@@ -1,7 +1,8 @@
 """Ours against each framework's own RNN on the CPU, each side in a process of its own.
 
     python benchmarks/peers.py [--paths torch,...] [--sizes small,medium,large]
-                               [--cells lstm,gru,rnn_tanh] [--rounds 3] [--seconds 0.4]
+                               [--cells lstm,gru,rnn_tanh] [--kinds step,forward]
+                               [--lengths full,ragged] [--rounds 3] [--seconds 0.4]
                                [--json PATH] [--plot PATH] [--quick]
 
 Paths (ours ÷ theirs):
@@ -49,16 +50,17 @@ KINDS = {"torch": ("step", "forward"), "torch-compile": ("step",), "numpy": ("st
 KERAS_CELLS = ("lstm", "gru")  # pycudnnrnn.keras has no SimpleRNN
 
 
-def rows(paths, sizes, cells):
+def rows(paths, sizes, cells, kinds=("step", "forward"), lengths=("full", "ragged")):
     """``(path, size, kind, cell, bidirectional, ragged)`` of every row asked for."""
     for path in paths:
         for size in sizes:
-            for kind in KINDS[path]:
+            for kind in (k for k in KINDS[path] if k in kinds):
                 for cell in cells:
                     if path.startswith("keras") and cell not in KERAS_CELLS:
                         continue
                     for bidirectional in (False, True):
-                        for ragged in (False, True):
+                        for ragged in (r for r in (False, True)
+                                       if ("ragged" if r else "full") in lengths):
                             yield path, size, kind, cell, bidirectional, ragged
 
 
@@ -342,6 +344,9 @@ def main(argv=None):
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--cells", default=",".join(CELLS))
+    parser.add_argument("--kinds", default="step,forward",
+                        help="step (a training step), forward (inference alone)")
+    parser.add_argument("--lengths", default="full,ragged")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=0.4,
                         help="time per row per process (back-to-back calls)")
@@ -357,7 +362,8 @@ def main(argv=None):
         return
     if args.quick:
         args.cells, args.sizes, args.rounds = "lstm", "small,medium", 2
-    selected = list(rows(args.paths.split(","), args.sizes.split(","), args.cells.split(",")))
+    selected = list(rows(args.paths.split(","), args.sizes.split(","), args.cells.split(","),
+                         args.kinds.split(","), args.lengths.split(",")))
     print(f"{len(selected)} rows, {args.rounds} rounds, each side in a process of its own; "
           f"{os.cpu_count()} CPUs")
     results = summary(measure(selected, args.rounds, args.seconds))

@@ -21,6 +21,12 @@ def test_every_row_the_issue_names_is_there():
     assert len(torch) == 3 * 2 * 3 * 2 * 2  # sizes, kinds, cells, directions, lengths
 
 
+def test_kinds_and_lengths_pick_a_subset_of_rows():
+    rows = list(peers.rows(["torch", "numpy"], ["large"], ["lstm"], ["forward"], ["ragged"]))
+    assert rows == [("torch", "large", "forward", "lstm", bidirectional, True)
+                    for bidirectional in (False, True)]  # numpy has no forward rows
+
+
 def test_the_summary_is_the_median_of_rounds_and_their_spread():
     figures = {("torch", "small", "step", "lstm", False, True):
                {"ours": [2.0, 4.0, 3.0], "theirs": [4.0, 6.0, 5.0]}}

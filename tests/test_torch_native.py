@@ -39,6 +39,25 @@ def _both(run):
 @pytest.mark.parametrize("lengths", list(LENGTHS))
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_the_modules_equal_the_op(kind, options, bidirectional, lengths, batch_first):
+    _module_against_op(kind, options, bidirectional, lengths, batch_first)
+
+
+@pytest.mark.parametrize("options", [{}, {"proj_size": 2}, {"bias": False}])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("lengths", ["ragged", "zero"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_a_large_ragged_lstm_runs_on_the_full_length_kernel(options, bidirectional, lengths,
+                                                            batch_first, monkeypatch):
+    """Runs between consecutive lengths (``native._runs``), as large batches take them."""
+    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
+    calls = []
+    real = prt.native._run
+    monkeypatch.setattr(prt.native, "_run", lambda *a: calls.append(1) or real(*a))
+    _module_against_op("LSTM", options, bidirectional, lengths, batch_first)
+    assert len(calls) == 2 * (2 if bidirectional else 1)  # a layer and direction each
+
+
+def _module_against_op(kind, options, bidirectional, lengths, batch_first):
     torch.manual_seed(0)
     module = getattr(prt, kind)(I, H, num_layers=2, bidirectional=bidirectional,
                                 batch_first=batch_first, dtype=torch.float64, **options)
@@ -81,6 +100,29 @@ def test_nan_in_the_padding_stays_there():
     assert torch.isfinite(h_n).all()
     valid = torch.arange(T)[:, None] < torch.tensor(lengths)[None, :]
     assert torch.isfinite(output[valid]).all() and (output[~valid] == 0).all()
+
+
+def test_runs_never_read_the_padding_nor_draw_dropout(monkeypatch):
+    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
+    module = prt.LSTM(I, H, 2, bidirectional=True, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    lengths = [6, 2, 5, 0, 3]
+    for b, n in enumerate(lengths):
+        x[n:, b] = float("nan")
+    x.requires_grad_()
+    output, (h_n, c_n) = module(x, sequence_lengths=lengths)
+    (output.sum() + h_n.sum() + c_n.sum()).backward()
+    valid = torch.arange(T)[:, None] < torch.tensor(lengths)[None, :]
+    assert torch.isfinite(output[valid]).all() and (output[~valid] == 0).all()
+    assert torch.isfinite(h_n).all() and torch.isfinite(c_n).all()
+    assert torch.isfinite(x.grad[valid]).all() and (x.grad[~valid] == 0).all()
+    # Without a gradient to record, or with a dropout mask (drawn on the packed rows, as
+    # torch.nn's kernel draws it), the packed kernel runs.
+    monkeypatch.setattr(prt.native, "_run", None)
+    with torch.no_grad():
+        module(x, sequence_lengths=lengths)
+    module.dropout = 0.5
+    module(x, sequence_lengths=lengths)[0].sum().backward()
 
 
 def test_dropout_masks_are_torch_nns():
@@ -173,6 +215,21 @@ def test_the_ops_cpu_kernels_equal_the_numpy_backend(rnn_mode, num_proj, time_ma
     with prt.cpu_kernels("numpy"):
         want, numpy_reserve = _op_results(args)
     assert numpy_reserve.numel() > prt.native.RESERVE_NBYTES
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert_ulp_close(a, b, err_msg=f"result {k}")
+
+
+@pytest.mark.parametrize("time_major", [True, False])
+def test_the_ops_cpu_kernels_record_runs_for_a_large_ragged_lstm(time_major, monkeypatch):
+    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
+    calls = []
+    real = prt.native._run
+    monkeypatch.setattr(prt.native, "_run", lambda *a: calls.append(1) or real(*a))
+    args = _op_call("lstm", time_major, LENGTHS["zero"], 2)
+    got, _ = _op_results(args)
+    assert len(calls) == 4
+    with prt.cpu_kernels("numpy"):
+        want, _ = _op_results(args)
     for k, (a, b) in enumerate(zip(got, want)):
         assert_ulp_close(a, b, err_msg=f"result {k}")
 

@@ -8,7 +8,10 @@ against. What the op adds on top is done here:
 
 * sequence lengths in any order, a length 0 among them: the rows that run are sorted and
   packed (so padding, NaN or not, is never read), and put back in the caller's order; a
-  row of length 0 outputs zeros and keeps its initial state, as cuDNN;
+  row of length 0 outputs zeros and keeps its initial state, as cuDNN. A large ragged LSTM
+  call that records a gradient runs instead as runs of the full-length kernel between
+  consecutive lengths (``_runs``): PyTorch's autograd of its packed LSTM is a per-step
+  loop, several times slower;
 * the op's layouts: batch-major states ``[B, L·D, ·]``, the flat params in cuDNN's layout
   (sliced into torch.nn's weights, views, so the gradient reaches the buffer).
 
@@ -128,6 +131,9 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
     if not ragged:
         output, *states = kernel(input, hx, weights, has_biases, num_layers, dropout, train,
                                  bidirectional, not time_major)
+    elif lstm and _as_runs(input, hx, weights, time_major, dropout and train):
+        output, states = _runs(kernel, input, hx, weights, has_biases,
+                               bidirectional, time_major, sequence_lengths)
     else:
         output, states = _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout,
                                  train, bidirectional, time_major, sequence_lengths, lstm,
@@ -186,6 +192,79 @@ def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
     shape[batch_axis] = states[0].shape[1]
     return (output.new_zeros(shape).index_copy(batch_axis, rows, output),
             [s.index_copy(1, rows, f) for s, f in zip(states, finals)])
+
+
+#: Batch × state size from which a ragged LSTM call that records a gradient runs as runs
+#: of the full-length kernel (``_runs``). Measured (docs/performance.md): a training step
+#: of T64 B32 H256 takes 46–54 ms this way against 63–67 ms on the packed kernel, T128 B64
+#: H512 0.68–0.78 s against 2.5–2.8 s; T32 B16 H64 10–12 ms against 7 ms.
+RUNS_FROM = 32 * 256
+
+
+def _as_runs(input, hx, weights, time_major, dropout) -> bool:
+    """Whether a ragged LSTM call runs as ``_runs``: large enough, recording a gradient
+    (PyTorch's LSTM on packed rows is a per-step loop, whose autograd is what costs: without
+    one it is as fast), and without a dropout mask (drawn on the packed rows, as torch.nn's
+    kernel draws it)."""
+    batch = input.shape[1 if time_major else 0]
+    return (not dropout and batch * hx[-1].shape[-1] >= RUNS_FROM and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (input, *hx, *weights)))
+
+
+def _runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
+    """``(output, [h_n, c_n])`` of a ragged LSTM batch, each layer and direction as runs of the
+    full-length kernel: rows sorted by length, one run for the steps between two
+    consecutive lengths, on the rows still going. The reverse direction runs the same way
+    on each row reversed within its length. Padding is never read; a row of length 0 keeps
+    its states, and outputs zeros."""
+    x = input if time_major else input.transpose(0, 1)  # [T, B, ·] from here on
+    T = x.shape[0]
+    order = torch.argsort(lengths, descending=True, stable=True)
+    lengths = lengths[order]
+    stops = sorted(set(lengths.tolist()) - {0})
+    going = [int((lengths >= stop).sum()) for stop in stops]  # rows in each run
+    x = x.index_select(1, order)
+    states = [s.index_select(1, order) for s in states]
+    # Reversing each row within its length (padding stays put): an involution.
+    steps = torch.arange(T)[:, None]
+    flip = torch.where(steps < lengths, lengths - 1 - steps, steps)
+    directions = 2 if bidirectional else 1
+    per = len(weights) // len(states[0])  # weights of a layer and direction
+    finals = [[] for _ in states]
+    for layer in range(len(states[0]) // directions):
+        outputs = []
+        for direction in range(directions):
+            k = layer * directions + direction
+            source = x if direction == 0 else x.gather(0, flip[..., None].expand_as(x))
+            y, ends = _run(kernel, source, [s[k:k + 1] for s in states],
+                           weights[k * per:(k + 1) * per], has_biases, stops, going)
+            outputs.append(y if direction == 0 else y.gather(0, flip[..., None].expand_as(y)))
+            for final, end in zip(finals, ends):
+                final.append(end)
+        x = torch.cat(outputs, -1) if bidirectional else outputs[0]
+    unsort = torch.argsort(order)
+    output = x.index_select(1, unsort)
+    return (output if time_major else output.transpose(0, 1),
+            [torch.cat(f).index_select(1, unsort) for f in finals])
+
+
+def _run(kernel, x, states, weights, has_biases, stops, going):
+    """One layer and direction of ``_runs``: ``(output, final states)``, `x` sorted."""
+    T, B = x.shape[:2]
+    outputs, ends, start, now = [], [[] for _ in states], 0, states
+    for stop, rows, after in zip(stops, going, going[1:] + [0]):
+        hx = [s[:, :rows] for s in now]
+        y, *now = kernel(x[start:stop, :rows], hx, weights, has_biases, 1, 0.0, False, False,
+                         False)
+        outputs.append(torch.nn.functional.pad(y, (0, 0, 0, B - rows)))
+        for end, s in zip(ends, now):
+            end.append(s[:, after:])  # the rows whose last step this was
+        start = stop
+    if start < T:
+        outputs.append(x.new_zeros((T - start, B, states[0].shape[-1])))
+    rest = going[0] if going else 0  # rows of length 0: their states as they came
+    finals = [torch.cat([*reversed(end), s[:, rest:]], 1) for end, s in zip(ends, states)]
+    return torch.cat(outputs), finals
 
 
 def _torch_weights(params, rnn_mode, bidirectional, num_layers, input_size, input_c, input_h):

@@ -10,7 +10,8 @@ import pycudnnrnn.torch as prt  # noqa: E402
 from conftest import assert_ulp_close  # noqa: E402
 
 T, B, I, H = 6, 5, 3, 4
-LENGTHS = {"full": None, "ragged": [6, 2, 5, 1, 3], "zero": [3, 0, 6, 0, 2]}
+LENGTHS = {"full": None, "ragged": [6, 2, 5, 1, 3], "zero": [3, 0, 6, 0, 2],
+           "short": [4, 2, 0, 1, 3]}  # none of max_time
 
 
 def _grads(module, x, hx, lengths):
@@ -44,7 +45,7 @@ def test_the_modules_equal_the_op(kind, options, bidirectional, lengths, batch_f
 
 @pytest.mark.parametrize("options", [{}, {"proj_size": 2}, {"bias": False}])
 @pytest.mark.parametrize("bidirectional", [False, True])
-@pytest.mark.parametrize("lengths", ["ragged", "zero"])
+@pytest.mark.parametrize("lengths", ["ragged", "zero", "short"])
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_a_large_ragged_lstm_runs_on_the_full_length_kernel(options, bidirectional, lengths,
                                                             batch_first, monkeypatch):

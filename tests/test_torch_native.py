@@ -11,7 +11,8 @@ from conftest import assert_ulp_close  # noqa: E402
 
 T, B, I, H = 6, 5, 3, 4
 LENGTHS = {"full": None, "ragged": [6, 2, 5, 1, 3], "zero": [3, 0, 6, 0, 2],
-           "short": [4, 2, 0, 1, 3]}  # none of max_time
+           "short": [4, 2, 0, 1, 3],  # none of max_time
+           "tied": [5, 3, 3, 0, 5]}
 
 
 def _grads(module, x, hx, lengths):
@@ -45,15 +46,15 @@ def test_the_modules_equal_the_op(kind, options, bidirectional, lengths, batch_f
 
 @pytest.mark.parametrize("options", [{}, {"proj_size": 2}, {"bias": False}])
 @pytest.mark.parametrize("bidirectional", [False, True])
-@pytest.mark.parametrize("lengths", ["ragged", "zero", "short"])
+@pytest.mark.parametrize("lengths", ["ragged", "zero", "short", "tied"])
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_a_large_ragged_lstm_runs_on_the_full_length_kernel(options, bidirectional, lengths,
                                                             batch_first, monkeypatch):
-    """Runs between consecutive lengths (``native._runs``), as large batches take them."""
+    """Runs between consecutive lengths (``native._lstm_runs``), as large batches take them."""
     monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
     calls = []
-    real = prt.native._run
-    monkeypatch.setattr(prt.native, "_run", lambda *a: calls.append(1) or real(*a))
+    real = prt.native._layer_runs
+    monkeypatch.setattr(prt.native, "_layer_runs", lambda *a: calls.append(1) or real(*a))
     _module_against_op("LSTM", options, bidirectional, lengths, batch_first)
     assert len(calls) == 2 * (2 if bidirectional else 1)  # a layer and direction each
 
@@ -117,13 +118,36 @@ def test_runs_never_read_the_padding_nor_draw_dropout(monkeypatch):
     assert torch.isfinite(output[valid]).all() and (output[~valid] == 0).all()
     assert torch.isfinite(h_n).all() and torch.isfinite(c_n).all()
     assert torch.isfinite(x.grad[valid]).all() and (x.grad[~valid] == 0).all()
-    # Without a gradient to record, or with a dropout mask (drawn on the packed rows, as
-    # torch.nn's kernel draws it), the packed kernel runs.
-    monkeypatch.setattr(prt.native, "_run", None)
+    # Without a gradient to record, with a dropout mask (drawn on the packed rows, as
+    # torch.nn's kernel draws it), or below RUNS_FROM, the packed kernel runs.
+    monkeypatch.setattr(prt.native, "_layer_runs", None)
     with torch.no_grad():
         module(x, sequence_lengths=lengths)
+    module.requires_grad_(False)
+    module(x.detach(), sequence_lengths=lengths)
+    module.requires_grad_(True)
+    monkeypatch.setattr(prt.native, "RUNS_FROM", B * H + 1)
+    module(x, sequence_lengths=lengths)[0].sum().backward()
+    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
     module.dropout = 0.5
     module(x, sequence_lengths=lengths)[0].sum().backward()
+
+
+def test_runs_in_float32_equal_the_packed_kernel(monkeypatch):
+    """float32 is what runs oneDNN's kernel (float64 PyTorch's own)."""
+    torch.manual_seed(3)
+    module = prt.LSTM(I, H, 2, bidirectional=True, batch_first=True)
+    x = torch.randn(B, T, I, requires_grad=True)
+    results = []
+    for runs_from in (0, 10**9):
+        monkeypatch.setattr(prt.native, "RUNS_FROM", runs_from)
+        x.grad = None
+        module.zero_grad()
+        output, (h_n, c_n) = module(x, sequence_lengths=LENGTHS["tied"])
+        (output.square().sum() + h_n.sum() + c_n.sum()).backward()
+        results.append([output, h_n, c_n, x.grad, *(p.grad for p in module.parameters())])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_dropout_masks_are_torch_nns():
@@ -224,8 +248,8 @@ def test_the_ops_cpu_kernels_equal_the_numpy_backend(rnn_mode, num_proj, time_ma
 def test_the_ops_cpu_kernels_record_runs_for_a_large_ragged_lstm(time_major, monkeypatch):
     monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
     calls = []
-    real = prt.native._run
-    monkeypatch.setattr(prt.native, "_run", lambda *a: calls.append(1) or real(*a))
+    real = prt.native._layer_runs
+    monkeypatch.setattr(prt.native, "_layer_runs", lambda *a: calls.append(1) or real(*a))
     args = _op_call("lstm", time_major, LENGTHS["zero"], 2)
     got, _ = _op_results(args)
     assert len(calls) == 4

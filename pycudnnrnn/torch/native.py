@@ -10,7 +10,7 @@ against. What the op adds on top is done here:
   packed (so padding, NaN or not, is never read), and put back in the caller's order; a
   row of length 0 outputs zeros and keeps its initial state, as cuDNN. A large ragged LSTM
   call that records a gradient runs instead as runs of the full-length kernel between
-  consecutive lengths (``_runs``): PyTorch's autograd of its packed LSTM is a per-step
+  consecutive lengths (``_lstm_runs``): PyTorch's autograd of its packed LSTM is a per-step
   loop, several times slower;
 * the op's layouts: batch-major states ``[B, L·D, ·]``, the flat params in cuDNN's layout
   (sliced into torch.nn's weights, views, so the gradient reaches the buffer).
@@ -131,8 +131,9 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
     if not ragged:
         output, *states = kernel(input, hx, weights, has_biases, num_layers, dropout, train,
                                  bidirectional, not time_major)
-    elif lstm and _as_runs(input, hx, weights, time_major, dropout and train):
-        output, states = _runs(kernel, input, hx, weights, has_biases,
+    elif lstm and _as_runs(input, hx, weights, time_major,
+                           bool(dropout) and train and num_layers > 1):
+        output, states = _lstm_runs(kernel, input, hx, weights, has_biases,
                                bidirectional, time_major, sequence_lengths)
     else:
         output, states = _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout,
@@ -195,14 +196,14 @@ def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
 
 
 #: Batch × state size from which a ragged LSTM call that records a gradient runs as runs
-#: of the full-length kernel (``_runs``). Measured (docs/performance.md): a training step
-#: of T64 B32 H256 takes 46–54 ms this way against 63–67 ms on the packed kernel, T128 B64
+#: of the full-length kernel (``_lstm_runs``). Measured (docs/performance.md): a training
+#: step of T64 B32 H256 takes 46–54 ms this way against 63–67 ms on the packed kernel, T128 B64
 #: H512 0.68–0.78 s against 2.5–2.8 s; T32 B16 H64 10–12 ms against 7 ms.
 RUNS_FROM = 32 * 256
 
 
 def _as_runs(input, hx, weights, time_major, dropout) -> bool:
-    """Whether a ragged LSTM call runs as ``_runs``: large enough, recording a gradient
+    """Whether a ragged LSTM call runs as ``_lstm_runs``: large enough, recording a gradient
     (PyTorch's LSTM on packed rows is a per-step loop, whose autograd is what costs: without
     one it is as fast), and without a dropout mask (drawn on the packed rows, as torch.nn's
     kernel draws it)."""
@@ -211,7 +212,7 @@ def _as_runs(input, hx, weights, time_major, dropout) -> bool:
             and any(t.requires_grad for t in (input, *hx, *weights)))
 
 
-def _runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
+def _lstm_runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
     """``(output, [h_n, c_n])`` of a ragged LSTM batch, each layer and direction as runs of the
     full-length kernel: rows sorted by length, one run for the steps between two
     consecutive lengths, on the rows still going. The reverse direction runs the same way
@@ -225,20 +226,21 @@ def _runs(kernel, input, states, weights, has_biases, bidirectional, time_major,
     going = [int((lengths >= stop).sum()) for stop in stops]  # rows in each run
     x = x.index_select(1, order)
     states = [s.index_select(1, order) for s in states]
-    # Reversing each row within its length (padding stays put): an involution.
-    steps = torch.arange(T)[:, None]
-    flip = torch.where(steps < lengths, lengths - 1 - steps, steps)
+    if bidirectional:  # each row reversed within its length, padding in place: an involution
+        steps = torch.arange(T)[:, None]
+        flip = torch.where(steps < lengths, lengths - 1 - steps, steps)[..., None]
     directions = 2 if bidirectional else 1
-    per = len(weights) // len(states[0])  # weights of a layer and direction
+    # torch.nn's weights come a layer and direction at a time (w_ih, w_hh, the biases, w_hr)
+    per = len(weights) // len(states[0])
     finals = [[] for _ in states]
     for layer in range(len(states[0]) // directions):
         outputs = []
         for direction in range(directions):
             k = layer * directions + direction
-            source = x if direction == 0 else x.gather(0, flip[..., None].expand_as(x))
-            y, ends = _run(kernel, source, [s[k:k + 1] for s in states],
+            source = x if direction == 0 else x.gather(0, flip.expand_as(x))
+            y, ends = _layer_runs(kernel, source, [s[k:k + 1] for s in states],
                            weights[k * per:(k + 1) * per], has_biases, stops, going)
-            outputs.append(y if direction == 0 else y.gather(0, flip[..., None].expand_as(y)))
+            outputs.append(y if direction == 0 else y.gather(0, flip.expand_as(y)))
             for final, end in zip(finals, ends):
                 final.append(end)
         x = torch.cat(outputs, -1) if bidirectional else outputs[0]
@@ -248,8 +250,10 @@ def _runs(kernel, input, states, weights, has_biases, bidirectional, time_major,
             [torch.cat(f).index_select(1, unsort) for f in finals])
 
 
-def _run(kernel, x, states, weights, has_biases, stops, going):
-    """One layer and direction of ``_runs``: ``(output, final states)``, `x` sorted."""
+def _layer_runs(kernel, x, states, weights, has_biases, stops, going):
+    """One layer and direction of ``_lstm_runs``: ``(output, final states)``. `x`: rows
+    sorted by length, longest first; `stops`: the distinct nonzero lengths, ascending;
+    `going`: how many rows each run takes (those of length at least its stop)."""
     T, B = x.shape[:2]
     outputs, ends, start, now = [], [[] for _ in states], 0, states
     for stop, rows, after in zip(stops, going, going[1:] + [0]):

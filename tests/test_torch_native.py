@@ -44,19 +44,29 @@ def test_the_modules_equal_the_op(kind, options, bidirectional, lengths, batch_f
     _module_against_op(kind, options, bidirectional, lengths, batch_first)
 
 
-@pytest.mark.parametrize("options", [{}, {"proj_size": 2}, {"bias": False}])
+@pytest.mark.parametrize("kind,options", [
+    ("LSTM", {}), ("LSTM", {"proj_size": 2}), ("LSTM", {"bias": False}), ("GRU", {}),
+    ("GRU", {"bias": False}), ("RNN", {}), ("RNN", {"nonlinearity": "relu"})])
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("lengths", ["ragged", "zero", "short", "tied"])
 @pytest.mark.parametrize("batch_first", [False, True])
-def test_a_large_ragged_lstm_runs_on_the_full_length_kernel(options, bidirectional, lengths,
-                                                            batch_first, monkeypatch):
-    """Runs between consecutive lengths (``native._lstm_runs``), as large batches take them."""
-    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
+def test_a_ragged_training_call_on_the_full_length_kernel(kind, options, bidirectional,
+                                                          lengths, batch_first, monkeypatch):
+    """What large batches take: an LSTM as runs between consecutive lengths
+    (``native._lstm_runs``), a GRU or RNN on zeroed padding (``_zeroed_padding``)."""
+    _force_full_length(monkeypatch)
+    spied = "_layer_runs" if kind == "LSTM" else "_zeroed_padding"
     calls = []
-    real = prt.native._layer_runs
-    monkeypatch.setattr(prt.native, "_layer_runs", lambda *a: calls.append(1) or real(*a))
-    _module_against_op("LSTM", options, bidirectional, lengths, batch_first)
-    assert len(calls) == 2 * (2 if bidirectional else 1)  # a layer and direction each
+    real = getattr(prt.native, spied)
+    monkeypatch.setattr(prt.native, spied, lambda *a: calls.append(1) or real(*a))
+    _module_against_op(kind, options, bidirectional, lengths, batch_first)
+    # LSTM: a layer and direction each; else once a call
+    assert len(calls) == (2 * (2 if bidirectional else 1) if kind == "LSTM" else 1)
+
+
+def _force_full_length(monkeypatch):
+    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
+    monkeypatch.setattr(prt.native, "ZEROED_UP_TO", float("inf"))
 
 
 def _module_against_op(kind, options, bidirectional, lengths, batch_first):
@@ -104,48 +114,59 @@ def test_nan_in_the_padding_stays_there():
     assert torch.isfinite(output[valid]).all() and (output[~valid] == 0).all()
 
 
-def test_runs_never_read_the_padding_nor_draw_dropout(monkeypatch):
-    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
-    module = prt.LSTM(I, H, 2, bidirectional=True, dtype=torch.float64)
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_the_full_length_kernel_never_reads_the_padding_nor_draws_dropout(kind, monkeypatch):
+    _force_full_length(monkeypatch)
+    module = getattr(prt, kind)(I, H, 2, bidirectional=True, dtype=torch.float64)
     x = torch.randn(T, B, I, dtype=torch.float64)
     lengths = [6, 2, 5, 0, 3]
     for b, n in enumerate(lengths):
         x[n:, b] = float("nan")
     x.requires_grad_()
-    output, (h_n, c_n) = module(x, sequence_lengths=lengths)
-    (output.sum() + h_n.sum() + c_n.sum()).backward()
+    output, state = module(x, sequence_lengths=lengths)
+    state = state if kind == "LSTM" else (state,)
+    (output.sum() + sum(s.sum() for s in state)).backward()
     valid = torch.arange(T)[:, None] < torch.tensor(lengths)[None, :]
     assert torch.isfinite(output[valid]).all() and (output[~valid] == 0).all()
-    assert torch.isfinite(h_n).all() and torch.isfinite(c_n).all()
+    assert all(torch.isfinite(s).all() for s in state)
     assert torch.isfinite(x.grad[valid]).all() and (x.grad[~valid] == 0).all()
     # Without a gradient to record, with a dropout mask (drawn on the packed rows, as
-    # torch.nn's kernel draws it), or below RUNS_FROM, the packed kernel runs.
+    # torch.nn's kernel draws it), or below RUNS_FROM / past ZEROED_UP_TO, the packed
+    # kernel runs.
     monkeypatch.setattr(prt.native, "_layer_runs", None)
+    monkeypatch.setattr(prt.native, "_zeroed_padding", None)
     with torch.no_grad():
         module(x, sequence_lengths=lengths)
     module.requires_grad_(False)
     module(x.detach(), sequence_lengths=lengths)
     module.requires_grad_(True)
     monkeypatch.setattr(prt.native, "RUNS_FROM", B * H + 1)
+    monkeypatch.setattr(prt.native, "ZEROED_UP_TO", T * B / sum(lengths) - 0.01)
     module(x, sequence_lengths=lengths)[0].sum().backward()
-    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
+    _force_full_length(monkeypatch)
     module.dropout = 0.5
     module(x, sequence_lengths=lengths)[0].sum().backward()
 
 
-def test_runs_in_float32_equal_the_packed_kernel(monkeypatch):
-    """float32 is what runs oneDNN's kernel (float64 PyTorch's own)."""
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_the_full_length_kernel_in_float32_equals_the_packed_one(kind, monkeypatch):
+    """float32 is what runs oneDNN's LSTM kernel (float64 PyTorch's own)."""
     torch.manual_seed(3)
-    module = prt.LSTM(I, H, 2, bidirectional=True, batch_first=True)
+    module = getattr(prt, kind)(I, H, 2, bidirectional=True, batch_first=True)
     x = torch.randn(B, T, I, requires_grad=True)
     results = []
-    for runs_from in (0, 10**9):
-        monkeypatch.setattr(prt.native, "RUNS_FROM", runs_from)
+    for full_length in (True, False):
+        if full_length:
+            _force_full_length(monkeypatch)
+        else:
+            monkeypatch.setattr(prt.native, "RUNS_FROM", 10**9)
+            monkeypatch.setattr(prt.native, "ZEROED_UP_TO", 0.0)
         x.grad = None
         module.zero_grad()
-        output, (h_n, c_n) = module(x, sequence_lengths=LENGTHS["tied"])
-        (output.square().sum() + h_n.sum() + c_n.sum()).backward()
-        results.append([output, h_n, c_n, x.grad, *(p.grad for p in module.parameters())])
+        output, state = module(x, sequence_lengths=LENGTHS["tied"])
+        state = state if kind == "LSTM" else (state,)
+        (output.square().sum() + sum(s.sum() for s in state)).backward()
+        results.append([output, *state, x.grad, *(p.grad for p in module.parameters())])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -246,7 +267,7 @@ def test_the_ops_cpu_kernels_equal_the_numpy_backend(rnn_mode, num_proj, time_ma
 
 @pytest.mark.parametrize("time_major", [True, False])
 def test_the_ops_cpu_kernels_record_runs_for_a_large_ragged_lstm(time_major, monkeypatch):
-    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
+    _force_full_length(monkeypatch)
     calls = []
     real = prt.native._layer_runs
     monkeypatch.setattr(prt.native, "_layer_runs", lambda *a: calls.append(1) or real(*a))

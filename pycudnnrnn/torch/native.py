@@ -8,10 +8,10 @@ against. What the op adds on top is done here:
 
 * sequence lengths in any order, a length 0 among them: the rows that run are sorted and
   packed (so padding, NaN or not, is never read), and put back in the caller's order; a
-  row of length 0 outputs zeros and keeps its initial state, as cuDNN. A large ragged LSTM
-  call that records a gradient runs instead as runs of the full-length kernel between
-  consecutive lengths (``_lstm_runs``): PyTorch's autograd of its packed LSTM is a per-step
-  loop, several times slower;
+  row of length 0 outputs zeros and keeps its initial state, as cuDNN. A ragged call that
+  records a gradient takes the full-length kernel where that is faster (``_ragged_route``:
+  PyTorch's autograd of its kernel for packed rows is a per-step loop): a large LSTM as
+  runs between consecutive lengths, a GRU or RNN on zeroed padding;
 * the op's layouts: batch-major states ``[B, L·D, ·]``, the flat params in cuDNN's layout
   (sliced into torch.nn's weights, views, so the gradient reaches the buffer).
 
@@ -131,10 +131,13 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
     if not ragged:
         output, *states = kernel(input, hx, weights, has_biases, num_layers, dropout, train,
                                  bidirectional, not time_major)
-    elif lstm and _as_runs(input, hx, weights, time_major,
-                           bool(dropout) and train and num_layers > 1):
-        output, states = _lstm_runs(kernel, input, hx, weights, has_biases,
-                               bidirectional, time_major, sequence_lengths)
+    elif (route := _ragged_route(lstm, input, hx, weights, time_major, sequence_lengths,
+                                 bool(dropout) and train and num_layers > 1)) == "runs":
+        output, states = _lstm_runs(kernel, input, hx, weights, has_biases, bidirectional,
+                                    time_major, sequence_lengths)
+    elif route == "zeroed":
+        output, states = _zeroed_padding(kernel, input, hx, weights, has_biases,
+                                         bidirectional, time_major, sequence_lengths)
     else:
         output, states = _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout,
                                  train, bidirectional, time_major, sequence_lengths, lstm,
@@ -197,19 +200,31 @@ def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
 
 #: Batch × state size from which a ragged LSTM call that records a gradient runs as runs
 #: of the full-length kernel (``_lstm_runs``). Measured (docs/performance.md): a training
-#: step of T64 B32 H256 takes 46–54 ms this way against 63–67 ms on the packed kernel, T128 B64
-#: H512 0.68–0.78 s against 2.5–2.8 s; T32 B16 H64 10–12 ms against 7 ms.
+#: step of T64 B32 H256 takes 46–54 ms this way against 63–67 ms on the packed kernel,
+#: T128 B64 H512 0.68–0.78 s against 2.5–2.8 s; T32 B16 H64 10–12 ms against 7 ms.
 RUNS_FROM = 32 * 256
+#: The most steps × rows over the sum of lengths with which a ragged GRU or RNN call that
+#: records a gradient runs the full-length kernel on zeroed padding (``_zeroed_padding``),
+#: computing the padding's steps too. Measured with lengths from T down to T/4 (1.6): GRU
+#: steps of T32 B16 H64 4.3 ms against 5.2 ms packed, T128 B64 H512 0.56 s against 0.95 s,
+#: tanh RNN 2.0 against 2.7 ms and 0.18 against 0.36 s; level at T64 B32 H256.
+ZEROED_UP_TO = 2.0
 
 
-def _as_runs(input, hx, weights, time_major, dropout) -> bool:
-    """Whether a ragged LSTM call runs as ``_lstm_runs``: large enough, recording a gradient
-    (PyTorch's LSTM on packed rows is a per-step loop, whose autograd is what costs: without
-    one it is as fast), and without a dropout mask (drawn on the packed rows, as torch.nn's
-    kernel draws it)."""
-    batch = input.shape[1 if time_major else 0]
-    return (not dropout and batch * hx[-1].shape[-1] >= RUNS_FROM and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (input, *hx, *weights)))
+def _ragged_route(lstm, input, hx, weights, time_major, lengths, dropout) -> str:
+    """How a ragged call runs: ``"packed"`` (PyTorch's kernel for packed rows), ``"runs"``
+    (``_lstm_runs``) or ``"zeroed"`` (``_zeroed_padding``). PyTorch's autograd of its
+    kernel for packed rows is a per-step loop: calls that record a gradient and draw no
+    dropout mask (drawn on the packed rows, as torch.nn's kernel draws it) take the
+    full-length kernel instead where it is faster; without a gradient it is as fast."""
+    states = hx if lstm else [hx]
+    if dropout or not (torch.is_grad_enabled()
+                       and any(t.requires_grad for t in (input, *states, *weights))):
+        return "packed"
+    T, B = (input.shape[0], input.shape[1]) if time_major else (input.shape[1], input.shape[0])
+    if lstm:
+        return "runs" if B * states[-1].shape[-1] >= RUNS_FROM else "packed"
+    return "zeroed" if T * B <= ZEROED_UP_TO * int(lengths.sum()) else "packed"
 
 
 def _lstm_runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
@@ -248,6 +263,40 @@ def _lstm_runs(kernel, input, states, weights, has_biases, bidirectional, time_m
     output = x.index_select(1, unsort)
     return (output if time_major else output.transpose(0, 1),
             [torch.cat(f).index_select(1, unsort) for f in finals])
+
+
+def _zeroed_padding(kernel, input, h0, weights, has_biases, bidirectional, time_major,
+                    lengths):
+    """``(output, [h_n])`` of a ragged GRU or RNN batch, each layer and direction one call
+    of the full-length kernel on the padding zeroed (the reverse direction on each row
+    reversed within its length). A step past a row's length changes none of its earlier
+    outputs, nor their gradients (it receives none); the row's final state is its output
+    at its last step. Padding is never read; a row of length 0 keeps its state."""
+    x = input if time_major else input.transpose(0, 1)  # [T, B, ·] from here on
+    T, B = x.shape[:2]
+    steps = torch.arange(T)[:, None]
+    valid = (steps < lengths)[..., None]
+    x = torch.where(valid, x, 0.0)
+    if bidirectional:
+        flip = torch.where(steps < lengths, lengths - 1 - steps, steps)[..., None]
+    last = (lengths - 1).clamp(min=0)[None, :, None]
+    ran = (lengths > 0)[:, None]
+    directions = 2 if bidirectional else 1
+    per = len(weights) // len(h0)  # torch.nn's weights, a layer and direction at a time
+    finals = []
+    for layer in range(len(h0) // directions):
+        outputs = []
+        for direction in range(directions):
+            k = layer * directions + direction
+            source = x if direction == 0 else x.gather(0, flip.expand_as(x))
+            y, _ = kernel(source, h0[k:k + 1], weights[k * per:(k + 1) * per], has_biases, 1,
+                          0.0, False, False, False)
+            end = y.gather(0, last.expand(1, B, y.shape[-1]))[0]
+            finals.append(torch.where(ran, end, h0[k]))
+            y = y if direction == 0 else y.gather(0, flip.expand_as(y))
+            outputs.append(torch.where(valid, y, 0.0))
+        x = torch.cat(outputs, -1) if bidirectional else outputs[0]
+    return x if time_major else x.transpose(0, 1), [torch.stack(finals)]
 
 
 def _layer_runs(kernel, x, states, weights, has_biases, stops, going):

@@ -230,73 +230,78 @@ def _ragged_route(lstm, input, hx, weights, time_major, lengths, dropout) -> str
 def _lstm_runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
     """``(output, [h_n, c_n])`` of a ragged LSTM batch, each layer and direction as runs of the
     full-length kernel: rows sorted by length, one run for the steps between two
-    consecutive lengths, on the rows still going. The reverse direction runs the same way
-    on each row reversed within its length. Padding is never read; a row of length 0 keeps
-    its states, and outputs zeros."""
+    consecutive lengths, on the rows still going. Padding is never read; a row of length 0
+    keeps its states, and outputs zeros."""
     x = input if time_major else input.transpose(0, 1)  # [T, B, ·] from here on
-    T = x.shape[0]
     order = torch.argsort(lengths, descending=True, stable=True)
     lengths = lengths[order]
     stops = sorted(set(lengths.tolist()) - {0})
     going = [int((lengths >= stop).sum()) for stop in stops]  # rows in each run
-    x = x.index_select(1, order)
     states = [s.index_select(1, order) for s in states]
-    if bidirectional:  # each row reversed within its length, padding in place: an involution
-        steps = torch.arange(T)[:, None]
-        flip = torch.where(steps < lengths, lengths - 1 - steps, steps)[..., None]
-    directions = 2 if bidirectional else 1
-    # torch.nn's weights come a layer and direction at a time (w_ih, w_hh, the biases, w_hr)
-    per = len(weights) // len(states[0])
-    finals = [[] for _ in states]
-    for layer in range(len(states[0]) // directions):
-        outputs = []
-        for direction in range(directions):
-            k = layer * directions + direction
-            source = x if direction == 0 else x.gather(0, flip.expand_as(x))
-            y, ends = _layer_runs(kernel, source, [s[k:k + 1] for s in states],
-                           weights[k * per:(k + 1) * per], has_biases, stops, going)
-            outputs.append(y if direction == 0 else y.gather(0, flip.expand_as(y)))
-            for final, end in zip(finals, ends):
-                final.append(end)
-        x = torch.cat(outputs, -1) if bidirectional else outputs[0]
+    per = _per_direction(weights, states[0])
+    output, finals = _layers(x.index_select(1, order), lengths, len(states[0]), bidirectional,
+                             lambda k, source: _layer_runs(
+                                 kernel, source, [s[k:k + 1] for s in states],
+                                 weights[k * per:(k + 1) * per], has_biases, stops, going))
     unsort = torch.argsort(order)
-    output = x.index_select(1, unsort)
+    output = output.index_select(1, unsort)
     return (output if time_major else output.transpose(0, 1),
-            [torch.cat(f).index_select(1, unsort) for f in finals])
+            [torch.cat([f[i] for f in finals]).index_select(1, unsort)
+             for i in range(len(states))])
 
 
 def _zeroed_padding(kernel, input, h0, weights, has_biases, bidirectional, time_major,
                     lengths):
     """``(output, [h_n])`` of a ragged GRU or RNN batch, each layer and direction one call
-    of the full-length kernel on the padding zeroed (the reverse direction on each row
-    reversed within its length). A step past a row's length changes none of its earlier
-    outputs, nor their gradients (it receives none); the row's final state is its output
-    at its last step. Padding is never read; a row of length 0 keeps its state."""
+    of the full-length kernel on the padding zeroed. A step past a row's length changes
+    none of its earlier outputs, nor their gradients (it receives none); the row's final
+    state is its output at its last step. Padding is never read; a row of length 0 keeps
+    its state."""
     x = input if time_major else input.transpose(0, 1)  # [T, B, ·] from here on
     T, B = x.shape[:2]
-    steps = torch.arange(T)[:, None]
-    valid = (steps < lengths)[..., None]
-    x = torch.where(valid, x, 0.0)
-    if bidirectional:
-        flip = torch.where(steps < lengths, lengths - 1 - steps, steps)[..., None]
+    valid = (torch.arange(T)[:, None] < lengths)[..., None]
     last = (lengths - 1).clamp(min=0)[None, :, None]
     ran = (lengths > 0)[:, None]
+    per = _per_direction(weights, h0)
+
+    def direction(k, source):
+        y, _ = kernel(source, h0[k:k + 1], weights[k * per:(k + 1) * per], has_biases, 1,
+                      0.0, False, False, False)
+        end = y.gather(0, last.expand(1, B, y.shape[-1]))[0]
+        return torch.where(valid, y, 0.0), [torch.where(ran, end, h0[k])]
+
+    output, finals = _layers(torch.where(valid, x, 0.0), lengths, len(h0), bidirectional,
+                             direction)
+    return (output if time_major else output.transpose(0, 1),
+            [torch.stack([f[0] for f in finals])])
+
+
+def _per_direction(weights, h0):
+    """How many of torch.nn's weights a layer and direction has: they come a layer and
+    direction at a time (w_ih, w_hh, the biases, w_hr)."""
+    return len(weights) // len(h0)
+
+
+def _layers(x, lengths, count, bidirectional, direction):
+    """``(output, finals)`` of a ragged batch's `count` layers and directions on `x`
+    (time-major): ``direction(k, source)`` runs the k-th forward in time on `source`,
+    giving ``(output, final states)``. The reverse direction gets each row reversed
+    within its length (padding in place: an involution), and its output reversed back.
+    `finals`: each layer and direction's final states, in torch.nn's order."""
+    if bidirectional:
+        steps = torch.arange(x.shape[0])[:, None]
+        flip = torch.where(steps < lengths, lengths - 1 - steps, steps)[..., None]
     directions = 2 if bidirectional else 1
-    per = len(weights) // len(h0)  # torch.nn's weights, a layer and direction at a time
     finals = []
-    for layer in range(len(h0) // directions):
+    for layer in range(count // directions):
         outputs = []
-        for direction in range(directions):
-            k = layer * directions + direction
-            source = x if direction == 0 else x.gather(0, flip.expand_as(x))
-            y, _ = kernel(source, h0[k:k + 1], weights[k * per:(k + 1) * per], has_biases, 1,
-                          0.0, False, False, False)
-            end = y.gather(0, last.expand(1, B, y.shape[-1]))[0]
-            finals.append(torch.where(ran, end, h0[k]))
-            y = y if direction == 0 else y.gather(0, flip.expand_as(y))
-            outputs.append(torch.where(valid, y, 0.0))
+        for k in range(layer * directions, (layer + 1) * directions):
+            reverse = k % directions == 1
+            y, ends = direction(k, x.gather(0, flip.expand_as(x)) if reverse else x)
+            outputs.append(y.gather(0, flip.expand_as(y)) if reverse else y)
+            finals.append(ends)
         x = torch.cat(outputs, -1) if bidirectional else outputs[0]
-    return x if time_major else x.transpose(0, 1), [torch.stack(finals)]
+    return x, finals
 
 
 def _layer_runs(kernel, x, states, weights, has_biases, stops, going):

@@ -360,20 +360,21 @@ def test_the_weights_are_views_of_one_buffer_that_the_op_gets_without_a_copy(mon
     from pycudnnrnn.torch import kernels
     monkeypatch.setattr(prt.native._choice, "kernels", "numpy")
     seen = []
-    real = kernels.run_forward
+    real = kernels._flat
 
-    def spy(input, input_h, input_c, params, *args):
-        seen.append(params.data_ptr())
-        return real(input, input_h, input_c, params, *args)
+    def spy(params):  # the flat params the NumPy backend gets
+        flat = real(params)
+        seen.append(flat.data_ptr())
+        return flat
 
-    monkeypatch.setattr(kernels, "run_forward", spy)
+    monkeypatch.setattr(kernels, "_flat", spy)
     reference, ours = _pair("LSTM", {"proj_size": 2}, bidirectional=True)
     buffer = ours.params
     assert all(p.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
                for p in ours.parameters())
     x = torch.randn(T, B, I, dtype=torch.float64)
     ours(x)[0].sum().backward()
-    assert seen == [buffer.data_ptr()]
+    assert seen == [buffer.data_ptr()] * 2  # forward, then backprop
     grads = [p.grad for p in ours.parameters()]  # each a view of one flat gradient
     assert len({g.untyped_storage().data_ptr() for g in grads}) == 1
     assert ours.params_grad.data_ptr() == grads[0].untyped_storage().data_ptr()

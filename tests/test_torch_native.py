@@ -265,6 +265,22 @@ def test_the_ops_cpu_kernels_equal_the_numpy_backend(rnn_mode, num_proj, time_ma
         assert_ulp_close(a, b, err_msg=f"result {k}")
 
 
+@pytest.mark.parametrize("kind,options", [
+    ("LSTM", {}), ("LSTM", {"proj_size": 2}), ("LSTM", {"bias": False}), ("GRU", {"bias": False}),
+    ("RNN", {})])
+@pytest.mark.parametrize("lengths", ["full", "zero"])
+def test_the_drop_ins_through_the_op_equal_the_numpy_backend(kind, options, lengths,
+                                                             monkeypatch):
+    """What torch.compile traces of the drop-ins: ``forward_weights``, whose CPU kernels run
+    on torch.nn's weights as they are (``bias=False``: no biases, zeros in their slots)."""
+    monkeypatch.setattr(prt.native, "takes", lambda *a, **k: False)  # the op's door, eagerly
+    graphs = []
+    real = prt.native._graph
+    monkeypatch.setattr(prt.native, "_graph", lambda *a: graphs.append(a[3]) or real(*a))
+    _module_against_op(kind, options, True, lengths, True)
+    assert graphs and all(isinstance(w, prt.flat_weights.Weights) for w in graphs)
+
+
 @pytest.mark.parametrize("time_major", [True, False])
 def test_the_ops_cpu_kernels_record_runs_for_a_large_ragged_lstm(time_major, monkeypatch):
     _force_full_length(monkeypatch)

@@ -26,6 +26,7 @@ import weakref
 import numpy as np
 
 from .config import Problem
+from .lru import LRU
 
 HEADER_BYTES = 256
 IDENTITY_BYTES = 32
@@ -47,8 +48,18 @@ def _fingerprint(problem: Problem, extra) -> bytes:
 
 
 def header(problem: Problem, magic: bytes, *extra) -> bytes:
-    """The 32 identity bytes for a reserve space of `problem`."""
+    """The 32 identity bytes for a reserve space of `problem`.
+
+    Remembered for problems without lengths (hashable): a CPU call asks twice per step
+    (forward writes it, backprop checks it), and hashing every field costs tens of µs.
+    """
+    if problem.lengths is None:
+        return _headers.get((problem, magic, extra),
+                            lambda: magic + _fingerprint(problem, extra))
     return magic + _fingerprint(problem, extra)
+
+
+_headers = LRU(64)
 
 
 def check(head: bytes | None, dtype, size: int, expected_size: int, problem: Problem,

@@ -113,6 +113,28 @@ def _weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_tra
     return kernels.problem(input, input_h, input_c, params, attrs, is_training), slots
 
 
+class Weights:
+    """torch.nn's weights (detached) where the ops' kernels take the flat params.
+
+    With each weight's slot ``(offset, shape)`` in the flat params, the params' `size`,
+    torch.nn's `has_biases` (``bias``), and the call's validated `problem`
+    (``weights_problem``'s). The CPU's PyTorch kernels take the weights as they are; every
+    other backend takes ``flat()``.
+    """
+
+    def __init__(self, tensors, slots, size, has_biases, problem):
+        self.tensors, self.slots, self.size = tensors, slots, size
+        self.has_biases, self.problem = has_biases, problem
+
+    @property
+    def offsets(self):
+        return [offset for offset, _ in self.slots]
+
+    def flat(self):
+        """The flat params (``flat_params``)."""
+        return flat_params(self.tensors, self.slots, self.size)
+
+
 def flat_params(weights, slots, size):
     """The flat cuDNN-layout params holding `weights` at `slots`: without a copy when it can.
 

@@ -90,26 +90,20 @@ _problems = LRU(64)
 def known_sizes_key(*parts):
     """A cache key of tensors' shapes and dtypes and other hashable parts; None when a
     size is symbolic (a trace's: no key, lest it be specialised) or a part unhashable."""
-    key = []
-    for part in parts:
-        if isinstance(part, torch.Tensor):
-            shape = tuple(part.shape)
-            if not all(type(d) is int for d in shape):
-                return None
-            key.append((shape, part.dtype, part.device))
-        elif isinstance(part, (list, tuple)) and part and isinstance(part[0], torch.Tensor):
-            sub = known_sizes_key(*part)
-            if sub is None:
-                return None
-            key.append(sub)
-        else:
-            key.append(part)
-    key = tuple(key)
+    key = tuple(_sizes_key(part) for part in parts)
     try:
-        hash(key)
+        hash(key)  # a symbolic size is unhashable (a SymInt refuses hash() without a guard)
     except TypeError:
         return None
     return key
+
+
+def _sizes_key(part):
+    if isinstance(part, torch.Tensor):
+        return part.shape, part.dtype, part.device
+    if isinstance(part, (list, tuple)) and part and isinstance(part[0], torch.Tensor):
+        return tuple(map(_sizes_key, part))
+    return part
 
 
 def reserve_nbytes(problem, like: torch.Tensor):
@@ -172,7 +166,11 @@ def dropout_key(tensor):
 # --------------------------------------------------------------------------- the runs
 
 def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, is_training):
-    """``pycudnnrnn.forward`` on tensors; returns (output, output_h, output_c, reserve)."""
+    """``pycudnnrnn.forward`` on tensors; returns (output, output_h, output_c, reserve).
+
+    `params`: the flat params, or torch.nn's weights (``flat_weights.Weights``, checked),
+    which the CPU's PyTorch kernels take as they are.
+    """
     input, input_h, input_c, params = _detached(input, input_h, input_c, params)
     lengths = host_lengths(sequence_lengths)
     if not on_gpu(input):
@@ -182,10 +180,10 @@ def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, 
             if native.runs_kernels(checked):
                 return native.forward_kernel(checked, input, input_h, input_c, params,
                                              _lengths_tensor(lengths), attrs)
-        return api.forward(input, input_h, input_c, params, lengths, **split_seed(seed),
+        return api.forward(input, input_h, input_c, _flat(params), lengths, **split_seed(seed),
                            **attrs, is_training=is_training)
     with _on_device(input):
-        return planned_forward(input, input_h, input_c, params, lengths, seed, attrs,
+        return planned_forward(input, input_h, input_c, _flat(params), lengths, seed, attrs,
                                is_training)
 
 
@@ -193,6 +191,8 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
                  output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                  attrs, gradients, trust_reserve=False):
     """``pycudnnrnn.backprop`` on tensors; skipped gradients come back as None.
+
+    `params` as for ``run_forward``.
 
     `trust_reserve`: `reserve_space` is known to be the forward's (the ops' autograd
     formula), so on CUDA no header is read back from the GPU (a sync, refused under
@@ -206,8 +206,10 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
             checked = _host_problem(*arrays[:4], lengths, attrs, True)
             return native.backprop_kernel(checked, *arrays[:4], _lengths_tensor(lengths),
                                           arrays[7:], reserve_space, attrs, gradients)
+        arrays[3] = _flat(arrays[3])
         return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
                             **split_seed(seed), **attrs, gradients=gradients)
+    arrays[3] = _flat(arrays[3])
     with _on_device(input):
         return planned_backprop(*arrays, reserve_space, lengths, seed, attrs, gradients,
                                 trust_reserve)
@@ -480,7 +482,8 @@ def _allocator(cupy, device: int, stream):
 def _host_problem(input, input_h, input_c, params, lengths, attrs, is_training):
     """The validated ``Problem`` of a CPU call, its lengths checked and in it (the reserve
     space's identity covers them)."""
-    checked = problem(input, input_h, input_c, params, attrs, is_training)
+    checked = problem(input, input_h, input_c, params, attrs, is_training) \
+        if isinstance(params, torch.Tensor) else params.problem
     if lengths is None:
         return checked
     return dataclasses.replace(checked, lengths=checks.check_lengths(
@@ -492,6 +495,12 @@ def _lengths_tensor(lengths):
     return None if lengths is None else torch.as_tensor(np.asarray(lengths, np.int64))
 
 
+def _flat(params):
+    """The flat params: `params` itself, or those of ``flat_weights.Weights``."""
+    return params if isinstance(params, torch.Tensor) else params.flat()
+
+
 def _detached(*tensors):
     # An op's kernel still sees requires_grad on its arguments, and DLPack refuses those.
-    return [None if t is None else t.detach() for t in tensors]
+    # (flat_weights.Weights hold detached tensors already.)
+    return [t.detach() if isinstance(t, torch.Tensor) else t for t in tensors]

@@ -408,29 +408,39 @@ def _autograd():
 
 def _graph(input, input_h, input_c, params, lengths, attrs):
     """``(leaves, offsets, results)``: the forward on PyTorch's kernels, recorded for
-    backprop. Leaves: input, input_h, input_c, then each of torch.nn's weights on its own
-    (views of `params` at `offsets`): a gradient reaching params through views would make a
-    zero-padded copy of the whole buffer per weight."""
-    time_major, lstm = attrs["time_major"], attrs["rnn_mode"] == "lstm"
-    states = [t if time_major or t is None else t.transpose(0, 1) for t in (input_h, input_c)]
-    bidirectional = attrs["direction"] == "bidirectional"
-    weights = _torch_weights(params, attrs["rnn_mode"], bidirectional,
-                             states[0].shape[0] // (2 if bidirectional else 1),
-                             input.shape[-1], states[1] if lstm else None, states[0])
+    backprop. Leaves: input, input_h, input_c, then each of torch.nn's weights on its own,
+    at `offsets` in the flat params: views of `params`, or the weights themselves when
+    `params` is ``flat_weights.Weights`` (a gradient reaching params through views would
+    make a zero-padded copy of the whole buffer per weight)."""
+    if isinstance(params, torch.Tensor):
+        time_major, lstm = attrs["time_major"], attrs["rnn_mode"] == "lstm"
+        states = [t if time_major or t is None else t.transpose(0, 1)
+                  for t in (input_h, input_c)]
+        bidirectional = attrs["direction"] == "bidirectional"
+        offsets, weights = zip(*_torch_weights(
+            params, attrs["rnn_mode"], bidirectional,
+            states[0].shape[0] // (2 if bidirectional else 1), input.shape[-1],
+            states[1] if lstm else None, states[0]))
+        has_biases = True
+    else:
+        offsets, weights, has_biases = params.offsets, params.tensors, params.has_biases
     leaves = [None if t is None else t.detach().requires_grad_()
-              for t in (input, input_h, input_c, *(w for _, w in weights))]
+              for t in (input, input_h, input_c, *weights)]
     with _autograd():
-        results = rnn(*leaves[:3], leaves[3:], True, lengths, attrs["rnn_mode"],
-                      attrs["direction"], time_major)
-    return leaves, [offset for offset, _ in weights], results
+        results = rnn(*leaves[:3], leaves[3:], has_biases, lengths, attrs["rnn_mode"],
+                      attrs["direction"], attrs["time_major"])
+    return leaves, list(offsets), results
 
 
 def forward_kernel(problem, input, input_h, input_c, params, lengths, attrs):
     """The op's forward on CPU tensors for a validated `problem` (its lengths the host's):
-    ``(output, output_h, output_c, reserve_space)``, fresh tensors with the fakes' strides."""
+    ``(output, output_h, output_c, reserve_space)``, fresh tensors with the fakes' strides.
+    `params`: the flat params, or ``flat_weights.Weights``."""
     if not problem.is_training or torch.is_inference_mode_enabled():  # nothing to record
+        weights, has_biases = ([params], None) if isinstance(params, torch.Tensor) else \
+            (params.tensors, params.has_biases)
         with torch.no_grad():
-            results = rnn(input, input_h, input_c, [params], None, lengths,
+            results = rnn(input, input_h, input_c, weights, has_biases, lengths,
                           attrs["rnn_mode"], attrs["direction"], attrs["time_major"])
         leaves = offsets = None
     else:
@@ -438,10 +448,11 @@ def forward_kernel(problem, input, input_h, input_c, params, lengths, attrs):
     if not problem.is_training:
         reserve = input.new_empty((0,), dtype=torch.uint8)
     else:
-        reserve = torch.tensor(list(reserve_header.header(problem, _MAGIC)), dtype=torch.uint8)
+        head = reserve_header.header(problem, _MAGIC)
+        reserve = torch.tensor(list(head), dtype=torch.uint8)
         if leaves is not None:
             key = reserve.data_ptr()
-            _graphs[key] = (leaves, offsets, results)
+            _graphs[key] = (head, leaves, offsets, results)
             weakref.finalize(reserve, _graphs.pop, key, None)
     # Copies: the graph keeps its own results (an in-place write into ours would fail
     # its backprop, or change it).
@@ -454,7 +465,8 @@ def runs_backprop(reserve_space) -> bool:
     ``backprop_kernel`` checks the rest of its identity)."""
     return reserve_space is not None and reserve_space.dtype == torch.uint8 and \
         reserve_space.dim() == 1 and reserve_space.numel() >= len(_MAGIC) and \
-        bytes(reserve_space[:len(_MAGIC)].cpu().numpy()) == _MAGIC
+        (reserve_space.data_ptr() in _graphs or
+         bytes(reserve_space[:len(_MAGIC)].cpu().numpy()) == _MAGIC)
 
 
 def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, reserve_space,
@@ -463,13 +475,14 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
     validated `problem` (refused, as the other backends refuse it, when its identity is
     another call's): ``(dx, dh, dc, dparams)``, None for the gradients `gradients` leaves
     out (and dc unless LSTM)."""
-    head = bytes(reserve_space[:RESERVE_NBYTES].cpu().numpy())
+    entry = _graphs.get(reserve_space.data_ptr())
+    # (A reserve space with a graph is that forward's: its bytes are the header kept.)
+    head = entry[0] if entry is not None else bytes(reserve_space[:RESERVE_NBYTES].numpy())
     reserve_header.check(head, "uint8", reserve_space.numel(), RESERVE_NBYTES, problem,
                          _MAGIC, "PyTorch-kernel")
-    entry = _graphs.get(reserve_space.data_ptr())
     if entry is None:  # its graph is gone (a copy of the reserve space, or a pickle)
-        entry = _graph(input, input_h, input_c, params, lengths, attrs)
-    leaves, offsets, results = entry
+        entry = head, *_graph(input, input_h, input_c, params, lengths, attrs)
+    _, leaves, offsets, results = entry
     lstm = attrs["rnn_mode"] == "lstm"
     data, weights = gradients in ("all", "data"), gradients in ("all", "weights")
     data_wanted = [k for k, needed in enumerate((data, data, data and lstm)) if needed]
@@ -486,7 +499,8 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
     out = [None] * 4
     for k, g in zip(data_wanted, found):
         out[k] = g.contiguous()
-    if weights:  # one flat gradient in cuDNN's layout, which the weights' blocks tile
-        parts = sorted(zip(offsets, found[len(data_wanted):]), key=lambda part: part[0])
-        out[3] = torch.cat([g.reshape(-1) for _, g in parts])
+    if weights:  # one flat gradient in cuDNN's layout; zeros where no weight lies (bias=False)
+        out[3] = input.new_zeros(layout.params_size(problem.config))
+        for offset, g in zip(offsets, found[len(data_wanted):]):
+            out[3].narrow(0, offset, g.numel()).copy_(g.reshape(-1))
     return tuple(out)

@@ -75,8 +75,9 @@ def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
                     time_major: bool, is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``forward`` with torch.nn's weights (``_flat_weights`` order) for ``params``.
 
-    When the weights are views of one cuDNN-layout buffer (the modules make them so) that
-    buffer is the params, without a copy; otherwise they are concatenated once.
+    The CPU's PyTorch kernels run on the weights as they are. Elsewhere, when they are
+    views of one cuDNN-layout buffer (the modules make them so) that buffer is the params,
+    without a copy; otherwise they are concatenated once.
     """
     attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
     params = _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training)
@@ -120,10 +121,11 @@ def _fake_reserve_nbytes(problem, like):
 
 
 def _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training):
+    """torch.nn's `weights` as the kernels' params (``flat_weights.Weights``), checked."""
     problem, slots = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
                                                   attrs, is_training)
-    size = layout.params_size(problem.config)
-    return flat_weights.flat_params([w.detach() for w in weights], slots, size)
+    return flat_weights.Weights([w.detach() for w in weights], slots,
+                                layout.params_size(problem.config), has_biases, problem)
 
 
 @torch.library.custom_op(f"{_LIB}::backprop", mutates_args=())

@@ -3,7 +3,7 @@
     python benchmarks/peers.py [--paths torch,...] [--sizes small,medium,large]
                                [--cells lstm,gru,rnn_tanh] [--kinds step,forward]
                                [--lengths full,ragged] [--rounds 3] [--seconds 0.4]
-                               [--json PATH] [--plot PATH] [--quick]
+                               [--control] [--json PATH] [--plot PATH] [--quick]
 
 Paths (ours ÷ theirs):
 
@@ -25,6 +25,9 @@ one side (imports and compilation paid once), a round runs ours then theirs (the
 round theirs first), and a row's figure is the median over rounds of each process's
 median call; the spread is the largest round median over the smallest. In one process,
 one library's idle thread pool slows the other's: the figures would lie.
+
+``--control`` runs the peer on both sides (an A/A run): its ratios are what the
+machine's noise alone makes of two identical sides, the yardstick for a row near 1.
 
 Sizes: small T32 B16 I32 H64, medium T64 B32 I128 H256, large T128 B64 I512 H512; two
 layers when bidirectional (the NumPy row's medium case, as ``docs/performance.md``
@@ -276,8 +279,12 @@ def _run_side(path, size, kind, side, configs, seconds):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(selected, rounds, seconds, progress=print):
-    """``{row: {"ours": [ms per round], "theirs": [...]}}`` for the rows `selected`."""
+def measure(selected, rounds, seconds, progress=print, control=False):
+    """``{row: {"ours": [ms per round], "theirs": [...]}}`` for the rows `selected`.
+
+    `control`: the peer on both sides (an A/A run), so that the ratios show what this
+    machine's noise alone makes of two identical sides.
+    """
     groups = {}
     for path, size, kind, cell, bidirectional, ragged in selected:
         groups.setdefault((path, size, kind), []).append((cell, bidirectional, ragged))
@@ -286,7 +293,8 @@ def measure(selected, rounds, seconds, progress=print):
         times = {"ours": [], "theirs": []}
         for round_ in range(rounds):
             for side in (("ours", "theirs") if round_ % 2 == 0 else ("theirs", "ours")):
-                times[side].append(_run_side(path, size, kind, side, configs, seconds))
+                times[side].append(_run_side(path, size, kind, "theirs" if control else side,
+                                             configs, seconds))
         for k, config in enumerate(configs):
             figures[(path, size, kind, *config)] = {
                 side: [t[k] for t in times[side]] for side in times}
@@ -352,6 +360,9 @@ def main(argv=None):
                         help="time per row per process (back-to-back calls)")
     parser.add_argument("--quick", action="store_true",
                         help="LSTM only, small and medium, 2 rounds: a few minutes")
+    parser.add_argument("--control", action="store_true",
+                        help="the peer on both sides (A/A): the ratios this machine's noise "
+                             "makes of identical sides")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--plot", help="a bar chart of the ratios (PNG)")
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
@@ -365,8 +376,8 @@ def main(argv=None):
     selected = list(rows(args.paths.split(","), args.sizes.split(","), args.cells.split(","),
                          args.kinds.split(","), args.lengths.split(",")))
     print(f"{len(selected)} rows, {args.rounds} rounds, each side in a process of its own; "
-          f"{os.cpu_count()} CPUs")
-    results = summary(measure(selected, args.rounds, args.seconds))
+          f"{os.cpu_count()} CPUs" + ("; control: the peer on both sides" if args.control else ""))
+    results = summary(measure(selected, args.rounds, args.seconds, control=args.control))
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:

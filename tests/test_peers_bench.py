@@ -53,3 +53,16 @@ def test_one_row_runs_each_side_in_a_process_of_its_own(monkeypatch):
     (times,) = figures.values()
     assert all(len(times[side]) == 2 and min(times[side]) > 0 for side in times)
     assert sides == ["ours", "theirs", "theirs", "ours"]  # alternating
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_the_control_runs_the_peer_on_both_sides(monkeypatch):
+    sides = []
+    real = peers.subprocess.run
+    monkeypatch.setattr(peers.subprocess, "run",
+                        lambda command, **k: sides.append(command[6]) or real(command, **k))
+    figures = peers.measure([("numpy", "small", "step", "rnn_tanh", False, False)], rounds=2,
+                            seconds=0.02, progress=lambda line: None, control=True)
+    (times,) = figures.values()
+    assert all(len(times[side]) == 2 for side in times)
+    assert sides == ["theirs"] * 4

@@ -281,6 +281,32 @@ def test_the_drop_ins_through_the_op_equal_the_numpy_backend(kind, options, leng
     assert graphs and all(isinstance(w, prt.flat_weights.Weights) for w in graphs)
 
 
+@pytest.mark.parametrize("rnn_mode", ["lstm", "gru"])
+def test_the_weights_ops_without_biases_give_every_backends_flat_gradient(rnn_mode):
+    """backprop_weights' flat gradient holds the bias slots' gradient too (as the NumPy
+    backend's and cuDNN's do) when torch.nn's weights have no biases."""
+    torch.manual_seed(3)
+    module = getattr(prt, rnn_mode.upper())(I, H, bias=False, dtype=torch.float64)
+    weights = [w.detach() for w in module._flat_weights]
+    x, h = torch.randn(T, B, I, dtype=torch.float64), torch.randn(1, B, H, dtype=torch.float64)
+    c = torch.randn(1, B, H, dtype=torch.float64) if rnn_mode == "lstm" else None
+    lengths = torch.tensor(LENGTHS["zero"])
+    attrs = (rnn_mode, "unidirectional", 0.0, 0, True)
+
+    def run():
+        out = torch.ops.pycudnnrnn.forward_weights(x, h, c, weights, False, lengths, None,
+                                                   *attrs, True)
+        grads = [torch.randn(r.shape, generator=torch.Generator().manual_seed(5),
+                             dtype=r.dtype) for r in out[:3]]
+        back = torch.ops.pycudnnrnn.backprop_weights(x, h, c, weights, False, lengths, None,
+                                                     *out[:3], *grads, out[3], *attrs, "all")
+        return [r.numpy() for r in (*out[:3], *back)]
+
+    got, want = _both(run)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert_ulp_close(a, b, err_msg=f"result {k}")
+
+
 @pytest.mark.parametrize("time_major", [True, False])
 def test_the_ops_cpu_kernels_record_runs_for_a_large_ragged_lstm(time_major, monkeypatch):
     _force_full_length(monkeypatch)

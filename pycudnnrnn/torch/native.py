@@ -410,8 +410,11 @@ def _graph(input, input_h, input_c, params, lengths, attrs):
     """``(leaves, offsets, results)``: the forward on PyTorch's kernels, recorded for
     backprop. Leaves: input, input_h, input_c, then each of torch.nn's weights on its own,
     at `offsets` in the flat params: views of `params`, or the weights themselves when
-    `params` is ``flat_weights.Weights`` (a gradient reaching params through views would
-    make a zero-padded copy of the whole buffer per weight)."""
+    `params` is ``flat_weights.Weights`` with biases (a gradient reaching params through
+    views would make a zero-padded copy of the whole buffer per weight)."""
+    if not (isinstance(params, torch.Tensor) or params.has_biases):
+        # Zero biases as leaves: the flat gradient holds theirs, as every backend's does.
+        params = params.flat()
     if isinstance(params, torch.Tensor):
         time_major, lstm = attrs["time_major"], attrs["rnn_mode"] == "lstm"
         states = [t if time_major or t is None else t.transpose(0, 1)
@@ -499,8 +502,7 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
     out = [None] * 4
     for k, g in zip(data_wanted, found):
         out[k] = g.contiguous()
-    if weights:  # one flat gradient in cuDNN's layout; zeros where no weight lies (bias=False)
-        out[3] = input.new_zeros(layout.params_size(problem.config))
-        for offset, g in zip(offsets, found[len(data_wanted):]):
-            out[3].narrow(0, offset, g.numel()).copy_(g.reshape(-1))
+    if weights:  # one flat gradient in cuDNN's layout, which the weights' blocks tile
+        parts = sorted(zip(offsets, found[len(data_wanted):]), key=lambda part: part[0])
+        out[3] = torch.cat([g.reshape(-1) for _, g in parts])
     return tuple(out)

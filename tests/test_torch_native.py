@@ -281,6 +281,36 @@ def test_the_drop_ins_through_the_op_equal_the_numpy_backend(kind, options, leng
     assert graphs and all(isinstance(w, prt.flat_weights.Weights) for w in graphs)
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("lengths", ["full", "zero"])
+def test_through_the_op_a_loss_of_the_output_alone_and_a_second_backward(kind, lengths,
+                                                                         monkeypatch):
+    """The states' gradients are then zeros, which the op's CPU backprop leaves out; a
+    second backward (retain_graph) makes the forward's graph again: same gradients."""
+    monkeypatch.setattr(prt.native, "takes", lambda *a, **k: False)  # the op's door, eagerly
+    torch.manual_seed(0)
+    module = getattr(prt, kind)(I, H, num_layers=2, bidirectional=True, batch_first=True,
+                                dtype=torch.float64)
+    x = torch.randn(B, T, I, dtype=torch.float64, requires_grad=True)
+
+    def grads():
+        leaves = [x, *module.parameters()]
+        for leaf in leaves:
+            leaf.grad = None
+        loss = module(x, sequence_lengths=LENGTHS[lengths])[0].sin().sum()
+        loss.backward(retain_graph=True)
+        first = [leaf.grad.clone() for leaf in leaves]
+        loss.backward()
+        return [g.numpy() for g in first] + [leaf.grad.numpy() for leaf in leaves]
+
+    got, want = _both(grads)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert_ulp_close(a, b, err_msg=f"gradient {k}")
+    n = len(got) // 2
+    for a, b in zip(got[:n], got[n:]):
+        assert_ulp_close(2 * a, b)
+
+
 @pytest.mark.parametrize("rnn_mode", ["lstm", "gru"])
 def test_the_weights_ops_without_biases_give_every_backends_flat_gradient(rnn_mode):
     """backprop_weights' flat gradient holds the bias slots' gradient too (as the NumPy

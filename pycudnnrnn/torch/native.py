@@ -478,7 +478,7 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
     validated `problem` (refused, as the other backends refuse it, when its identity is
     another call's): ``(dx, dh, dc, dparams)``, None for the gradients `gradients` leaves
     out (and dc unless LSTM)."""
-    entry = _graphs.get(reserve_space.data_ptr())
+    entry = _graphs.pop(reserve_space.data_ptr(), None)
     # (A reserve space with a graph is that forward's: its bytes are the header kept.)
     head = entry[0] if entry is not None else bytes(reserve_space[:RESERVE_NBYTES].numpy())
     reserve_header.check(head, "uint8", reserve_space.numel(), RESERVE_NBYTES, problem,
@@ -491,12 +491,14 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
     data_wanted = [k for k, needed in enumerate((data, data, data and lstm)) if needed]
     wanted = [leaves[k] for k in data_wanted] + (leaves[3:] if weights else [])
     # (A result that does not depend on the inputs, every row of length 0's output, has
-    # no graph: its gradient reaches nothing.)
+    # no graph: its gradient reaches nothing. A gradient of zeros, what the autograd
+    # formula passes for a result the loss does not use, adds nothing: left out, its path
+    # back is not run, as autograd skips an unused result's.)
     used = [(r, g) for r, g in zip(results, grads)
-            if g is not None and r.numel() and r.requires_grad]
+            if g is not None and r.numel() and r.requires_grad and bool(g.any())]
     with _autograd():
         found = torch.autograd.grad([r for r, _ in used], wanted, [g for _, g in used],
-                                    retain_graph=True, allow_unused=True) if used else \
+                                    retain_graph=False, allow_unused=True) if used else \
             [None] * len(wanted)
     found = [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(wanted, found)]
     out = [None] * 4

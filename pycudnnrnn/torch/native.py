@@ -370,8 +370,9 @@ class _Inference(torch.autograd.Function):
 # A kernel runs below autograd, so forward records its graph with autograd switched back on
 # (as PyTorch's own invoke_leaf_function does) and keeps it under its reserve space's
 # address (the reserve's bytes are the same at every call: the op stays a function of its
-# inputs); backprop runs autograd on that graph, or on a graph made again for a reserve
-# space whose graph is gone (a copy of one). The graph lives as long as the reserve space.
+# inputs); backprop takes that graph and runs autograd on it once, freeing it as it goes
+# (as a backward does), or on a graph made again for a reserve space whose graph is gone
+# (run already, a copy, a pickle). An unrun graph lives as long as the reserve space.
 
 #: The reserve space of a forward on PyTorch's kernels: the identity header alone
 #: (core.reserve_header: this route's magic, then the call's fingerprint).
@@ -483,7 +484,7 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
     head = entry[0] if entry is not None else bytes(reserve_space[:RESERVE_NBYTES].numpy())
     reserve_header.check(head, "uint8", reserve_space.numel(), RESERVE_NBYTES, problem,
                          _MAGIC, "PyTorch-kernel")
-    if entry is None:  # its graph is gone (a copy of the reserve space, or a pickle)
+    if entry is None:  # its graph is gone (run already, a copy of the reserve, a pickle)
         entry = head, *_graph(input, input_h, input_c, params, lengths, attrs)
     _, leaves, offsets, results = entry
     lstm = attrs["rnn_mode"] == "lstm"

@@ -311,6 +311,52 @@ def test_through_the_op_a_loss_of_the_output_alone_and_a_second_backward(kind, l
         assert_ulp_close(2 * a, b)
 
 
+def _weights_op_call(rnn_mode, x, h, weights, grads_of=torch.ones_like, backprop_x=None):
+    """forward_weights, then backprop_weights (given `backprop_x` for x, if any) of
+    gradients `grads_of(result)`."""
+    attrs = (rnn_mode, "unidirectional", 0.0, 0, True)
+    out = torch.ops.pycudnnrnn.forward_weights(x, h, None, weights, True, None, None, *attrs,
+                                               True)
+    grads = [grads_of(r) for r in out[:2]] + [torch.empty(0)]
+    return out, lambda: torch.ops.pycudnnrnn.backprop_weights(
+        x if backprop_x is None else backprop_x, h, None, weights, True, None, None,
+        *out[:3], *grads, out[3], *attrs, "all")
+
+
+def test_zero_gradients_alone_still_run_so_an_overflow_gives_nan_as_torch_nn():
+    """0 · inf is NaN in torch.nn's backward and the NumPy backend's; the CPU kernels
+    leave zero gradients out only beside others."""
+    module = torch.nn.RNN(2, 2, nonlinearity="relu")
+    with torch.no_grad():
+        for w in module.parameters():
+            w.fill_(1e20)  # the forward overflows to inf
+    x, h = torch.full((3, 2, 2), 1e20), torch.zeros(1, 2, 2)
+    weights = [w.detach() for w in module._flat_weights]
+
+    def run():
+        out, backprop = _weights_op_call("rnn_relu", x, h, weights, torch.zeros_like)
+        return [r.numpy() for r in backprop()]
+
+    got, want = _both(run)
+    assert np.isnan(want[3]).any()
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+
+
+def test_backprop_called_twice_on_one_reserve_gives_the_same_gradients():
+    """Also from a forward on other data of the same identity (which the op accepts)."""
+    torch.manual_seed(0)
+    weights = [w.detach() for w in torch.nn.GRU(I, H)._flat_weights]
+    h = torch.zeros(1, B, H)
+    for other_data in (False, True):
+        x = torch.randn(T, B, I)
+        _, backprop = _weights_op_call("gru", x, h, weights,
+                                       backprop_x=torch.randn(T, B, I) if other_data else None)
+        first, second = backprop(), backprop()
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("rnn_mode", ["lstm", "gru"])
 def test_the_weights_ops_without_biases_give_every_backends_flat_gradient(rnn_mode):
     """backprop_weights' flat gradient holds the bias slots' gradient too (as the NumPy

@@ -196,7 +196,8 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
 
     `trust_reserve`: `reserve_space` is known to be the forward's (the ops' autograd
     formula), so on CUDA no header is read back from the GPU (a sync, refused under
-    CUDA-graph capture) even when the tensor object is not forward's own.
+    CUDA-graph capture) even when the tensor object is not forward's own; on the CPU's
+    PyTorch kernels the forward's graph runs once (``native.backprop_kernel``).
     """
     arrays = _detached(input, input_h, input_c, params, output, output_h, output_c,
                        output_backprop, output_h_backprop, output_c_backprop)
@@ -205,7 +206,8 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
         if native.runs_backprop(reserve_space):  # a forward on PyTorch's kernels
             checked = _host_problem(*arrays[:4], lengths, attrs, True)
             return native.backprop_kernel(checked, *arrays[:4], _lengths_tensor(lengths),
-                                          arrays[7:], reserve_space, attrs, gradients)
+                                          arrays[7:], reserve_space, attrs, gradients,
+                                          own=trust_reserve)
         arrays[3] = _flat(arrays[3])
         return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
                             **split_seed(seed), **attrs, gradients=gradients)

@@ -370,9 +370,10 @@ class _Inference(torch.autograd.Function):
 # A kernel runs below autograd, so forward records its graph with autograd switched back on
 # (as PyTorch's own invoke_leaf_function does) and keeps it under its reserve space's
 # address (the reserve's bytes are the same at every call: the op stays a function of its
-# inputs); backprop takes that graph and runs autograd on it once, freeing it as it goes
-# (as a backward does), or on a graph made again for a reserve space whose graph is gone
-# (run already, a copy, a pickle). An unrun graph lives as long as the reserve space.
+# inputs); backprop runs autograd on that graph, or on a graph made again for a reserve
+# space whose graph is gone (a copy of one, a pickle, or run already). The graph lives as
+# long as the reserve space, but for the ops' autograd formula (its own reserve space and
+# inputs): there backprop runs it once, freeing it as it goes, as a backward does.
 
 #: The reserve space of a forward on PyTorch's kernels: the identity header alone
 #: (core.reserve_header: this route's magic, then the call's fingerprint).
@@ -474,14 +475,20 @@ def runs_backprop(reserve_space) -> bool:
 
 
 def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, reserve_space,
-                    attrs, gradients):
+                    attrs, gradients, own=False):
     """The op's backprop on CPU tensors for the forward that made `reserve_space`, of the
     validated `problem` (refused, as the other backends refuse it, when its identity is
     another call's): ``(dx, dh, dc, dparams)``, None for the gradients `gradients` leaves
-    out (and dc unless LSTM)."""
-    entry = _graphs.pop(reserve_space.data_ptr(), None)
-    # (A reserve space with a graph is that forward's: its bytes are the header kept.)
-    head = entry[0] if entry is not None else bytes(reserve_space[:RESERVE_NBYTES].numpy())
+    out (and dc unless LSTM).
+
+    `own`: the reserve space is the forward's own, with its inputs (the ops' autograd
+    formula): its graph then runs once, freed as it goes (a second backprop records it
+    again from the same inputs), and its header is not read back. Otherwise the graph
+    is kept for the next backprop, which gets the same results."""
+    key = reserve_space.data_ptr()
+    entry = _graphs.pop(key, None) if own else _graphs.get(key)
+    head = entry[0] if own and entry is not None else \
+        bytes(reserve_space[:RESERVE_NBYTES].cpu().numpy())
     reserve_header.check(head, "uint8", reserve_space.numel(), RESERVE_NBYTES, problem,
                          _MAGIC, "PyTorch-kernel")
     if entry is None:  # its graph is gone (run already, a copy of the reserve, a pickle)
@@ -492,14 +499,18 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
     data_wanted = [k for k, needed in enumerate((data, data, data and lstm)) if needed]
     wanted = [leaves[k] for k in data_wanted] + (leaves[3:] if weights else [])
     # (A result that does not depend on the inputs, every row of length 0's output, has
-    # no graph: its gradient reaches nothing. A gradient of zeros, what the autograd
-    # formula passes for a result the loss does not use, adds nothing: left out, its path
-    # back is not run, as autograd skips an unused result's.)
+    # no graph: its gradient reaches nothing.)
     used = [(r, g) for r, g in zip(results, grads)
-            if g is not None and r.numel() and r.requires_grad and bool(g.any())]
+            if g is not None and r.numel() and r.requires_grad]
+    # A gradient of zeros, what the autograd formula passes for a result the loss does not
+    # use, adds nothing: left out, its path back is not run, as autograd skips an unused
+    # result's. (Not all of them: zeros alone still run, so that 0 · inf gives NaN, as
+    # torch.nn's and the NumPy backend's backward do.)
+    nonzero = [(r, g) for r, g in used if bool(g.any())]
+    used = nonzero or used
     with _autograd():
         found = torch.autograd.grad([r for r, _ in used], wanted, [g for _, g in used],
-                                    retain_graph=False, allow_unused=True) if used else \
+                                    retain_graph=not own, allow_unused=True) if used else \
             [None] * len(wanted)
     found = [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(wanted, found)]
     out = [None] * 4

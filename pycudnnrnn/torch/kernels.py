@@ -173,17 +173,17 @@ def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, 
     """
     input, input_h, input_c, params = _detached(input, input_h, input_c, params)
     lengths = host_lengths(sequence_lengths)
+    if not on_gpu(input) and input.dtype in native.DTYPES:
+        checked = _host_problem(input, input_h, input_c, params, lengths, attrs, is_training)
+        if native.runs_kernels(checked):
+            return native.forward_kernel(checked, input, input_h, input_c, params,
+                                         _lengths_tensor(lengths), attrs)
+    params = _flat(params)  # every other backend takes the flat params
     if not on_gpu(input):
-        if input.dtype in native.DTYPES:
-            checked = _host_problem(input, input_h, input_c, params, lengths, attrs,
-                                    is_training)
-            if native.runs_kernels(checked):
-                return native.forward_kernel(checked, input, input_h, input_c, params,
-                                             _lengths_tensor(lengths), attrs)
-        return api.forward(input, input_h, input_c, _flat(params), lengths, **split_seed(seed),
+        return api.forward(input, input_h, input_c, params, lengths, **split_seed(seed),
                            **attrs, is_training=is_training)
     with _on_device(input):
-        return planned_forward(input, input_h, input_c, _flat(params), lengths, seed, attrs,
+        return planned_forward(input, input_h, input_c, params, lengths, seed, attrs,
                                is_training)
 
 
@@ -202,16 +202,15 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
     arrays = _detached(input, input_h, input_c, params, output, output_h, output_c,
                        output_backprop, output_h_backprop, output_c_backprop)
     lengths = host_lengths(sequence_lengths)
+    if not on_gpu(input) and native.runs_backprop(reserve_space):  # PyTorch's kernels
+        checked = _host_problem(*arrays[:4], lengths, attrs, True)
+        return native.backprop_kernel(checked, *arrays[:4], _lengths_tensor(lengths),
+                                      arrays[7:], reserve_space, attrs, gradients,
+                                      own=trust_reserve)
+    arrays[3] = _flat(arrays[3])  # every other backend takes the flat params
     if not on_gpu(input):
-        if native.runs_backprop(reserve_space):  # a forward on PyTorch's kernels
-            checked = _host_problem(*arrays[:4], lengths, attrs, True)
-            return native.backprop_kernel(checked, *arrays[:4], _lengths_tensor(lengths),
-                                          arrays[7:], reserve_space, attrs, gradients,
-                                          own=trust_reserve)
-        arrays[3] = _flat(arrays[3])
         return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
                             **split_seed(seed), **attrs, gradients=gradients)
-    arrays[3] = _flat(arrays[3])
     with _on_device(input):
         return planned_backprop(*arrays, reserve_space, lengths, seed, attrs, gradients,
                                 trust_reserve)

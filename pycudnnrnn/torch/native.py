@@ -417,24 +417,29 @@ def _graph(input, input_h, input_c, params, lengths, attrs):
     if not (isinstance(params, torch.Tensor) or params.has_biases):
         # Zero biases as leaves: the flat gradient holds theirs, as every backend's does.
         params = params.flat()
-    if isinstance(params, torch.Tensor):
-        time_major, lstm = attrs["time_major"], attrs["rnn_mode"] == "lstm"
-        states = [t if time_major or t is None else t.transpose(0, 1)
-                  for t in (input_h, input_c)]
-        bidirectional = attrs["direction"] == "bidirectional"
-        offsets, weights = zip(*_torch_weights(
-            params, attrs["rnn_mode"], bidirectional,
-            states[0].shape[0] // (2 if bidirectional else 1), input.shape[-1],
-            states[1] if lstm else None, states[0]))
-        has_biases = True
-    else:
-        offsets, weights, has_biases = params.offsets, params.tensors, params.has_biases
+    offsets, weights, has_biases = _op_weights(params, input, input_h, input_c, attrs)
     leaves = [None if t is None else t.detach().requires_grad_()
               for t in (input, input_h, input_c, *weights)]
     with _autograd():
         results = rnn(*leaves[:3], leaves[3:], has_biases, lengths, attrs["rnn_mode"],
                       attrs["direction"], attrs["time_major"])
-    return leaves, list(offsets), results
+    return leaves, offsets, results
+
+
+def _op_weights(params, input, input_h, input_c, attrs):
+    """``(offsets, weights, has_biases)``: the op's `params` as torch.nn's weights and
+    where each lies in the flat params. Flat params (states in the op's layout) are sliced
+    into views; ``flat_weights.Weights`` are taken as they are."""
+    if not isinstance(params, torch.Tensor):
+        return params.offsets, params.tensors, params.has_biases
+    states = [t if attrs["time_major"] or t is None else t.transpose(0, 1)
+              for t in (input_h, input_c)]
+    bidirectional = attrs["direction"] == "bidirectional"
+    offsets, weights = zip(*_torch_weights(
+        params, attrs["rnn_mode"], bidirectional,
+        states[0].shape[0] // (2 if bidirectional else 1), input.shape[-1],
+        states[1] if attrs["rnn_mode"] == "lstm" else None, states[0]))
+    return list(offsets), list(weights), True
 
 
 def forward_kernel(problem, input, input_h, input_c, params, lengths, attrs):
@@ -442,8 +447,7 @@ def forward_kernel(problem, input, input_h, input_c, params, lengths, attrs):
     ``(output, output_h, output_c, reserve_space)``, fresh tensors with the fakes' strides.
     `params`: the flat params, or ``flat_weights.Weights``."""
     if not problem.is_training or torch.is_inference_mode_enabled():  # nothing to record
-        weights, has_biases = ([params], None) if isinstance(params, torch.Tensor) else \
-            (params.tensors, params.has_biases)
+        _, weights, has_biases = _op_weights(params, input, input_h, input_c, attrs)
         with torch.no_grad():
             results = rnn(input, input_h, input_c, weights, has_biases, lengths,
                           attrs["rnn_mode"], attrs["direction"], attrs["time_major"])

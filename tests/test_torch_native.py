@@ -343,6 +343,29 @@ def test_zero_gradients_alone_still_run_so_an_overflow_gives_nan_as_torch_nn():
         np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
 
 
+def test_a_gradient_zero_at_its_first_element_alone_still_counts():
+    """The CPU kernels look at a gradient's first element before the rest: one that is
+    zero there and not elsewhere is not left out."""
+    torch.manual_seed(2)
+    weights = [w.detach().double() for w in torch.nn.RNN(I, H)._flat_weights]
+    x, h = torch.randn(T, B, I, dtype=torch.float64), torch.randn(1, B, H, dtype=torch.float64)
+
+    def zero_first(result):  # the output's gradient; output_h's is nonzero there
+        grad = torch.randn_like(result)
+        if result.shape[0] == T:
+            grad.view(-1)[0] = 0
+        return grad
+
+    def run():
+        torch.manual_seed(5)
+        _, backprop = _weights_op_call("rnn_tanh", x, h, weights, zero_first)
+        return [r.numpy() for r in backprop()]
+
+    got, want = _both(run)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert_ulp_close(a, b, err_msg=f"gradient {k}")
+
+
 def test_backprop_called_twice_on_one_reserve_gives_the_same_gradients():
     """Also from a forward on other data of the same identity (which the op accepts)."""
     torch.manual_seed(0)

@@ -401,11 +401,24 @@ _FORCE_GUARD = getattr(torch._C, "_ForceDispatchKeyGuard", None)
 def _autograd():
     """Autograd on, inside an op's kernel (which runs with it excluded)."""
     exclude = torch._C._dispatch_tls_local_exclude_set()
-    for key in _AUTOGRAD_KEYS:
-        exclude = exclude.remove(key)
-    with _FORCE_GUARD(torch._C._dispatch_tls_local_include_set(), exclude), \
+    with _FORCE_GUARD(torch._C._dispatch_tls_local_include_set(), _with_autograd(exclude)), \
             torch.enable_grad():
         yield
+
+
+def _with_autograd(exclude):
+    """Dispatch key set `exclude` without autograd's keys; remembered (a kernel meets few
+    sets, and removing each key costs a call: this runs twice a training step)."""
+    raw = exclude.raw_repr()
+    found = _without_autograd.get(raw)
+    if found is None:
+        for key in _AUTOGRAD_KEYS:
+            exclude = exclude.remove(key)
+        found = _without_autograd[raw] = exclude.raw_repr()
+    return torch._C.DispatchKeySet.from_raw_repr(found)
+
+
+_without_autograd: dict = {}  # raw key set → the same without autograd's keys
 
 
 def _graph(input, input_h, input_c, params, lengths, attrs):
@@ -458,7 +471,7 @@ def forward_kernel(problem, input, input_h, input_c, params, lengths, attrs):
         reserve = input.new_empty((0,), dtype=torch.uint8)
     else:
         head = reserve_header.header(problem, _MAGIC)
-        reserve = torch.tensor(list(head), dtype=torch.uint8)
+        reserve = torch.frombuffer(bytearray(head), dtype=torch.uint8)
         if leaves is not None:
             key = reserve.data_ptr()
             _graphs[key] = (head, leaves, offsets, results)
@@ -510,7 +523,7 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
     # use, adds nothing: left out, its path back is not run, as autograd skips an unused
     # result's. (Not all of them: zeros alone still run, so that 0 · inf gives NaN, as
     # torch.nn's and the NumPy backend's backward do.)
-    nonzero = [(r, g) for r, g in used if bool(g.any())]
+    nonzero = [(r, g) for r, g in used if _nonzero(g)]
     used = nonzero or used
     with _autograd():
         found = torch.autograd.grad([r for r, _ in used], wanted, [g for _, g in used],
@@ -524,3 +537,16 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
         parts = sorted(zip(offsets, found[len(data_wanted):]), key=lambda part: part[0])
         out[3] = torch.cat([g.reshape(-1) for _, g in parts])
     return tuple(out)
+
+
+def _nonzero(tensor) -> bool:
+    """Whether detached CPU `tensor` holds a nonzero value or NaN.
+
+    Through NumPy, whose ``any`` costs a fraction of PyTorch's on a large tensor, the
+    first element looked at first (a loss's gradient is nonzero there as a rule): this
+    runs for every gradient of every training step.
+    """
+    if tensor.dtype not in DTYPES:  # (autograd then names the mismatch)
+        return bool(tensor.any())
+    values = tensor.resolve_neg().numpy()
+    return bool(values.flat[0]) or bool(values.any())

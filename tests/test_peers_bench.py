@@ -1,15 +1,15 @@
 """benchmarks/peers.py, the CPU comparison with each framework's own RNN: its rows, its
-arithmetic, and one real row timed in two processes."""
+arithmetic, and one real row timed in two processes; benchmarks/compile_floor.py, the
+floor under its torch.compile rows."""
 
 import importlib.util
 import pathlib
 
 import pytest
 
-PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
-spec = importlib.util.spec_from_file_location("peers", PATH)
-peers = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(peers)
+from conftest import benchmark_script
+
+peers = benchmark_script("peers")
 
 
 def test_every_row_the_issue_names_is_there():
@@ -66,3 +66,17 @@ def test_the_control_runs_the_peer_on_both_sides(monkeypatch):
     (times,) = figures.values()
     assert all(len(times[side]) == 2 for side in times)
     assert sides == ["theirs"] * 4
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_the_compile_floor_times_both_steps_in_processes_of_their_own(monkeypatch):
+    # It imports peers, as when run from benchmarks/.
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    floor = benchmark_script("compile_floor")
+    kinds = []
+    real = floor.subprocess.run
+    monkeypatch.setattr(floor.subprocess, "run",
+                        lambda command, **k: kinds.append(command[3]) or real(command, **k))
+    times = floor.measure(rounds=2, seconds=0.02)
+    assert all(len(times[kind]) == 2 and min(times[kind]) > 0 for kind in floor.KINDS)
+    assert kinds == ["compiled", "eager", "eager", "compiled"]  # alternating

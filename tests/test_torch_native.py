@@ -343,6 +343,40 @@ def test_zero_gradients_alone_still_run_so_an_overflow_gives_nan_as_torch_nn():
         np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
 
 
+@pytest.mark.parametrize("bad", ["float16", "int64", "shape", "empty"])
+def test_backprop_refuses_a_gradient_of_another_dtype_or_shape_as_the_numpy_backend(bad):
+    """The CPU kernels check forward's results and their gradients as every backend does
+    (they took any before, and an empty one broke the zero-gradient test)."""
+    torch.manual_seed(0)
+    weights = [w.detach() for w in torch.nn.LSTM(I, H)._flat_weights]
+    x, h, c = torch.randn(T, B, I), torch.zeros(1, B, H), torch.zeros(1, B, H)
+    attrs = ("lstm", "unidirectional", 0.0, 0, True)
+    wrong = {"float16": torch.zeros(1, B, H, dtype=torch.float16),
+             "int64": torch.zeros(1, B, H, dtype=torch.int64), "shape": torch.zeros(2),
+             "empty": torch.empty(0)}[bad]
+
+    def run():
+        out = torch.ops.pycudnnrnn.forward_weights(x, h, c, weights, True, None, None, *attrs,
+                                                   True)
+        with pytest.raises((TypeError, ValueError)) as raised:
+            torch.ops.pycudnnrnn.backprop_weights(
+                x, h, c, weights, True, None, None, *out[:3], torch.ones_like(out[0]),
+                torch.zeros_like(out[1]), wrong, out[3], *attrs, "all")
+        return type(raised.value), str(raised.value)
+
+    got, want = _both(run)
+    assert got == want
+    assert want[1].startswith("output_c_backprop: expected ")
+
+
+def test_an_integer_input_is_named_by_its_dtype():
+    weights = [w.detach() for w in torch.nn.RNN(I, H)._flat_weights]
+    with pytest.raises(TypeError, match="input: expected dtype .*, got int64"):
+        torch.ops.pycudnnrnn.forward_weights(
+            torch.zeros(T, B, I, dtype=torch.int64), torch.zeros(1, B, H), None, weights, True,
+            None, None, "rnn_tanh", "unidirectional", 0.0, 0, True, True)
+
+
 def test_a_gradient_zero_at_its_first_element_alone_still_counts():
     """The CPU kernels look at a gradient's first element before the rest: one that is
     zero there and not elsewhere is not left out."""

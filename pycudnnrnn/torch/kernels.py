@@ -37,13 +37,21 @@ _NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np
 
 
 def numpy_dtype(dtype: torch.dtype):
+    """NumPy's dtype for `dtype` (what the checks read), or `dtype` itself where NumPy has
+    none (the checks then name it as unsupported)."""
     if dtype == torch.bfloat16:
         try:
             import ml_dtypes
-        except ImportError:  # the checks then name the dtype as unsupported
+        except ImportError:
             return dtype
         return np.dtype(ml_dtypes.bfloat16)
-    return _NUMPY_DTYPES.get(dtype, dtype)
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is None:  # integers, bool, complex: named in the checks' messages
+        try:
+            found = torch.empty(0, dtype=dtype).numpy().dtype
+        except TypeError:
+            return dtype
+    return found
 
 
 class _Shape:
@@ -204,6 +212,7 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
     lengths = host_lengths(sequence_lengths)
     if not on_gpu(input) and native.runs_backprop(reserve_space):  # PyTorch's kernels
         checked = _host_problem(*arrays[:4], lengths, attrs, True)
+        _check_backprop_arrays(checked, arrays[4:])
         return native.backprop_kernel(checked, *arrays[:4], _lengths_tensor(lengths),
                                       arrays[7:], reserve_space, attrs, gradients,
                                       own=trust_reserve)
@@ -489,6 +498,17 @@ def _host_problem(input, input_h, input_c, params, lengths, attrs, is_training):
         return checked
     return dataclasses.replace(checked, lengths=checks.check_lengths(
         lengths, checked.batch_size, checked.max_time))
+
+
+_BACKPROP_ARRAYS = ("output", "output_h", "output_c", "output_backprop", "output_h_backprop",
+                    "output_c_backprop")
+
+
+def _check_backprop_arrays(problem, arrays):
+    """Forward's results and their gradients (in ``_BACKPROP_ARRAYS`` order) checked as
+    every backend checks them: each of `problem`'s dtype and shape."""
+    shaped = {name: None if a is None else _Shape(a) for name, a in zip(_BACKPROP_ARRAYS, arrays)}
+    checks.check_arrays(shaped, checks.backprop_shapes(problem), problem.dtype)
 
 
 def _lengths_tensor(lengths):

@@ -401,24 +401,34 @@ _FORCE_GUARD = getattr(torch._C, "_ForceDispatchKeyGuard", None)
 def _autograd():
     """Autograd on, inside an op's kernel (which runs with it excluded)."""
     exclude = torch._C._dispatch_tls_local_exclude_set()
-    with _FORCE_GUARD(torch._C._dispatch_tls_local_include_set(), _with_autograd(exclude)), \
-            torch.enable_grad():
+    with _FORCE_GUARD(torch._C._dispatch_tls_local_include_set(),
+                      _autograd_taken_out(exclude)), torch.enable_grad():
         yield
 
 
-def _with_autograd(exclude):
-    """Dispatch key set `exclude` without autograd's keys; remembered (a kernel meets few
-    sets, and removing each key costs a call: this runs twice a training step)."""
+def _autograd_taken_out(exclude):
+    """Excluded dispatch key set `exclude` with autograd's keys taken out of it.
+
+    Remembered by the set's raw value where PyTorch gives it (a kernel meets few sets,
+    and taking out each key costs a call: this runs twice a training step).
+    """
+    if not _RAW_KEY_SETS:
+        return _take_out_autograd(exclude)
     raw = exclude.raw_repr()
-    found = _without_autograd.get(raw)
+    found = _taken_out.get(raw)
     if found is None:
-        for key in _AUTOGRAD_KEYS:
-            exclude = exclude.remove(key)
-        found = _without_autograd[raw] = exclude.raw_repr()
+        found = _taken_out[raw] = _take_out_autograd(exclude).raw_repr()
     return torch._C.DispatchKeySet.from_raw_repr(found)
 
 
-_without_autograd: dict = {}  # raw key set → the same without autograd's keys
+def _take_out_autograd(exclude):
+    for key in _AUTOGRAD_KEYS:
+        exclude = exclude.remove(key)
+    return exclude
+
+
+_RAW_KEY_SETS = hasattr(torch._C.DispatchKeySet, "from_raw_repr")
+_taken_out: dict = {}  # raw excluded key set → the same with autograd's keys taken out
 
 
 def _graph(input, input_h, input_c, params, lengths, attrs):
@@ -540,13 +550,12 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
 
 
 def _nonzero(tensor) -> bool:
-    """Whether detached CPU `tensor` holds a nonzero value or NaN.
+    """Whether `tensor` (a checked gradient: detached, on the CPU, float32 or float64, not
+    empty) holds a nonzero value or NaN.
 
     Through NumPy, whose ``any`` costs a fraction of PyTorch's on a large tensor, the
     first element looked at first (a loss's gradient is nonzero there as a rule): this
     runs for every gradient of every training step.
     """
-    if tensor.dtype not in DTYPES:  # (autograd then names the mismatch)
-        return bool(tensor.any())
     values = tensor.resolve_neg().numpy()
     return bool(values.flat[0]) or bool(values.any())

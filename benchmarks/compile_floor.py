@@ -1,5 +1,7 @@
-"""What ``torch.compile`` adds to a CPU training step through one custom op pair, before
-the op computes anything: the floor under ``peers.py``'s ``torch-compile`` rows.
+"""The floor under ``peers.py``'s ``torch-compile`` rows, on the CPU.
+
+What ``torch.compile`` adds to a training step through one custom op pair, before the op
+computes anything.
 
     python benchmarks/compile_floor.py [--rounds 5] [--seconds 1]
 

@@ -583,3 +583,14 @@ def test_the_ops_results_are_fresh_and_its_reserve_knows_its_call():
         backprop(out[3], dropout=0.5)
     with pytest.raises(ValueError, match="reserve_space: expected the uint8 array made by"):
         backprop(torch.zeros(prt.native.RESERVE_NBYTES, dtype=torch.uint8))  # the NumPy's
+
+
+def test_autograds_keys_taken_out_alike_with_and_without_the_memo(monkeypatch):
+    """Remembered by raw key set where PyTorch gives one; the loop alone elsewhere."""
+    exclude = torch._C._dispatch_tls_local_exclude_set().add(torch._C.DispatchKey.AutogradCPU)
+    remembered = prt.native._autograd_taken_out(exclude)
+    monkeypatch.setattr(prt.native, "_RAW_KEY_SETS", False)
+    computed = prt.native._autograd_taken_out(exclude)
+    assert remembered.raw_repr() == computed.raw_repr()
+    assert not computed.has(torch._C.DispatchKey.AutogradCPU)
+    assert exclude.has(torch._C.DispatchKey.AutogradCPU)

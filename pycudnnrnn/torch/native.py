@@ -128,10 +128,12 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
             input_h)], True
     hx = [input_h, input_c] if lstm else input_h
     kernel = _KERNELS[rnn_mode]
-    if not ragged:
+    if empty and not sequence_lengths.any():  # no row runs
+        output, states = _none_runs(input, hx if lstm else [hx], weights, bidirectional)
+    elif not ragged:
         output, *states = kernel(input, hx, weights, has_biases, num_layers, dropout, train,
                                  bidirectional, not time_major)
-    elif (route := _ragged_route(lstm, input, hx, weights, time_major, sequence_lengths,
+    elif (route := _ragged_route(rnn_mode, input, hx, weights, time_major, sequence_lengths,
                                  bool(dropout) and train and num_layers > 1)) == "runs":
         output, states = _lstm_runs(kernel, input, hx, weights, has_biases, bidirectional,
                                     time_major, sequence_lengths)
@@ -148,6 +150,22 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
         output_h = output_h.transpose(0, 1)
         output_c = output_c.transpose(0, 1) if lstm else output_c
     return output, output_h, output_c
+
+
+def packed(sequence, h0, c0, weights, has_biases, rnn_mode, bidirectional, dropout):
+    """torch.nn's own training call on PackedSequence `sequence`, its rows in the order it
+    packed them (its dropout masks fall on the rows torch.nn's fall on): ``(output, h_n,
+    c_n)``, output a PackedSequence like `sequence`, c_n empty unless LSTM; checked
+    states in torch.nn's layout, in the caller's row order."""
+    lstm = rnn_mode == "lstm"
+    order, unorder = sequence.sorted_indices, sequence.unsorted_indices
+    states = [s if order is None else s.index_select(1, order) for s in (h0, c0)[:1 + lstm]]
+    data, *finals = _KERNELS[rnn_mode](
+        sequence.data, sequence.batch_sizes, states if lstm else states[0], weights,
+        has_biases, h0.shape[0] // (2 if bidirectional else 1), dropout, True, bidirectional)
+    finals = [f if unorder is None else f.index_select(1, unorder) for f in finals]
+    output = PackedSequence(data, sequence.batch_sizes, order, unorder)
+    return output, finals[0], finals[1] if lstm else data.new_empty((0,))
 
 
 def _ragged_lengths(lengths, input, time_major) -> tuple[bool, bool]:
@@ -173,10 +191,6 @@ def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
     states = hx if lstm else [hx]
     if empty:  # run the others; their results go back among the empty rows' below
         rows = (lengths > 0).nonzero().squeeze(1)
-        if not rows.numel():  # nothing runs: zeros out, the states as they came
-            shape = list(input.shape)
-            shape[-1] = states[0].shape[-1] * (2 if bidirectional else 1)
-            return input.new_zeros(shape), [s + 0 for s in states]
         input, lengths = input.index_select(batch_axis, rows), lengths[rows]
     packed = pack_padded_sequence(input, lengths, batch_first=not time_major,
                                   enforce_sorted=False)
@@ -198,6 +212,22 @@ def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
             [s.index_copy(1, rows, f) for s, f in zip(states, finals)])
 
 
+def _none_runs(input, states, weights, bidirectional):
+    """``(output, states)`` of a batch whose rows all have length 0: zeros, and the states
+    as they came. Tied to the input and weights (``zero_tie``): a backward reaches them
+    with zero gradients, and the states' gradients reach the initial states."""
+    tie = zero_tie(input, *weights)
+    shape = (*input.shape[:-1], states[0].shape[-1] * (2 if bidirectional else 1))
+    return input.new_zeros(shape) + tie, [s + tie for s in states]
+
+
+def zero_tie(*tensors):
+    """A zero scalar that depends on `tensors` for autograd (a sum of none of their
+    elements, so exactly 0 whatever they hold): added to a result computed without them,
+    it gives them zero gradients, as a computation that reads them would."""
+    return sum(t.reshape(-1)[:0].sum() for t in tensors)
+
+
 #: Batch × state size from which a ragged LSTM call that records a gradient runs as runs
 #: of the full-length kernel (``_lstm_runs``). Measured (docs/performance.md): a training
 #: step of T64 B32 H256 takes 46–54 ms this way against 63–67 ms on the packed kernel,
@@ -211,12 +241,13 @@ RUNS_FROM = 32 * 256
 ZEROED_UP_TO = 2.0
 
 
-def _ragged_route(lstm, input, hx, weights, time_major, lengths, dropout) -> str:
+def _ragged_route(rnn_mode, input, hx, weights, time_major, lengths, dropout) -> str:
     """How a ragged call runs: ``"packed"`` (PyTorch's kernel for packed rows), ``"runs"``
     (``_lstm_runs``) or ``"zeroed"`` (``_zeroed_padding``). PyTorch's autograd of its
     kernel for packed rows is a per-step loop: calls that record a gradient and draw no
     dropout mask (drawn on the packed rows, as torch.nn's kernel draws it) take the
     full-length kernel instead where it is faster; without a gradient it is as fast."""
+    lstm = rnn_mode == "lstm"
     states = hx if lstm else [hx]
     if dropout or not (torch.is_grad_enabled()
                        and any(t.requires_grad for t in (input, *states, *weights))):
@@ -224,7 +255,11 @@ def _ragged_route(lstm, input, hx, weights, time_major, lengths, dropout) -> str
     T, B = (input.shape[0], input.shape[1]) if time_major else (input.shape[1], input.shape[0])
     if lstm:
         return "runs" if B * states[-1].shape[-1] >= RUNS_FROM else "packed"
-    return "zeroed" if T * B <= ZEROED_UP_TO * int(lengths.sum()) else "packed"
+    # Not a relu RNN: its state is unbounded, and a row's steps past its end could grow
+    # until they overflow, where inf · 0 in the weight gradients' products is NaN. (A GRU's
+    # state is a blend of tanh and the state before: bounded by the row's last one.)
+    zeroed = rnn_mode != "rnn_relu" and T * B <= ZEROED_UP_TO * int(lengths.sum())
+    return "zeroed" if zeroed else "packed"
 
 
 def _lstm_runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
@@ -256,7 +291,7 @@ def _zeroed_padding(kernel, input, h0, weights, has_biases, bidirectional, time_
     of the full-length kernel on the padding zeroed. A step past a row's length changes
     none of its earlier outputs, nor their gradients (it receives none); the row's final
     state is its output at its last step. Padding is never read; a row of length 0 keeps
-    its state."""
+    its state, and runs its dropped steps from zeros."""
     x = input if time_major else input.transpose(0, 1)  # [T, B, ·] from here on
     T, B = x.shape[:2]
     valid = (torch.arange(T)[:, None] < lengths)[..., None]
@@ -265,8 +300,11 @@ def _zeroed_padding(kernel, input, h0, weights, has_biases, bidirectional, time_
     per = _per_direction(weights, h0)
 
     def direction(k, source):
-        y, _ = kernel(source, h0[k:k + 1], weights[k * per:(k + 1) * per], has_biases, 1,
-                      0.0, False, False, False)
+        # A row of length 0 runs from zeros: its state may hold anything (NaN, inf), which
+        # its dropped steps would carry into the weight gradients' products.
+        start = torch.where(ran, h0[k], 0.0)[None]
+        y, _ = kernel(source, start, weights[k * per:(k + 1) * per], has_biases, 1, 0.0,
+                      False, False, False)
         end = y.gather(0, last.expand(1, B, y.shape[-1]))[0]
         return torch.where(valid, y, 0.0), [torch.where(ran, end, h0[k])]
 

@@ -196,16 +196,17 @@ def test_state_shape_errors_name_the_argument_and_the_layout():
     ours = prt.LSTM(3, 4, batch_first=True)
     x = torch.randn(2, 5, 3)
     batch_major = (torch.zeros(2, 1, 4), torch.zeros(2, 1, 4))
-    with pytest.raises(ValueError, match=r"hx\[0\] \(h_0\): expected shape \(1, 2, 4\) "
-                                         r".*not batch-first even with batch_first=True.*"
-                                         r"got \(2, 1, 4\)"):
+    with pytest.raises(ValueError, match=r"^Expected hidden\[0\] size \(1, 2, 4\), got "
+                                         r"\[2, 1, 4\]; h_0 is .*not batch-first even with "
+                                         r"batch_first=True"):
         ours(x, batch_major)
-    with pytest.raises(ValueError, match=r"hx\[1\] \(c_0\): expected shape \(1, 2, 4\)"):
+    with pytest.raises(ValueError, match=r"^Expected hidden\[1\] size \(1, 2, 4\), got "
+                                         r"\[1, 3, 4\]; c_0 is"):
         ours(x, (torch.zeros(1, 2, 4), torch.zeros(1, 3, 4)))
     with pytest.raises(TypeError, match=r"hx: expected a tuple \(h_0, c_0\)"):
         ours(x, torch.zeros(1, 2, 4))
     gru = prt.GRU(3, 4, num_layers=2)
-    with pytest.raises(ValueError, match=r"hx: expected shape \(2, 5, 4\)"):
+    with pytest.raises(ValueError, match=r"^Expected hidden size \(2, 5, 4\), got \[1, 5, 4\]"):
         gru(torch.randn(7, 5, 3), torch.zeros(1, 5, 4))
 
 
@@ -225,7 +226,7 @@ def test_batch_first_states_that_happen_to_fit_are_not_misread():
 
 def test_dtype_device_and_size_errors():
     ours = prt.GRU(3, 4)
-    with pytest.raises(TypeError, match=r"input: RNN input dtype \(torch.float64\) does not "
+    with pytest.raises(TypeError, match=r"^RNN input dtype \(torch.float64\) does not "
                                         r"match weight dtype \(torch.float32\)"):
         ours(torch.randn(5, 2, 3, dtype=torch.float64))
     with pytest.raises(TypeError, match="hx: expected dtype torch.float32 .*input.*got torch.float64"):
@@ -233,12 +234,13 @@ def test_dtype_device_and_size_errors():
     with pytest.raises(TypeError, match="hx: expected a tensor with data on cpu, got a tensor "
                                         "on the meta device"):
         ours(torch.randn(5, 2, 3), torch.zeros(1, 2, 4, device="meta"))
-    with pytest.raises(ValueError, match=r"input: expected size\(-1\) == input_size=3, got shape "
-                                         r"\(5, 2, 4\)"):
+    with pytest.raises(ValueError, match=r"^input.size\(-1\) must be equal to input_size. "
+                                         r"Expected 3, got 4; input has shape \(5, 2, 4\)"):
         ours(torch.randn(5, 2, 4))
-    with pytest.raises(ValueError, match="input: expected a 2-D .* or 3-D tensor, got 4-D"):
+    with pytest.raises(ValueError, match=r"^GRU: Expected input to be 2D or 3D, got 4D instead"):
         ours(torch.randn(5, 2, 3, 1))
-    with pytest.raises(ValueError, match="hx: for unbatched .* expected 2-D states"):
+    with pytest.raises(ValueError, match="^For unbatched 2-D input, hx should also be 2-D but "
+                                         "got 3-D tensor"):
         ours(torch.randn(5, 3), torch.zeros(1, 1, 4))
     packed = pack_padded_sequence(torch.randn(5, 2, 3), [5, 2])
     with pytest.raises(TypeError, match="sequence_lengths: a PackedSequence carries its lengths"):
@@ -484,7 +486,7 @@ def test_weight_offsets_agree_with_the_layout_table(mode, bias, proj, bidirectio
     config = make_config(rnn_mode=mode, num_layers=3, num_units=5, input_size=2,
                          input_mode="linear_input", num_proj=proj,
                          direction="bidirectional" if bidirectional else "unidirectional")
-    slots = flat_weights._layout_slots(config, bias)
+    slots = flat_weights.layout_slots(config, bias)
     assert flat_weights.weight_offsets([s for _, s in slots], bias, proj > 0) == \
         [o for o, _ in slots]
 

@@ -119,10 +119,17 @@ class SeededRNN:
                               attrs["rnn_mode"], attrs["direction"], attrs["time_major"],
                               dropout, self.training, zero_states=zero_states,
                               torch_states=torch_states)
+        if dropout == 1 and has_biases is not None:  # torch.nn's weights: a drop-in
+            # torch.nn's p = 1 zeroes the input of every layer after the first; cuDNN takes
+            # p < 1. Those layers' input matrices times zero compute the same, gradients too.
+            directions = 2 if attrs["direction"] == "bidirectional" else 1
+            weights, dropout = _first_layer_input_only(weights, num_layers, directions), 0.0
         transpose = torch_states and not attrs["time_major"]
         if transpose:  # the op's batch-major states are [B, L·D, ·]
             h0, c0 = h0.transpose(0, 1), None if c0 is None else c0.transpose(0, 1)
-        grad = torch.is_grad_enabled() and any(
+        # A trace ignores grad mode: torch.jit.trace checks its graph again under no_grad,
+        # and the graph must serve a backward where the weights require grad.
+        grad = (torch.is_grad_enabled() or torch.jit.is_tracing()) and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
         attrs = dict(attrs, dropout=dropout)
         output, h_n, c_n = apply(input, h0, c0, weights, sequence_lengths,
@@ -142,6 +149,14 @@ class SeededRNN:
         if not kernels.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
             return _draw_seed()
         return torch.tensor(self.gpu_seed, dtype=torch.int64)  # cuDNN advances its state
+
+
+def _first_layer_input_only(weights, num_layers, directions):
+    """torch.nn's `weights` with the input matrices (``weight_ih``) of every layer after
+    the first times zero. They come a layer and direction at a time, ``weight_ih`` first."""
+    group = len(weights) // (num_layers * directions)
+    return [w * 0 if k >= group * directions and k % group == 0 else w
+            for k, w in enumerate(weights)]
 
 
 class FlatRNN(SeededRNN, torch.nn.Module):

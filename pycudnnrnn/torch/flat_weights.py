@@ -44,11 +44,11 @@ def weight_offsets(shapes, has_biases: bool, projection: bool):
     offsets, offset = [0] * len(shapes), 0
     for k in matrices + biases:
         offsets[k] = offset
-        offset += math.prod(shapes[k])
+        offset = offset + math.prod(shapes[k])  # (not +=: a traced size is a tensor)
     return offsets
 
 
-def _layout_slots(config, has_biases):
+def layout_slots(config, has_biases):
     """(offset, shape) of each of torch.nn's weights by ``pycudnnrnn.core.layout``'s blocks."""
     slots = []
     for blocks in layout.pseudo_layer_blocks(config):
@@ -96,7 +96,7 @@ def _weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_tra
         num_layers=max(1, int(input_h.shape[layers_axis]) // directions),
         num_units=max(1, int(first.shape[0]) // gates), input_size=int(input.shape[2]),
         input_mode="linear_input", direction=attrs["direction"], num_proj=attrs["num_proj"])
-    expected = _layout_slots(config, has_biases)
+    expected = layout_slots(config, has_biases)
     if len(weights) != len(expected):
         raise ValueError(f"weights: expected {len(expected)} tensors for this configuration, "
                          f"got {len(weights)}")

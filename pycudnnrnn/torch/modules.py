@@ -20,13 +20,14 @@ when ``batch_first=True`` (the module transposes them for the batch-major op).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from ..core import layout
 from ..core.checks import make_config
-from . import flat_weights
+from . import flat_weights, native
 from .functional import InputTypeError, InputValueError, check_devices, lengths_tensor
 from .ops import autocast_dtype
 from .base import SeededRNN
@@ -44,8 +45,6 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         # them out in one buffer (our flatten_parameters) and initialises them.
         super().__init__(mode, input_size, hidden_size, num_layers, bias, batch_first,
                          dropout, bidirectional, proj_size, device, dtype)
-        if self.dropout == 1:
-            raise ValueError("dropout: cuDNN needs dropout < 1, got 1")
         self._init_seed(None)
         self.register_load_state_dict_post_hook(_flatten_after_load)
 
@@ -67,10 +66,10 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
 
     def _layout(self):
         """((offset, shape) of each weight, size) of the flat params, in cuDNN's layout."""
+        # From the configuration, not the weights' shapes: under torch.jit.trace those are
+        # traced tensors, and offsets summed from them would be recorded, not computed.
         config = make_config(input_mode="linear_input", **self.attrs)
-        shapes = [tuple(w.shape) for w in self._weights()]
-        offsets = flat_weights.weight_offsets(shapes, self.bias, self.proj_size > 0)
-        return list(zip(offsets, shapes)), layout.params_size(config)
+        return flat_weights.layout_slots(config, self.bias), layout.params_size(config)
 
     def _weights(self):
         # Looked up at each call: torch.func.functional_call, parametrizations and
@@ -231,6 +230,16 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         the state after each sequence's last step — without ``PackedSequence``, whose
         packing ``torch.compile(fullgraph=True)`` cannot trace.
         """
+        if torch.jit.is_tracing():
+            # torch.jit.trace warns of every size read as a Python value; PyTorch silences
+            # it for torch.nn, whose checks read sizes as ours do (a trace computes its
+            # shapes from the input's).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                return self._forward(input, hx, sequence_lengths)
+        return self._forward(input, hx, sequence_lengths)
+
+    def _forward(self, input, hx, sequence_lengths):
         if isinstance(input, PackedSequence):
             if sequence_lengths is not None:
                 raise TypeError("sequence_lengths: a PackedSequence carries its lengths; "
@@ -240,15 +249,15 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
             raise TypeError(f"input: expected a torch.Tensor or PackedSequence, got "
                             f"{type(input).__qualname__}")
         if input.dim() not in (2, 3):
-            raise ValueError(f"input: expected a 2-D (unbatched) or 3-D tensor, got "
-                             f"{input.dim()}-D of shape {tuple(input.shape)}")
+            tensor = " tensor" if self._kind == "RNN" else ""  # torch.nn's words, each its own
+            raise ValueError(f"{self._kind}: Expected input to be 2D or 3D, got {input.dim()}D"
+                             f"{tensor} instead; input has shape {tuple(input.shape)}")
         batched = input.dim() == 3
         if not batched:  # [T, I]: a batch of one, states without a batch axis
             if sequence_lengths is not None:
                 raise InputValueError("sequence_lengths: expected with 3-D (batched) input "
                                       "only, got unbatched 2-D input")
             input = input.unsqueeze(1)
-            hx = None if hx is None else _map_states(hx, _unbatched_state)
         time_major = not (self.batch_first and batched)
         batch = input.shape[1] if time_major else input.shape[0]
         output, h_n, c_n = self._call(input, hx, batch, lengths_tensor(sequence_lengths),
@@ -260,7 +269,9 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
 
     def _forward_packed(self, packed, hx):
         padded, lengths = pad_packed_sequence(packed)  # time-major, the caller's batch order
-        output, h_n, c_n = self._call(padded, hx, padded.shape[1], lengths, True, True)
+        output, h_n, c_n = self._call(padded, hx, padded.shape[1], lengths, True, True, packed)
+        if isinstance(output, PackedSequence):  # torch.nn's own call on it (native.packed)
+            return output, self._state_result(h_n, c_n)
         # Pack in the input's own order, so that its sorted/unsorted indices stay valid.
         order = packed.sorted_indices
         if order is not None:
@@ -272,7 +283,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                                 packed.unsorted_indices)
         return result, self._state_result(h_n, c_n)
 
-    def _call(self, data, hx, batch, lengths, time_major, batched):
+    def _call(self, data, hx, batch, lengths, time_major, batched, packed=None):
         if type(self.bidirectional) is not bool:  # torch.nn builds such a module, then its
             raise InputTypeError(                 # forward refuses it: so does ours
                 f"bidirectional should be of type bool, got: "
@@ -282,24 +293,33 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         self._check_data(data, weights)
         h0, c0 = self._initial_states(data, hx, batch, batched)
         if data.shape[0 if time_major else 1] == 0:
-            raise InputValueError(f"input: expected a sequence length (max_time) > 0, as "
-                                  f"torch.nn does, got shape {tuple(data.shape)}")
+            raise InputValueError(f"Expected sequence length to be larger than 0 in RNN; input "
+                                  f"has shape {tuple(data.shape)}")
         if batch == 0:  # nothing to run (the op needs a batch): empty results, as torch.nn
             return _empty_batch(data, h0, c0, weights, time_major,
                                 self._num_directions() * (self.proj_size or self.hidden_size))
+        if packed is not None and self._draws_masks() and native.takes(data, weights):
+            # torch.nn's own call, on the rows in the order it packed them: a seed gives the
+            # masks torch.nn's gives (it draws them on the packed rows, equal lengths too)
+            return native.packed(packed, h0, c0, weights, bool(self.bias), self.rnn_mode,
+                                 self.bidirectional, float(self.dropout))
         attrs = dict(rnn_mode=self.rnn_mode, input_mode="linear_input",
                      direction="bidirectional" if self.bidirectional else "unidirectional",
                      num_proj=self.proj_size, time_major=time_major)
         return self._run(data, h0, c0, weights, bool(self.bias), lengths, attrs,
                          self.num_layers, zero_states=hx is None, torch_states=True)
 
+    def _draws_masks(self) -> bool:
+        """Whether a call draws dropout masks now (training, dropout, two layers or more)."""
+        return self.training and self.dropout > 0 and self.num_layers > 1
+
     def _num_directions(self):
         return 2 if self.bidirectional else 1
 
+    # The errors begin with torch.nn's own words, which other people's code and tests match
+    # (PyTorch's among them), then say more.
+
     def _check_data(self, data, weights):
-        if data.shape[-1] != self.input_size:
-            raise InputValueError(f"input: expected size(-1) == input_size={self.input_size}, "
-                                  f"got shape {tuple(data.shape)}")
         device = data.device
         if any(w.device != device for w in weights):  # the names only to say which
             check_devices(device, [("input", data)] + [
@@ -309,9 +329,13 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                                  "meta device (it has no values to compute with)")
         if data.dtype != weights[0].dtype and autocast_dtype(device.type) is None:
             raise InputTypeError(
-                f"input: RNN input dtype ({data.dtype}) does not match weight dtype "
+                f"RNN input dtype ({data.dtype}) does not match weight dtype "
                 f"({weights[0].dtype}). Convert input: input.to({weights[0].dtype}), or "
                 f"convert model: model.to({data.dtype})")
+        if data.shape[-1] != self.input_size:
+            raise InputValueError(f"input.size(-1) must be equal to input_size. Expected "
+                                  f"{self.input_size}, got {data.shape[-1]}; input has shape "
+                                  f"{tuple(data.shape)}")
 
     def _initial_states(self, data, hx, batch, batched):
         LD, H = self.num_layers * self._num_directions(), self.hidden_size
@@ -329,24 +353,35 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                                  f"{type(hx).__qualname__}")
         states = list(hx) if lstm else [hx]
         names = ["hx[0] (h_0)", "hx[1] (c_0)"] if lstm else ["hx"]
-        autocasting = autocast_dtype(data.device.type) is not None
-        for name, state, width in zip(names, states, [P, H]):
+        for name, state in zip(names, states):
             if not isinstance(state, torch.Tensor):
                 raise InputTypeError(f"{name}: expected a tensor, got "
                                      f"{type(state).__qualname__}")
-            if tuple(state.shape) != (LD, batch, width):
-                shown = lambda shape: tuple(shape) if batched else tuple(shape)[::2]
+        self._check_state_dims(states, batched)
+        states = states if batched else [s.unsqueeze(1) for s in states]
+        autocasting = autocast_dtype(data.device.type) is not None
+        for k, (name, state, width) in enumerate(zip(names, states, [P, H])):
+            if tuple(state.shape) != (LD, batch, width):  # torch.nn's unbatched sizes too
                 raise InputValueError(
-                    f"{name}: expected shape {shown((LD, batch, width))} ([num_layers·"
-                    f"num_directions, {'batch, ' if batched else ''}"
-                    f"{'proj_size' if width != H else 'hidden_size'}]"
-                    f"{'; not batch-first even with batch_first=True' if self.batch_first else ''}"
-                    f"), got {shown(state.shape)}")
+                    f"Expected hidden{f'[{k}]' if lstm else ''} size {(LD, batch, width)}, got "
+                    f"{list(state.shape)}; {('h_0', 'c_0')[k]} is [num_layers·"
+                    f"num_directions, batch, {'proj_size' if width != H else 'hidden_size'}]"
+                    f"{', not batch-first even with batch_first=True' if self.batch_first else ''}")
             check_devices(data.device, [(name, state)])
             if not autocasting and state.dtype != data.dtype:
                 raise InputTypeError(f"{name}: expected dtype {data.dtype} (that of input), "
                                      f"got {state.dtype}")
         return states[0], states[1] if lstm else None
+
+    def _check_state_dims(self, states, batched):
+        dims = [s.dim() for s in states]
+        want = 3 if batched else 2
+        if any(d != want for d in dims):
+            kind = "batched 3-D" if batched else "unbatched 2-D"
+            got = (f"({dims[0]}-D, {dims[1]}-D) tensors" if len(dims) == 2 else
+                   f"{dims[0]}-D tensor")
+            raise InputValueError(f"For {kind} input, hx{' and cx' if len(dims) == 2 else ''} "
+                                  f"should also be {want}-D but got {got}")
 
     def _state_result(self, h_n, c_n):
         return (h_n, c_n) if self._kind == "LSTM" else h_n
@@ -376,24 +411,11 @@ def _flatten_after_load(module, incompatible_keys):
 def _empty_batch(data, h0, c0, weights, time_major, width):
     """The results for a batch of 0 sequences, connected to every argument for autograd
     (their gradients are zeros, as torch.nn's)."""
-    anchor = sum(t.reshape(-1)[:0].sum() for t in [data, *weights])
+    tie = native.zero_tie(data, *weights)
     T = data.shape[0] if time_major else data.shape[1]
     shape = (T, 0, width) if time_major else (0, T, width)
-    output = data.new_zeros(shape) + anchor
-    return output, h0 + anchor, data.new_empty((0,)) if c0 is None else c0 + anchor
-
-
-def _map_states(hx, function):
-    if isinstance(hx, (tuple, list)):
-        return type(hx)(function(s) if isinstance(s, torch.Tensor) else s for s in hx)
-    return function(hx) if isinstance(hx, torch.Tensor) else hx
-
-
-def _unbatched_state(state):
-    if state.dim() != 2:
-        raise InputValueError(f"hx: for unbatched (2-D) input, expected 2-D states [num_layers·"
-                              f"num_directions, hidden_size], got shape {tuple(state.shape)}")
-    return state.unsqueeze(1)
+    output = data.new_zeros(shape) + tie
+    return output, h0 + tie, data.new_empty((0,)) if c0 is None else c0 + tie
 
 
 class LSTM(_DropIn):

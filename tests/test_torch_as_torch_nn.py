@@ -283,3 +283,48 @@ def test_seeded_dropout_on_packed_input_gives_torch_nns_masks(kind, lengths, enf
         results.append([output.data, *finals, *(p.grad for p in module.parameters())])
     for got, want in zip(*reversed(results)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- what differs
+# Each row of docs/pytorch.md's table "What differs", both sides. (Double backward on the
+# CPU, the same for both: tests/test_torch_native.py; compiled: tests/test_torch_ops.py.)
+
+def test_row_torch_compile_fullgraph_refuses_torch_nn_and_traces_ours():
+    theirs, ours = _pair("LSTM", 3, 4)
+    x = torch.randn(5, 2, 3)
+    with pytest.raises(Exception, match="Attempted to wrap RNN, GRU, or LSTM"):
+        torch.compile(lambda x: theirs(x)[0], backend="eager", fullgraph=True)(x)
+    compiled = torch.compile(lambda x: ours(x)[0], backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), theirs(x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_row_vmap_has_no_batching_rule_for_torch_nn_and_runs_ours():
+    vmap = torch.func.vmap
+    theirs, ours = _pair("LSTM", 3, 4, dtype=torch.float64)
+    x = torch.randn(2, 5, 2, 3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="Batching rule not implemented for aten::lstm"):
+        vmap(lambda x: theirs(x)[0])(x)
+    batched = vmap(lambda x: ours(x)[0])(x)
+    torch.testing.assert_close(batched[1], theirs(x[1])[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_row_jit_script_refuses_ours_saying_what_works(kind):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = getattr(prt, kind)(3, 4)
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(RuntimeError, match=rf"pycudnnrnn.torch.{kind}: torch.jit.script "
+                                               r"cannot compile .* torch.jit.trace, "
+                                               r"torch.compile or torch.export"):
+            torch.jit.script(Model())
+        scripted = torch.jit.script(getattr(torch.nn, kind)(3, 4))  # torch.nn's scripts...
+    if not hasattr(scripted, "forward"):  # ...and in torch 2.13 has no forward to call
+        with pytest.raises(AttributeError, match="no attribute 'forward'"):
+            scripted(torch.randn(5, 2, 3))

@@ -220,6 +220,13 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                 state_dict[prefix + name] = flat[offset:offset + math.prod(shape)].view(shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script asks every module this first: refuse with what works instead.
+        raise RuntimeError(
+            f"pycudnnrnn.torch.{self._kind}: torch.jit.script cannot compile its forward, "
+            f"which calls the pycudnnrnn operators from Python. Use torch.jit.trace, "
+            f"torch.compile or torch.export instead; each runs it as one operator.")
+
     # ------------------------------------------------------------------ the call
 
     def forward(self, input, hx=None, sequence_lengths=None):

@@ -16,7 +16,8 @@ import math
 import torch
 
 from . import flat_weights, onnx_export
-from .ops import autocast, autocast_dtype, backprop, backprop_weights, forward, forward_weights
+from .ops import (autocast, autocast_dtype, backprop, backprop_weights, forward, forward_weights,
+                  import_dynamo)
 
 
 class _NoDoubleBackward(torch.autograd.Function):
@@ -221,6 +222,7 @@ def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_b
         output, output_h, output_c, _ = _call_op(options, input, input_h, input_c,
                                                  sequence_lengths, seed, weights)
     else:
+        import_dynamo()  # what the op's first call imports, on a stack of its own (ops.py)
         output, output_h, output_c, _ = _RNN.apply(options, input, input_h, input_c,
                                                    sequence_lengths, seed, *weights)
     return output, output_h, output_c

@@ -37,7 +37,10 @@ _OPERATOR = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
 
 def exporting() -> bool:
     """Whether ``torch.onnx.export`` is tracing the call now."""
-    if torch.onnx.is_in_onnx_export():
+    onnx = sys.modules.get("torch.onnx")
+    if onnx is None:  # not imported: no export runs (and none is imported for asking)
+        return False
+    if onnx.is_in_onnx_export():
         return True
     # Dynamo (torch.export's strict mode, the ONNX exporter's second try) reads that
     # function as False, but not the flag behind it: without it a refusal below would be

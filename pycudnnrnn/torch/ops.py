@@ -24,10 +24,12 @@ and attributes alone, never on the lengths (``kernels.reserve_nbytes``).
 
 from __future__ import annotations
 
+import importlib
+import sys
+import threading
 from typing import Optional
 
 import torch
-import torch._dynamo  # noqa: F401  (see below)
 from torch import Tensor
 
 from .. import errors
@@ -36,13 +38,86 @@ from . import flat_weights, kernels
 
 _LIB = "pycudnnrnn"
 
-# Why torch._dynamo above: a custom op imports it on its first call, and that import (its
-# torch.fx.wrap calls keep their frames) puts every caller's frame in a reference cycle, the
-# user's module with them. The module then outlives its last reference until the next
-# garbage collection; under DistributedDataParallel that kept the process group alive into
-# interpreter exit, where gloo aborted. Imported here, the cost (about a second) moves from
-# the first call to this import, with no user frames on the stack (when this package is
-# imported at module level, as usual).
+# torch._dynamo, imported on a stack of its own. A custom op imports torch._dynamo on its
+# first call (PyTorch wraps its kernels in ``torch._disable_dynamo``), and that import
+# (``torch.fx.wrap`` keeps its own frame, whose callers are the importer's) puts every
+# frame on the caller's stack in a reference cycle, the user's module with them: the
+# module then outlived its last reference until the next garbage collection, and under
+# DistributedDataParallel that kept the process group alive into interpreter exit, where
+# gloo aborted. Importing torch._dynamo with this package fixed that but cost seconds at
+# every ``import pycudnnrnn.torch`` (docs/performance.md); so the first call that needs
+# it imports it on a thread of its own, whose frames hold nothing of the caller's.
+
+
+def import_dynamo():
+    """Import ``torch._dynamo`` before a first op call, holding none of the caller's frames.
+
+    The import runs on a new thread, the caller waiting; where that could deadlock (the
+    calling thread is itself importing a module, whose import lock the thread could need)
+    or a thread cannot start, it runs here, as PyTorch would import it. Nothing to do when
+    torch._dynamo is imported already (``torch.compile`` and ``torch.export`` import it).
+    """
+    if "torch._dynamo" in sys.modules:
+        return
+    with _DYNAMO_LOCK:
+        if "torch._dynamo" in sys.modules:
+            return
+        if not _importing():
+            failed = []
+
+            def run():
+                try:
+                    importlib.import_module("torch._dynamo")
+                except BaseException:  # noqa: B902  (raised again below, on the caller's)
+                    failed.append(True)
+
+            try:
+                thread = threading.Thread(target=run, name="pycudnnrnn: import torch._dynamo",
+                                          daemon=True)
+                thread.start()
+                thread.join()
+            except RuntimeError:  # no thread at interpreter shutdown
+                pass
+            if "torch._dynamo" in sys.modules and not failed:
+                return
+        importlib.import_module("torch._dynamo")  # here: its error, if any, is the caller's
+
+
+_DYNAMO_LOCK = threading.Lock()
+
+
+def _importing():
+    """Whether the calling thread is executing an import (a module's body, at any depth)."""
+    frame = sys._getframe(1)
+    try:
+        while frame is not None:
+            if frame.f_globals.get("__name__") in ("importlib._bootstrap", "_frozen_importlib"):
+                return True
+            frame = frame.f_back
+        return False
+    finally:
+        del frame  # a frame held here would put this one in a cycle: what this avoids
+
+
+def _import_dynamo_first(op):
+    """Have `op`'s kernels call ``import_dynamo`` first: for direct callers of the op
+    (``torch.ops.pycudnnrnn.forward``), whom ``autograd.apply`` does not see. Through
+    PyTorch's kernel table of a ``custom_op`` (private): where it is not there, they are
+    left as they are."""
+    table = getattr(op, "_backend_fns", None)
+    if not isinstance(table, dict):
+        return
+    for key, kernel in list(table.items()):
+        table[key] = _after_dynamo(kernel)
+
+
+def _after_dynamo(kernel):
+    def first_imports_dynamo(*args, **kwargs):
+        if "torch._dynamo" not in sys.modules:
+            import_dynamo()
+        return kernel(*args, **kwargs)
+    first_imports_dynamo.__wrapped__ = kernel
+    return first_imports_dynamo
 
 
 @torch.library.custom_op(f"{_LIB}::forward", mutates_args=())
@@ -240,6 +315,7 @@ def _vmap_by_loop(op):
 
 for _op in (forward, forward_weights, backprop, backprop_weights):
     _vmap_by_loop(_op)
+    _import_dynamo_first(_op)
 
 
 def _refuse_meta(**tensors):

@@ -3,7 +3,7 @@
     python benchmarks/peers.py [--paths torch,...] [--sizes small,medium,large]
                                [--cells lstm,gru,rnn_tanh] [--kinds step,forward]
                                [--lengths full,ragged] [--rounds 3] [--seconds 0.4]
-                               [--control] [--json PATH] [--plot PATH] [--quick]
+                               [--control] [--json PATH] [--plot FOLDER] [--quick]
 
 Paths (ours ÷ theirs):
 
@@ -327,26 +327,17 @@ def table(results):
     return "\n".join(lines)
 
 
-def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    labels = [f"{r['path']} {r['size']} {r['kind']} {r['cell']} "
-              f"{'bi' if r['bidirectional'] else 'uni'} {'ragged' if r['ragged'] else 'full'}"
-              for r in results]
-    ratios = [r["ratio"] for r in results]
-    fig, ax = plt.subplots(figsize=(9, max(3, 0.16 * len(results) + 1)))
-    ax.barh(range(len(results)), ratios,
-            color=["tab:green" if q <= 1.0 else "tab:orange" if q <= 1.05 else "tab:red"
-                   for q in ratios])
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_yticks(range(len(results)), labels, fontsize=6)
-    ax.invert_yaxis()
-    ax.set_xlabel("the peer ÷ the peer (an A/A control: noise alone)"
-                  if any(r.get("control") for r in results) else
-                  "ours ÷ theirs (median of alternating processes; < 1 is faster)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def plot(results, folder):
+    """docs/performance.md's figures of `results` in `folder`, drawn by
+    benchmarks/plot_performance.py: one per path and an overview; their file names."""
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "plot_performance", os.path.join(here, "plot_performance.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    os.makedirs(folder, exist_ok=True)
+    return module.plot_all(results, folder)
 
 
 def main(argv=None):
@@ -366,7 +357,9 @@ def main(argv=None):
                         help="the peer on both sides (A/A): the ratios this machine's noise "
                              "makes of identical sides")
     parser.add_argument("--json", help="write the rows here")
-    parser.add_argument("--plot", help="a bar chart of the ratios (PNG)")
+    parser.add_argument("--plot", metavar="FOLDER",
+                        help="draw docs/performance.md's figures of the rows here (PNG: "
+                             "one per path and an overview)")
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

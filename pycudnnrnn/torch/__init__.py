@@ -9,10 +9,11 @@
   ``torch.compile``, ``torch.export`` and CUDA graphs accept (``ops``).
 
 Eager CPU calls run on PyTorch's own fused RNN kernels, the ones ``torch.nn``'s RNNs
-call (``native``; ``set_cpu_kernels("numpy")`` sends them to the op's NumPy backend);
-compiled, exported and transformed CPU calls run the op on the NumPy backend, and CUDA
-tensors on cuDNN, through DLPack without copies. Importing this package imports torch
-(``import pycudnnrnn`` does not).
+call (``native``). Compiled, exported and transformed CPU calls run the op, whose CPU
+kernels run those same kernels for float32 and float64 without a dropout mask, and the
+NumPy backend otherwise; ``set_cpu_kernels("numpy")`` sends every CPU call to the NumPy
+backend. CUDA tensors run on cuDNN, through DLPack without copies. Importing this package
+imports torch (``import pycudnnrnn`` does not).
 """
 
 from .cudnn_rnn import CudnnRNN, CudnnRNNFunction

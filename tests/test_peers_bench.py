@@ -1,8 +1,10 @@
 """benchmarks/peers.py, the CPU comparison with each framework's own RNN: its rows, its
 arithmetic, and one real row timed in two processes; benchmarks/compile_floor.py, the
-floor under its torch.compile rows."""
+floor under its torch.compile rows; benchmarks/import_cost.py, what importing an adapter adds
+to importing its framework."""
 
 import importlib.util
+import json
 import pathlib
 
 import pytest
@@ -80,3 +82,49 @@ def test_the_compile_floor_times_both_steps_in_processes_of_their_own(monkeypatc
     times = floor.measure(rounds=2, seconds=0.02)
     assert all(len(times[kind]) == 2 and min(times[kind]) > 0 for kind in floor.KINDS)
     assert kinds == ["compiled", "eager", "eager", "compiled"]  # alternating
+
+
+def test_the_import_cost_times_both_sides_in_fresh_processes_alternating(monkeypatch):
+    cost = benchmark_script("import_cost")
+    name = next((n for n in ("jax", "torch") if cost.available(n)), None)
+    if name is None:
+        pytest.skip("needs jax or torch")
+    sides = []
+    real = cost.subprocess.run
+    monkeypatch.setattr(cost.subprocess, "run",
+                        lambda command, **k: sides.append(command[3:5]) or real(command, **k))
+    times = cost.measure([name], rounds=2)
+    assert sides == [[name, "alone"], [name, "adapter"], [name, "adapter"], [name, "alone"]]
+    assert all(len(times[name][side]) == 2 for side in cost.SIDES)
+    for prefix in ("", "cpu_"):  # the wall clock, the CPU time
+        assert all(r[prefix + "adapter_s"] == 0 for r in times[name]["alone"])  # no adapter
+        assert all(r[prefix + "adapter_s"] > 0
+                   and r[prefix + "total_s"] > r[prefix + "framework_s"] > 0
+                   for r in times[name]["adapter"])
+
+
+def test_the_import_cost_prints_both_sides_and_their_difference(monkeypatch, capsys):
+    cost = benchmark_script("import_cost")
+    run = lambda total, adapter=0.0: {  # noqa: E731  (the CPU: half the wall clock)
+        **{"framework_s": total - adapter, "adapter_s": adapter, "total_s": total},
+        **{"cpu_framework_s": (total - adapter) / 2, "cpu_adapter_s": adapter / 2,
+           "cpu_total_s": total / 2}}
+    times = {"torch": {"alone": [run(2.0), run(4.0), run(3.0)],
+                       "adapter": [run(2.5, 0.1), run(4.1, 0.2), run(3.0, 0.1)]}}
+    row = cost.summary(times)["torch"]
+    assert row["alone"] == {"median": 3.0, "min": 2.0, "max": 4.0}
+    assert row["adapter"] == {"median": 3.0, "min": 2.5, "max": 4.1}
+    assert row["difference"]["median"] == pytest.approx(0.1)  # of the per-round differences
+    assert (row["difference"]["min"], row["difference"]["max"]) == pytest.approx((0.0, 0.5))
+    assert row["in_process"]["median"] == 0.1
+    assert cost.summary(times, "cpu")["torch"]["alone"] == {"median": 1.5, "min": 1.0, "max": 2.0}
+    monkeypatch.setattr(cost, "available", lambda name: name == "torch")
+    monkeypatch.setattr(cost, "measure", lambda names, rounds: {n: times[n] for n in names})
+    cost.main(["--rounds", "3"])
+    out = capsys.readouterr().out
+    assert "alone" in out and "adapter" in out and "difference" in out
+    (line,) = [l for l in out.splitlines() if l.startswith("torch")]
+    assert "3.00 (2.00-4.00)" in line and "3.00 (2.50-4.10)" in line and "+0.10" in line
+    cost.main(["--rounds", "3", "--json", "--clock", "cpu"])
+    row = json.loads(capsys.readouterr().out)["torch"]
+    assert (row["rounds"], row["clock"], row["alone"]["median"]) == (3, "cpu", 1.5)

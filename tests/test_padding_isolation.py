@@ -620,6 +620,98 @@ def test_flax_exploding_relu(flax_installed):
     check_exploding(FLAX_ROUTES["flax"], "unidirectional", ulps=SCAN_ULPS)
 
 
+# --------------------------------------------------------------------------- PyTorch
+#
+# pycudnnrnn.torch.rnn on the CPU, eager: PyTorch's kernels on the packed rows, on zeroed
+# padding (GRU, tanh RNN) or as runs of the full-length kernel (LSTM), chosen by size
+# (``native._ragged_route``: forced here); under a torch.func transform, the op, whose CPU
+# kernels run the same PyTorch kernels (what torch.compile runs too); and the op on the
+# NumPy backend, through PyTorch's autograd.
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def run_torch(p: Ragged, kernels="torch", transform=False, time_major=True) -> Results:
+    """``pycudnnrnn.torch.rnn`` with its gradients for `p`'s cotangents (torch.autograd,
+    or ``torch.func.vjp``: `transform`)."""
+    torch = _torch()
+    import pycudnnrnn.torch as prt
+    bm = lambda a: _batch_major(a, time_major)  # noqa: E731
+    tensor = lambda a: torch.from_numpy(np.array(bm(a)))  # noqa: E731
+    leaves = [tensor(p.x), tensor(p.h0)] + ([tensor(p.c0)] if p.lstm else []) + \
+        [torch.from_numpy(p.params.copy())]
+    cotangents = [tensor(p.dy), tensor(p.dhy)] + ([tensor(p.dcy)] if p.lstm else [])
+    lengths = torch.from_numpy(p.lengths.astype(np.int64))
+
+    def run(x, h0, *rest):
+        c0, params = (rest[0], rest[1]) if p.lstm else (None, rest[0])
+        y, hy, cy = prt.rnn(x, h0, c0, params, lengths, time_major=time_major, **p.attrs)
+        return (y, hy, cy) if p.lstm else (y, hy)
+
+    with prt.cpu_kernels(kernels):
+        if transform:
+            results, pullback = torch.func.vjp(run, *leaves)
+            grads = pullback(tuple(cotangents))
+        else:
+            leaves = [leaf.requires_grad_() for leaf in leaves]
+            results = run(*leaves)
+            grads = torch.autograd.grad(results, leaves, cotangents)
+    numpy = lambda t: bm(t.detach().numpy())  # noqa: E731
+    y, hy = numpy(results[0]), numpy(results[1])
+    cy = numpy(results[2]) if p.lstm else None
+    dx, dh0 = numpy(grads[0]), numpy(grads[1])
+    return Results(y, hy, cy, dx, dh0, numpy(grads[2]) if p.lstm else None,
+                   grads[-1].numpy())
+
+
+TORCH_ROUTES = {  # (route, how the size rules are set: native.RUNS_FROM, ZEROED_UP_TO)
+    "packed": (run_torch, {"RUNS_FROM": 10 ** 9, "ZEROED_UP_TO": 0.0}),
+    "full-length": (run_torch, {"RUNS_FROM": 0, "ZEROED_UP_TO": float("inf")}),
+    "batch-major": (functools.partial(run_torch, time_major=False),
+                    {"RUNS_FROM": 0, "ZEROED_UP_TO": float("inf")}),
+    "op kernels": (functools.partial(run_torch, transform=True),
+                   {"RUNS_FROM": 0, "ZEROED_UP_TO": float("inf")}),
+    "numpy kernels": (functools.partial(run_torch, kernels="numpy"), {}),
+}
+
+
+def _torch_route(route, monkeypatch):
+    _torch()
+    import pycudnnrnn.torch.native as native
+    run, sizes = TORCH_ROUTES[route]
+    for name, value in sizes.items():
+        monkeypatch.setattr(native, name, value)
+    return run
+
+
+@pytest.mark.parametrize("route", list(TORCH_ROUTES))
+@GRID
+def test_torch(route, mode, direction, where, value, monkeypatch):
+    check_route(_torch_route(route, monkeypatch), mode, direction, where, value)
+
+
+@pytest.mark.parametrize("route", list(TORCH_ROUTES))
+@VARIANT_GRID
+def test_torch_variants(route, variant, where, value, monkeypatch):
+    check_route(_torch_route(route, monkeypatch), direction="bidirectional", where=where,
+                value=value, **VARIANTS[variant])
+
+
+@pytest.mark.parametrize("route", list(TORCH_ROUTES))
+@ALL_ZERO
+def test_torch_all_rows_of_length_0(route, mode, direction, monkeypatch):
+    check_all_zero(_torch_route(route, monkeypatch), mode, direction)
+
+
+@pytest.mark.parametrize("route", list(TORCH_ROUTES))
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_torch_exploding_relu(route, direction, dtype, monkeypatch):
+    # against the NumPy backend: another computation (conftest.ULPS)
+    check_exploding(_torch_route(route, monkeypatch), direction, dtype, ulps=16)
+
+
 # --------------------------------------------------------------------------- Keras 3
 #
 # Keras fixes its backend at import, so each backend runs the cases below in a process

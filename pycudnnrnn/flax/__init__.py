@@ -6,8 +6,13 @@ operations (the NumPy backend's custom call when dropout draws masks). The weigh
 ``to_flax`` convert from and to Flax's own cells (``nnx.OptimizedLSTMCell``,
 ``nnx.LSTMCell``, ``nnx.GRUCell``, ``nnx.SimpleCell``). See ``docs/flax.md``.
 
-``import pycudnnrnn`` does not import this module (nor Flax).
+``import pycudnnrnn`` does not import this module (nor Flax). Without JAX or Flax,
+importing it raises an ``ImportError`` naming the extra, ``pip install 'pycudnnrnn[flax]'``.
 """
+
+from ..core.extras import require as _require
+
+_require("pycudnnrnn.flax", "flax", "jax", "flax")  # missing: an ImportError naming the extra
 
 from .modules import GRU, LSTM, SimpleRNN
 

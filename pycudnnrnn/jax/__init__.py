@@ -12,9 +12,9 @@ is about them. Nothing is compiled.
   (``ValueError``/``TypeError`` naming the argument); ``sequence_lengths`` is an
   operand, so it may be traced: its values are checked by the handler, and a bad one
   raises the handler's message from the computation.
-* ``reserve_space`` is a result of the forward call, and the plan's workspace one of
-  each call, sized at trace time (the largest of the sizes the CPU and, when JAX has a
-  GPU, cuDNN need), so XLA allocates them.
+* ``reserve_space`` is a result of the forward call, and the workspace a result of each
+  call, so XLA allocates them. Both are sized at trace time for the platform of JAX's
+  default device: cuDNN's sizes on a GPU, the NumPy backend's otherwise.
 * Gradients: ``jax.custom_vjp`` onto ``pycudnnrnn.backprop``'s target, with respect to
   input, input_h, input_c and params (lengths are integers, not differentiable).
 * ``shard_map``: the operands are made to vary over the same manual mesh axes (a
@@ -25,7 +25,8 @@ is about them. Nothing is compiled.
   every mapped element needs its own params gradient, which a folded call (one sum over
   the whole batch) cannot give. A mapped ``params`` is always mapped sequentially.
 
-``import pycudnnrnn`` does not import this module (nor JAX).
+``import pycudnnrnn`` does not import this module (nor JAX). Without JAX, importing it
+raises an ``ImportError`` naming the extra, ``pip install 'pycudnnrnn[jax]'``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+
+from ..core.extras import require as _require
+
+_require("pycudnnrnn.jax", "jax", "jax")  # missing: an ImportError naming the extra
 
 import jax
 import jax.numpy as jnp

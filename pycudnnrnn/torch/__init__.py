@@ -13,8 +13,13 @@ call (``native``). Compiled, exported and transformed CPU calls run the op, whos
 kernels run those same kernels for float32 and float64 without a dropout mask, and the
 NumPy backend otherwise; ``set_cpu_kernels("numpy")`` sends every CPU call to the NumPy
 backend. CUDA tensors run on cuDNN, through DLPack without copies. Importing this package
-imports torch (``import pycudnnrnn`` does not).
+imports torch (``import pycudnnrnn`` does not); without PyTorch it raises an
+``ImportError`` naming the extra, ``pip install 'pycudnnrnn[torch]'``.
 """
+
+from ..core.extras import require as _require
+
+_require("pycudnnrnn.torch", "torch", "torch")  # missing: an ImportError naming the extra
 
 from .cudnn_rnn import CudnnRNN, CudnnRNNFunction
 from .functional import InputTypeError, InputValueError, rnn

@@ -26,6 +26,7 @@ def test_info_prints_what_a_bug_report_needs(entry):
     proc = _run("info", entry=entry)
     assert proc.returncode == 0, proc.stderr
     for field in ("pycudnnrnn", "python", "numpy", "cupy", "cudnn", "cudnn library", "gpus",
+                  "torch", "jax", "flax", "optax", "orbax", "keras",
                   "backend for NumPy arrays", "backend for CUDA arrays"):
         assert any(line.startswith(field + " ") for line in proc.stdout.splitlines()), field
     assert "9." in proc.stdout  # the cuDNN version from the wheel
@@ -90,15 +91,89 @@ def test_bench_writes_json_and_png(tmp_path):
     assert proc.returncode == 0, proc.stderr
     written = json.loads(json_path.read_text())
     results = written["results"]
-    assert [r["max_time"] for r in results] == [4, 8]
+    # One row per length and side, the op's and torch.nn's (torch is in the test environment).
+    assert [(r["seq_length"], r["side"]) for r in results] == [
+        (4, "op"), (4, "torch"), (8, "op"), (8, "torch")]
     for r in results:
-        assert r["device"] == "cpu" and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > r["fwd_ms"] * 0.5
-        assert r["torch_fwd_ms"] > 0  # torch is in the test environment
-        for key in ("fwd_ms", "fwd_bwd_ms", "torch_fwd_ms", "torch_fwd_bwd_ms"):
+        assert r["device"] == "cpu" and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0
+        for key in ("fwd_ms", "fwd_bwd_ms"):
             assert r[f"{key}_min"] <= r[key] <= r[f"{key}_max"], key
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 5000
-    assert "configuration" in proc.stdout and "2/2" in proc.stderr  # table and progress bar
-    assert proc.stdout.splitlines()[0].count("[min-max]") == 4  # the spread of every figure
+    assert "configuration" in proc.stdout and "[4/4]" in proc.stderr  # table and progress
+    assert proc.stdout.splitlines()[0].count("[min-max]") == 2  # the spread of every figure
+
+
+def test_bench_json_uses_the_command_lines_names(tmp_path):
+    json_path = tmp_path / "bench.json"
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "3", "--input-size", "4",
+                "--hidden-size", "5", "--batch", "2", "--repeat", "1", "--warmup", "0",
+                "--mode", "gru", "--layers", "1", "--direction", "bidirectional", "--ragged",
+                "--dtype", "float64", "--no-torch", "--json", str(json_path))
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(json_path.read_text())["results"][0]
+    assert {k: row[k] for k in ("mode", "direction", "layers", "seq_length", "batch",
+                                "input_size", "hidden_size", "dtype", "ragged")} == dict(
+        mode="gru", direction="bidirectional", layers=1, seq_length=3, batch=2, input_size=4,
+        hidden_size=5, dtype="float64", ragged=True)
+    assert row["side"] == "op" and row["label"] == "pycudnnrnn, NumPy backend"
+    assert not {"bidirectional", "rnn_mode", "num_layers", "max_time", "batch_size"} & set(row)
+
+
+def test_bench_labels_every_side_by_what_it_is(tmp_path):
+    pytest.importorskip("torch")
+    json_path = tmp_path / "bench.json"
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "3", "--input-size", "4",
+                "--hidden-size", "5", "--batch", "2", "--repeat", "1", "--warmup", "0",
+                "--sides", "op,drop-in,torch", "--json", str(json_path))
+    assert proc.returncode == 0, proc.stderr
+    labels = ["pycudnnrnn, NumPy backend", "pycudnnrnn.torch.LSTM", "torch.nn.LSTM"]
+    rows = json.loads(json_path.read_text())["results"]
+    assert [(r["side"], r["label"]) for r in rows] == list(zip(["op", "drop-in", "torch"], labels))
+    table = proc.stdout.splitlines()
+    assert [next(i for i, line in enumerate(table) if label in line) for label in labels] == [1, 2, 3]
+    assert "forward (cpu)" not in proc.stdout + proc.stderr
+
+
+def test_bench_compares_the_drop_in_with_torch_nn(tmp_path):
+    pytest.importorskip("torch")
+    json_path = tmp_path / "bench.json"
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "3", "--input-size", "4",
+                "--hidden-size", "5", "--batch", "2", "--repeat", "1", "--warmup", "0",
+                "--mode", "rnn_tanh", "--sides", "drop-in,torch", "--json", str(json_path))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(json_path.read_text())["results"]
+    assert [r["label"] for r in rows] == ["pycudnnrnn.torch.RNN", "torch.nn.RNN"]
+    assert "pycudnnrnn, NumPy backend" not in proc.stdout
+
+
+def test_bench_progress_goes_to_stderr_when_output_is_redirected():
+    # _run captures both streams: neither is a terminal.
+    proc = _run("bench", "--backend", "cpu", "--seq-lengths", "2,3", "--input-size", "3",
+                "--hidden-size", "4", "--batch", "2", "--repeat", "1", "--warmup", "0",
+                "--no-torch")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("[")]
+    assert [line.split("]")[0] for line in lines] == ["[1/2", "[2/2"], proc.stderr
+    assert all("pycudnnrnn, NumPy backend: fwd " in line for line in lines), lines
+    assert "[1/2]" not in proc.stdout  # the table alone on stdout
+    quiet = _run("bench", "--backend", "cpu", "--seq-lengths", "2", "--input-size", "3",
+                 "--hidden-size", "4", "--batch", "2", "--repeat", "1", "--warmup", "0",
+                 "--no-torch", "--progress", "never")
+    assert quiet.returncode == 0 and "[1/1]" not in quiet.stderr
+
+
+def test_bench_default_run_is_small():
+    """The default run took 2 min 16 s on 2 cores: its problems and runs are now few and
+    small (counted, not timed)."""
+    from pycudnnrnn.tools import cli
+    args = cli._parser().parse_args(["bench"])
+    sides = 2  # the op and torch.nn
+    runs = sides * 2 * (args.repeat + args.warmup)  # forward, then forward+backward
+    # multiply-adds of one forward, over the default lengths (4 gate matrices per step)
+    work = sum(args.layers * T * args.batch * 4 * args.hidden_size
+               * (args.input_size + args.hidden_size) for T in args.seq_lengths)
+    assert runs * work <= 1.5e10, (runs, work)  # 1.1e10; it was 48 runs of 3.8e9: 1.8e11
+    assert args.direction == "unidirectional" and args.sides is None  # default: op,torch
 
 
 def _tiny_bench(tmp_path, repeat, *options):
@@ -127,7 +202,7 @@ def test_bench_runs_every_dtype_it_offers(tmp_path, dtype):
 
 def test_bench_defaults_to_the_librarys_unidirectional(tmp_path):
     proc, report = _tiny_bench(tmp_path, repeat=1)
-    assert report["results"][0]["bidirectional"] is False
+    assert report["results"][0]["direction"] == "unidirectional"
     assert " uni " in proc.stdout
 
 
@@ -137,7 +212,7 @@ def test_bench_progress_shows_the_whole_label():
                 "--dtype", "float64", "--ragged", "--repeat", "1", "--warmup", "0", "--no-torch",
                 "--progress", "always")
     assert proc.returncode == 0, proc.stderr
-    label = "cpu rnn_tanh 12L uni T4 B4 8->16 float64 ragged"
+    label = "cpu rnn_tanh 12L uni T4 B4 8->16 float64 ragged, pycudnnrnn, NumPy backend"
     assert len(label) > 40 and label in proc.stderr
 
 
@@ -174,10 +249,88 @@ def test_info_gives_frameworks_driver_cuda_blas_and_threads():
     assert info["blas"].startswith(blas)
 
 
+def test_info_gives_the_frameworks_versions_and_keras_backend(tmp_path):
+    from importlib import metadata
+    from pycudnnrnn.tools import environment
+    env = {"KERAS_HOME": str(tmp_path)}  # no keras.json
+    lines = {}
+    for backend in ("jax", ""):
+        proc = _run("info", env={**env, "KERAS_BACKEND": backend})
+        lines[backend] = {key.strip(): value.strip() for key, _, value in
+                          (line.partition("  ") for line in proc.stdout.splitlines())}
+    info = lines["jax"]
+    for name, distribution in (("flax", "flax"), ("optax", "optax"),
+                               ("orbax", "orbax-checkpoint"), ("keras", "keras")):
+        try:
+            assert info[name].startswith(metadata.version(distribution)), info[name]
+        except metadata.PackageNotFoundError:
+            assert info[name].startswith("not installed (`pip install 'pycudnnrnn["), info[name]
+    if not info["keras"].startswith("not installed"):
+        assert info["keras"].endswith("(backend jax, from KERAS_BACKEND)"), info["keras"]
+        default = lines[""]["keras"]  # Keras's own default, TensorFlow
+        assert "(backend tensorflow, from Keras's default" in default, default
+        import importlib.util
+        if importlib.util.find_spec("tensorflow") is None:
+            assert "set KERAS_BACKEND=jax or torch and install that extra" in default, default
+    assert set(environment.collect()) >= {"flax", "optax", "orbax", "keras"}
+
+
+def test_info_gives_the_gpu_extras_advice_once(monkeypatch):
+    """Without CuPy (and cuDNN), the advice to install the GPU extra came three times."""
+    from pycudnnrnn.cudnn import loader
+    from pycudnnrnn.errors import CudnnUnavailableError
+    from pycudnnrnn.tools import environment
+
+    def no_cudnn():
+        raise CudnnUnavailableError("could not load cuDNN 9; tried:\n  a (no such file)\n  "
+                                    "libcudnn.so.9 (not found)\nTo fix: " + loader.INSTALL_HINT)
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` fails
+    monkeypatch.setattr(loader, "load", no_cudnn)
+    info = environment.collect()
+    text = "\n".join(info.values())
+    assert text.count("pycudnnrnn[cuda12]") == 1, text
+    assert info["cupy"].startswith("not installed: CUDA arrays need the GPU extra")
+    assert info["gpus"] == "unknown (no CuPy)"
+    assert info["backend for CUDA arrays"] == "unavailable: CuPy is not installed (see above)"
+    assert info["cudnn library"] == "none found (the GPU extra on the cupy line brings it)"
+
+
 @pytest.mark.parametrize("command", ["info", "check", "bench"])
 def test_every_command_has_help(command):
     proc = _run(command, "--help")
     assert proc.returncode == 0 and f"usage: pycudnnrnn {command}" in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["info", "check", "bench"])
+def test_an_unknown_option_shows_its_commands_usage(command):
+    proc = _run(command, "--no-such-option")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"usage: pycudnnrnn {command} ")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"pycudnnrnn {command}: error: unrecognized arguments: --no-such-option")
+    # before the command, it is the top level's
+    proc = _run("--no-such-option", command)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: pycudnnrnn [-h]")
+
+
+def test_bench_help_says_how_to_compare_the_drop_in_with_nn_lstm():
+    proc = _run("bench", "--help")
+    assert "--sides drop-in,torch" in proc.stdout
+    for side in ("op ", "drop-in ", "torch "):
+        assert f"\n  {side}" in proc.stdout, side
+
+
+@pytest.mark.parametrize("args, named", [
+    (["bench", "--sides", "numpy"], "argument --sides: expected a comma-separated list of op, "
+                                    "drop-in, torch, got 'numpy'"),
+    (["bench", "--sides", ","], "argument --sides: expected a comma-separated list"),
+    (["bench", "--sides", "op", "--no-torch"], "--no-torch: not with --sides"),
+])
+def test_bad_sides_are_usage_errors(args, named):
+    proc = _run(*args)
+    assert proc.returncode == 2 and named in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert proc.stderr.startswith("usage: pycudnnrnn bench ")
 
 
 # --- without a GPU: say so plainly ------------------------------------------------------
@@ -444,8 +597,11 @@ def test_info_reads_the_driver_version_and_lists_gpus(tmp_path, monkeypatch):
 
 
 def test_info_without_cudnn_says_how_to_get_it(monkeypatch):
+    import types
     from pycudnnrnn.tools import environment
     from pycudnnrnn.cudnn import loader
+    # CuPy there (without CuPy, the cupy line gives the advice: tested above)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__="14.0.0"))
     monkeypatch.setattr(loader, "nvidia_wheel_roots", lambda: [])
     monkeypatch.setattr(loader, "SONAME", "libcudnn_no_such_library.so.9")
     monkeypatch.delenv(loader.ENV_VAR, raising=False)

@@ -1,4 +1,5 @@
-"""Timing forward and forward+backprop, ours and PyTorch's, on the CPU or a GPU.
+"""Timing forward and forward+backward on the CPU or a GPU: pycudnnrnn's op, its
+PyTorch drop-in, and PyTorch's own RNN.
 
 Used by ``pycudnnrnn bench`` and the scripts in ``benchmarks/``. Each figure is the
 median of the timed runs after warm-up, with their minimum and maximum beside it:
@@ -39,6 +40,13 @@ class Case:
         return (f"{self.rnn_mode} {self.num_layers}L {'bidir' if self.bidirectional else 'uni'} "
                 f"T{self.max_time} B{self.batch_size} {self.input_size}->{self.hidden_size} "
                 f"{self.dtype}{' ragged' if self.ragged else ''}")
+
+    def settings(self) -> dict:
+        """The case under the names of ``pycudnnrnn bench``'s options."""
+        return dict(mode=self.rnn_mode, direction=self.attrs["direction"],
+                    layers=self.num_layers, seq_length=self.max_time, batch=self.batch_size,
+                    input_size=self.input_size, hidden_size=self.hidden_size,
+                    dtype=self.dtype, ragged=self.ragged)
 
     @property
     def attrs(self) -> dict:
@@ -89,21 +97,25 @@ def ours(case: Case, device: str):
     return forward, forward_backprop
 
 
-def pytorch(case: Case, device: str):
-    """PyTorch's (forward, forward+backward) on the same problem, or None without torch."""
+def _torch_module(case: Case, device: str, module: str):
+    """(forward, forward+backward) of `module` ("torch.nn" or "pycudnnrnn.torch") on
+    the problem; None without torch, or on a GPU this torch cannot use."""
     try:
         import torch
     except ImportError:
         return None
-    torch.backends.cudnn.allow_tf32 = False  # compare strict float32 with strict float32
+    if device != "cpu" and not torch.cuda.is_available():
+        return None
+    if module == "torch.nn":
+        classes = torch.nn
+        torch.backends.cudnn.allow_tf32 = False  # compare strict float32 with strict float32
+    else:
+        import pycudnnrnn.torch as classes
     dev = "cpu" if device == "cpu" else "cuda"
     dtype = getattr(torch, case.dtype)
-    if case.rnn_mode == "lstm":
-        cls, kwargs = torch.nn.LSTM, {}
-    elif case.rnn_mode == "gru":
-        cls, kwargs = torch.nn.GRU, {}
-    else:
-        cls, kwargs = torch.nn.RNN, {"nonlinearity": case.rnn_mode.split("_")[1]}
+    cls, kwargs = (getattr(classes, case.rnn_mode.upper()), {}) \
+        if case.rnn_mode in ("lstm", "gru") else \
+        (classes.RNN, {"nonlinearity": case.rnn_mode.split("_")[1]})
     torch.manual_seed(0)
     net = cls(case.input_size, case.hidden_size, num_layers=case.num_layers,
               bidirectional=case.bidirectional, **kwargs).to(dev, dtype)
@@ -125,6 +137,33 @@ def pytorch(case: Case, device: str):
         run().sum().backward()
 
     return forward, forward_backward
+
+
+def pytorch(case: Case, device: str):
+    """PyTorch's ``torch.nn`` RNN's (forward, forward+backward) on the same problem, or
+    None without torch."""
+    return _torch_module(case, device, "torch.nn")
+
+
+def drop_in(case: Case, device: str):
+    """The drop-in ``pycudnnrnn.torch`` RNN's (forward, forward+backward), or None
+    without torch."""
+    return _torch_module(case, device, "pycudnnrnn.torch")
+
+
+#: What ``run`` can time: the op on NumPy (or CuPy) arrays, the PyTorch drop-in, and
+#: PyTorch's own RNN.
+SIDES = ("op", "drop-in", "torch")
+_TIMERS = {"op": ours, "drop-in": drop_in, "torch": pytorch}
+
+
+def label(side: str, device: str, rnn_mode: str = "lstm") -> str:
+    """What a side is, as a user would name it: "pycudnnrnn, NumPy backend",
+    "pycudnnrnn.torch.LSTM", "torch.nn.LSTM"."""
+    cls = rnn_mode.upper() if rnn_mode in ("lstm", "gru") else "RNN"
+    if side == "op":
+        return "pycudnnrnn, NumPy backend" if device == "cpu" else "pycudnnrnn, cuDNN"
+    return f"{'pycudnnrnn.torch' if side == 'drop-in' else 'torch.nn'}.{cls}"
 
 
 def times_ms(fn, device: str, repeat: int, warmup: int) -> list:
@@ -155,85 +194,79 @@ def spread(key: str, times) -> dict:
             f"{key}_max": float(max(times))}
 
 
-class Progress:
-    """A one-line progress bar on stderr, shown only on a terminal or when forced."""
+def run(cases, devices=("cpu",), *, repeat=10, warmup=2, with_torch=True, sides=None,
+        progress=True):
+    """Time every case on every device, for each side; return one row per measurement.
 
-    def __init__(self, total: int, enabled: bool | None = None):
-        self.total, self.done, self.last = total, 0, 0
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-
-    def step(self, label: str):
-        self.done += 1
-        if self.enabled:
-            width = 30
-            filled = int(width * self.done / self.total)
-            line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label}"
-            # The whole label, padded to wipe a longer previous one (no cursor codes, so a
-            # log file reads the same).
-            sys.stderr.write("\r" + line.ljust(self.last))
-            self.last = len(line)
-            if self.done == self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-def run(cases, devices=("cpu",), *, repeat=10, warmup=2, with_torch=True, progress=None):
-    """Time every case on every device; PyTorch's figures joined where it is installed.
-
-    Returns a list of dicts: the case's fields, ``device``, ``fwd_ms``, ``fwd_bwd_ms`` and,
-    with torch, ``torch_fwd_ms``, ``torch_fwd_bwd_ms``: medians, each with ``_min`` and
-    ``_max`` beside it (e.g. ``fwd_ms_min``).
+    `sides` is a list of ``SIDES`` (default: ``op``, and ``torch`` when `with_torch`); a
+    PyTorch side is left out where torch is not installed. Each row is a dict: the
+    case's settings under the command line's names (``mode``, ``direction``,
+    ``layers``, ``seq_length``, ``batch``, ``input_size``, ``hidden_size``, ``dtype``,
+    ``ragged``), ``configuration`` (its name), ``device``, ``side``, ``label`` (what was
+    timed, e.g. "torch.nn.LSTM"), and ``fwd_ms``, ``fwd_bwd_ms``: medians, each with
+    ``_min`` and ``_max`` beside it. With `progress`, a line per row on stderr as it is
+    measured.
     """
-    cases = list(cases)
-    bar = Progress(len(cases) * len(devices), progress)
-    results = []
-    # All of ours first: PyTorch's OpenMP threads keep spinning after its calls and would
-    # take the cores from NumPy's BLAS if the two alternated.
-    for device in devices:
-        for case in cases:
-            fwd, fwd_bwd = ours(case, device)
-            results.append(dict(dataclasses.asdict(case), name=case.name, device=device,
-                                **spread("fwd_ms", times_ms(fwd, device, repeat, warmup)),
-                                **spread("fwd_bwd_ms", times_ms(fwd_bwd, device, repeat, warmup))))
-            bar.step(f"{device} {case.name}")
-    if with_torch:
-        for row, (device, case) in zip(results, [(d, c) for d in devices for c in cases]):
-            fns = pytorch(case, device)
-            if fns is not None:
-                row.update(spread("torch_fwd_ms", times_ms(fns[0], device, repeat, warmup)))
-                row.update(spread("torch_fwd_bwd_ms", times_ms(fns[1], device, repeat, warmup)))
-    return results
+    cases, devices = list(cases), list(devices)
+    sides = list(sides) if sides is not None else ["op"] + (["torch"] if with_torch else [])
+    # All of the op first: PyTorch's OpenMP threads keep spinning after its calls and
+    # would take the cores from NumPy's BLAS if the two alternated.
+    order = [(side, device, i) for side in sides if side == "op"
+             for device in devices for i in range(len(cases))]
+    order += [(side, device, i) for device in devices for i in range(len(cases))
+              for side in sides if side != "op"]
+    rows = {}
+    for step, (side, device, i) in enumerate(order, 1):
+        case = cases[i]
+        name = label(side, device, case.rnn_mode)
+        fns = _TIMERS[side](case, device)
+        if fns is None:
+            _say(progress, f"[{step}/{len(order)}] {device} {case.name}, {name}: skipped "
+                           f"(no PyTorch{'' if device == 'cpu' else ' with CUDA'})")
+            continue
+        row = dict(case.settings(), configuration=case.name, device=device, side=side,
+                   label=name, **spread("fwd_ms", times_ms(fns[0], device, repeat, warmup)),
+                   **spread("fwd_bwd_ms", times_ms(fns[1], device, repeat, warmup)))
+        rows[side, device, i] = row
+        _say(progress, f"[{step}/{len(order)}] {device} {case.name}, {name}: fwd "
+                       f"{row['fwd_ms']:.3f} ms, fwd+bwd {row['fwd_bwd_ms']:.3f} ms")
+    return [rows[key] for key in ((side, device, i) for i in range(len(cases))
+                                  for device in devices for side in sides) if key in rows]
 
 
-_COLUMNS = (("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd+bwd"), ("torch_fwd_ms", "torch fwd"),
-            ("torch_fwd_bwd_ms", "torch f+b"))
+def _say(progress, line):
+    if progress:
+        print(line, file=sys.stderr, flush=True)
 
 
 def format_table(results) -> str:
-    """The results as a text table: the median and [min-max] milliseconds of each figure."""
-    columns = [(key, title) for key, title in _COLUMNS if any(key in r for r in results)]
-    head = ["configuration", "device"]
-    for _, title in columns:
-        head += [f"{title} ms", "[min-max]"]
-    rows = [head]
+    """The results as a text table: what was timed, then the median and [min-max]
+    milliseconds of forward and forward+backward; a configuration named once for its
+    rows."""
+    head = ["configuration", "device", "timed", "fwd ms", "[min-max]", "fwd+bwd ms", "[min-max]"]
+    rows, group, seen = [head], None, set()
     for r in results:
-        row = [r["name"], r["device"]]
-        for key, _ in columns:
-            if key in r:
-                low, high = r.get(f"{key}_min", r[key]), r.get(f"{key}_max", r[key])
-                row += [f"{r[key]:.3f}", f"[{low:.3f}-{high:.3f}]"]
-            else:
-                row += ["-", ""]
+        key = (r["configuration"], r["device"])
+        if key != group or r["label"] in seen:  # a new group (or the same case again)
+            group, seen = key, set()
+            row = list(key)
+        else:
+            row = ["", ""]
+        seen.add(r["label"])
+        row.append(r["label"])
+        for metric in ("fwd_ms", "fwd_bwd_ms"):
+            low, high = r.get(f"{metric}_min", r[metric]), r.get(f"{metric}_max", r[metric])
+            row += [f"{r[metric]:.3f}", f"[{low:.3f}-{high:.3f}]"]
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     # Names and spreads left-aligned, medians right-aligned under their titles.
-    align = lambda i: "<" if i < 2 or i % 2 == 1 else ">"
+    align = lambda i: "<" if i < 3 or i % 2 == 0 else ">"
     return "\n".join(" ".join(f"{cell:{align(i)}{widths[i]}}" for i, cell in enumerate(row)).rstrip()
                      for row in rows)
 
 
 def plot(results, path: str):
-    """Time against sequence length, one line per device, metric and library, with bars
+    """Time against sequence length, one line per device, metric and side, with bars
     from the fastest to the slowest run (PNG)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -243,27 +276,26 @@ def plot(results, path: str):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series = {}
     for r in results:
-        for key, label in (("fwd_ms", "forward"), ("fwd_bwd_ms", "forward+backprop"),
-                           ("torch_fwd_ms", "PyTorch forward"),
-                           ("torch_fwd_bwd_ms", "PyTorch forward+backward")):
-            if key in r:
-                series.setdefault((r["device"], label), []).append(
-                    (r["max_time"], r[key], r.get(f"{key}_min", r[key]),
-                     r.get(f"{key}_max", r[key])))
-    for (device, label), points in sorted(series.items()):
+        for key, metric in (("fwd_ms", "forward"), ("fwd_bwd_ms", "forward+backward")):
+            series.setdefault((r["device"], r["label"], metric), []).append(
+                (r["seq_length"], r[key], r.get(f"{key}_min", r[key]),
+                 r.get(f"{key}_max", r[key])))
+    for (device, name, metric), points in sorted(series.items()):
         T, median, low, high = map(np.asarray, zip(*sorted(points)))
         # The bars span the fastest and slowest run: a spread that is large against the
         # median says the machine was busy, and the medians alone would hide it.
         ax.errorbar(T, median, yerr=(median - low, high - median), marker="o", capsize=3,
-                    linestyle="--" if "PyTorch" in label else "-", label=f"{label} ({device})")
+                    linestyle="--" if name.startswith("torch.nn") else "-",
+                    label=f"{name}, {metric} ({device})")
     first = results[0]
-    ax.set_title(f"{first['rnn_mode']}, {first['num_layers']} layers, batch {first['batch_size']}, "
-                 f"{first['input_size']}->{first['hidden_size']}, {first['dtype']}")
+    ax.set_title(f"{first['mode']}, {first['layers']} layers, {first['direction']}, batch "
+                 f"{first['batch']}, {first['input_size']}->{first['hidden_size']}, "
+                 f"{first['dtype']}")
     ax.set_xlabel("sequence length T")
     ax.set_ylabel("time (ms): median, bars from min to max")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    lengths = sorted({r["max_time"] for r in results})
+    lengths = sorted({r["seq_length"] for r in results})
     ax.set_xticks(lengths, [str(T) for T in lengths])
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())

@@ -19,6 +19,7 @@ import traceback
 
 from ..core import dtypes
 from ..core.config import DIRECTIONS, GATES, INPUT_MODES, RNN_MODES
+from .bench import SIDES
 
 DTYPES = dtypes.NAMES
 #: ``check`` verifies by finite differences, whose work grows with the problem: it refuses
@@ -63,6 +64,16 @@ def _int_list(minimum):
     return parse
 
 
+def _sides(text):
+    """Type of --sides: a comma-separated list of SIDES, each once."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in values if v not in SIDES]
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(SIDES)}, "
+                                         f"got {text!r}")
+    return list(dict.fromkeys(values))
+
+
 def _add_network_options(p, *, layers, input_size, hidden_size):
     p.add_argument("--mode", choices=RNN_MODES, default="lstm", help="cell (default: lstm)")
     p.add_argument("--direction", choices=DIRECTIONS, default="unidirectional",
@@ -83,7 +94,8 @@ def _parser():
 
     sub.add_parser("info", help="versions, cuDNN, GPUs and backends (paste into bug reports)",
                    description="Print the package, Python, NumPy (and its BLAS), CuPy, "
-                               "PyTorch and JAX versions, CPUs and thread settings, the "
+                               "PyTorch, JAX, Flax, Optax, Orbax and Keras versions (and "
+                               "Keras's backend), CPUs and thread settings, the "
                                "NVIDIA driver and CUDA versions, the cuDNN library and "
                                "version (or why it does not load), the GPUs seen and which "
                                "backend runs which arrays.")
@@ -107,26 +119,39 @@ def _parser():
                        help="auto: the GPU when one is usable (default)")
     check.add_argument("--seed", type=_non_negative, default=0, help="for the random problem")
 
-    bench = sub.add_parser("bench", help="time forward and forward+backprop (and PyTorch's)",
-                           description="Time forward and forward+backprop over sequence lengths "
-                                       "on the chosen backend(s), after warm-up: the median "
-                                       "of the timed runs with their minimum and maximum; "
-                                       "compares with PyTorch when it is installed.")
-    _add_network_options(bench, layers=2, input_size=256, hidden_size=256)
-    bench.add_argument("--batch", type=_positive, default=32, help="default: 32")
+    bench = sub.add_parser(
+        "bench", help="time forward and forward+backward, ours and PyTorch's",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Time forward and forward+backward over sequence lengths, after warm-up: the\n"
+            "median of the timed runs with their minimum and maximum. Prints a line on\n"
+            "stderr as each is measured, then a table.\n\n"
+            "What is timed (--sides, comma-separated):\n"
+            "  op       pycudnnrnn.forward and backprop: the NumPy backend on the CPU,\n"
+            "           cuDNN on a GPU\n"
+            "  drop-in  pycudnnrnn.torch.LSTM (or GRU, RNN), the drop-in for torch.nn's\n"
+            "  torch    torch.nn.LSTM (or GRU, RNN)\n"
+            "The default is op,torch (op alone without PyTorch). To compare the drop-in\n"
+            "with nn.LSTM: --sides drop-in,torch.\n\n"
+            "The defaults take about 10-20 s on 2 CPU cores."))
+    _add_network_options(bench, layers=2, input_size=128, hidden_size=128)
+    bench.add_argument("--batch", type=_positive, default=16, help="default: 16")
     bench.add_argument("--seq-lengths", type=_int_list(1), default=[16, 32, 64],
                        help="T values, comma-separated (default: 16,32,64)")
     bench.add_argument("--ragged", action="store_true", help="lengths drawn from [T/2, T]")
     bench.add_argument("--dtype", choices=DTYPES, default="float32", help="default: float32")
     bench.add_argument("--backend", choices=("auto", "cpu", "gpu", "all"), default="auto",
                        help="auto: the GPU when usable, else the CPU; all: every usable one")
-    bench.add_argument("--repeat", type=_positive, default=10, help="timed runs (default: 10)")
-    bench.add_argument("--warmup", type=_non_negative, default=2, help="untimed runs first (default: 2)")
-    bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    bench.add_argument("--sides", type=_sides, default=None, metavar="LIST",
+                       help=f"what to time, comma-separated, of {', '.join(SIDES)} "
+                            "(default: op,torch; see above)")
+    bench.add_argument("--no-torch", action="store_true", help="time the op alone (--sides op)")
+    bench.add_argument("--repeat", type=_positive, default=5, help="timed runs (default: 5)")
+    bench.add_argument("--warmup", type=_non_negative, default=1, help="untimed runs first (default: 1)")
     bench.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     bench.add_argument("--plot", metavar="PATH", help="also plot time against T (PNG)")
-    bench.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
-                       help="progress bar on stderr (auto: on a terminal)")
+    bench.add_argument("--progress", choices=("always", "never"), default="always",
+                       help="a line on stderr per measurement (default: always)")
     return parser
 
 
@@ -300,6 +325,13 @@ def _bench(args, parser):
     _writable_path(parser, "--plot", args.plot)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot: needs matplotlib (pip install matplotlib)")
+    has_torch = importlib.util.find_spec("torch") is not None
+    if args.no_torch and args.sides:
+        parser.error("--no-torch: not with --sides (leave drop-in and torch out of --sides)")
+    sides = ["op"] if args.no_torch else args.sides or ["op"] + (["torch"] if has_torch else [])
+    if not has_torch and set(sides) & {"drop-in", "torch"}:
+        parser.error(f"--sides {','.join(sides)}: drop-in and torch need PyTorch, "
+                     "`pip install 'pycudnnrnn[torch]'`")
     devices = _devices(args.backend, parser, allow_all=True)
     itemsize = dtypes.by_name(args.dtype).itemsize
     needed = _library_refusal(parser, lambda: estimated_bytes(
@@ -314,10 +346,9 @@ def _bench(args, parser):
                         batch_size=args.batch, input_size=args.input_size,
                         hidden_size=args.hidden_size, dtype=args.dtype, ragged=args.ragged)
              for T in args.seq_lengths]
-    progress = {"auto": None, "always": True, "never": False}[args.progress]
     # The configuration was checked by the size estimate: an error now is not a usage error.
-    results = bench.run(cases, devices, repeat=args.repeat, warmup=args.warmup,
-                        with_torch=not args.no_torch, progress=progress)
+    results = bench.run(cases, devices, repeat=args.repeat, warmup=args.warmup, sides=sides,
+                        progress=args.progress == "always")
     print(bench.format_table(results))
     if args.json:
         from .environment import collect
@@ -363,9 +394,13 @@ def _join_negative_lists(argv):
 
 def main(argv=None) -> int:
     parser = _parser()
-    args = parser.parse_args(_join_negative_lists(sys.argv[1:] if argv is None else argv))
-    command = {"info": _info, "check": _check, "bench": _bench}[args.command]
+    argv = _join_negative_lists(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(argv)
     sub = _subparser(parser, args.command)
+    if unknown:  # said with the usage of the command they were given to
+        before = argv.index(args.command) > argv.index(unknown[0])
+        (parser if before else sub).error(f"unrecognized arguments: {' '.join(unknown)}")
+    command = {"info": _info, "check": _check, "bench": _bench}[args.command]
     try:
         return command(args, sub)
     except MemoryError as exc:  # an allocation the up-front estimate let through

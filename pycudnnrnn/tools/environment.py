@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import platform
 from importlib import metadata
@@ -11,6 +12,7 @@ import numpy as np
 
 from .. import __version__
 from ..core import driver
+from ..core.extras import FRAMEWORKS, install
 
 
 def gpu_status():
@@ -51,7 +53,11 @@ def collect() -> dict:
         info["cupy"] = cupy.__version__
         info["cuda runtime (cupy)"] = _cuda_version(cupy.cuda.runtime.runtimeGetVersion())
     except ImportError as exc:
-        info["cupy"] = f"not importable ({exc})"
+        # The advice to install the GPU extra, once: the lines below refer to it.
+        info["cupy"] = (f"not installed: CUDA arrays need the GPU extra, {install('cuda12')} "
+                        f"(CUDA 12 and 13 drivers) or {install('cuda13')} (CUDA 13)"
+                        if isinstance(exc, ModuleNotFoundError) and exc.name == "cupy"
+                        else f"not importable ({exc})")
         info["cuda runtime (cupy)"] = "none (no CuPy)"
     except Exception as exc:
         info["cuda runtime (cupy)"] = f"unknown ({_reason(exc)})"
@@ -64,15 +70,28 @@ def collect() -> dict:
     except Exception as exc:  # the loader's message lists every path tried, then the fix
         info["cudnn"] = "not loadable"
         lines = str(exc).splitlines()
-        info["cudnn library"] = f"none found. {lines[-1]}" if len(lines) > 2 else lines[0]
+        if "cuda runtime (cupy)" in info and info["cuda runtime (cupy)"] == "none (no CuPy)" \
+                and len(lines) > 2:
+            info["cudnn library"] = "none found (the GPU extra on the cupy line brings it)"
+        else:
+            info["cudnn library"] = f"none found. {lines[-1]}" if len(lines) > 2 else lines[0]
     info["gpus"] = _gpus()
     info["torch"] = _torch()
     info["jax"] = _jax()
+    for name in ("flax", "optax", "orbax"):
+        info[name] = _version(name)
+    info["keras"] = _keras()
     usable, detail = gpu_status()
     info["backend for NumPy arrays"] = "NumPy (CPU)"
-    info["backend for CUDA arrays"] = f"cuDNN ({detail})" if usable else f"unavailable: {detail}"
+    info["backend for CUDA arrays"] = f"cuDNN ({detail})" if usable else \
+        f"unavailable: {_short(detail)} (see above)"
     info["default backend (check, bench)"] = "gpu" if usable else "cpu"
     return info
+
+
+def _short(reason: str) -> str:
+    """The first clause of an unavailability reason given in full on a line above."""
+    return reason.split(", so the cuDNN backend")[0].split("; tried:")[0]
 
 
 def _cuda_version(number: int) -> str:
@@ -155,12 +174,50 @@ def _gpus() -> str:
                          f"sm_{props['major']}{props['minor']})")
         return ", ".join(names) or "none"
     except Exception as exc:
+        if isinstance(exc.__cause__, ImportError):  # no CuPy: the cupy line says what to do
+            return "unknown (no CuPy)"
         return f"none ({_reason(exc)})"
+
+
+def _not_installed(name: str) -> str:
+    return f"not installed ({install(FRAMEWORKS[name][1])})"
+
+
+def _version(name: str) -> str:
+    """A framework's version from package metadata (importing it would cost seconds)."""
+    try:
+        return metadata.version(FRAMEWORKS[name][0])
+    except metadata.PackageNotFoundError:
+        return _not_installed(name)
+
+
+def _keras() -> str:
+    """Keras's version and the backend it would load, told without importing it."""
+    version = _version("keras")
+    if version.startswith("not installed"):
+        return version
+    backend = os.environ.get("KERAS_BACKEND")
+    source = "KERAS_BACKEND"
+    if not backend:
+        home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+        try:
+            with open(os.path.join(home, "keras.json")) as f:
+                backend, source = json.load(f).get("backend"), os.path.join(home, "keras.json")
+        except (OSError, ValueError, AttributeError):
+            backend = None
+        if not backend:
+            backend, source = "tensorflow", "Keras's default"
+    module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}.get(backend)
+    text = f"{version} (backend {backend}, from {source}"
+    if module is not None and importlib.util.find_spec(module) is None:
+        text += f"; {backend} is not installed: set KERAS_BACKEND=jax or torch and install " \
+                "that extra"
+    return text + ")"
 
 
 def _torch() -> str:
     if importlib.util.find_spec("torch") is None:
-        return "not installed"
+        return _not_installed("torch")
     try:
         import torch
     except Exception as exc:
@@ -179,7 +236,7 @@ def _jax() -> str:
     try:
         versions = [f"jax {metadata.version('jax')}"]
     except metadata.PackageNotFoundError:
-        return "not installed"
+        return _not_installed("jax")
     for plugin in ("jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin"):
         try:
             versions.append(f"{plugin} {metadata.version(plugin)}")

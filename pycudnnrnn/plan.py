@@ -17,7 +17,7 @@ import numpy as np
 
 from .core import checks, dtypes, gpu, layout, reserve_header
 from .core.arrays import device_kind, host_lengths, readable, results_like
-from .core.config import Problem
+from .core.config import Problem, describe_lengths
 from .core.lru import LRU
 from .cpu import executor as cpu_executor
 from .cpu import rnn as cpu_rnn
@@ -163,10 +163,23 @@ class RNNPlan:
         return seeded
 
     def __repr__(self):
-        p = self.problem
-        return (f"RNNPlan({p.config}, max_time={p.max_time}, batch_size={p.batch_size}, "
-                f"time_major={p.time_major}, dtype={p.dtype}, device={self.device!r}, "
-                f"is_training={p.is_training})")
+        """The constructor's arguments: the sizes, then what differs from the defaults."""
+        p, c = self.problem, self.problem.config
+        fields = [f"num_layers={c.num_layers}", f"num_units={c.num_units}",
+                  f"input_size={c.input_size}", f"max_time={p.max_time}",
+                  f"batch_size={p.batch_size}"]
+        if p.lengths is not None:
+            fields.append(f"sequence_lengths={describe_lengths(p.lengths)}")
+        fields += [f"dtype={self.dtype.name!r}", f"device={self.device!r}"]
+        fields += [text for text, default in (
+            ("is_training=False", p.is_training), (f"rnn_mode={c.rnn_mode!r}", c.is_lstm),
+            ("input_mode='skip_input'", not c.skip_input),
+            ("direction='bidirectional'", not c.bidirectional),
+            (f"dropout={c.dropout!r}", not c.dropout), (f"num_proj={c.num_proj}", not c.num_proj),
+            ("time_major=False", p.time_major)) if not default]
+        if c.dropout:  # the seeds that fix the masks: the combined seed's two halves
+            fields += [f"seed={c.seed >> 32}", f"seed2={c.seed & 0xFFFFFFFF}"]
+        return f"RNNPlan({', '.join(fields)})"
 
     # ------------------------------------------------------------------ runs
     def forward(self, input, input_h, input_c, params, out=None, workspace=None,

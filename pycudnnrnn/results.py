@@ -1,12 +1,32 @@
 """The named results of ``forward`` and ``backprop``.
 
 Named tuples: read them by name (``result.output_h``) or unpack them as before
-(``y, hy, cy, reserve = forward(...)``).
+(``y, hy, cy, reserve = forward(...)``). Their repr shows each array's dtype and shape,
+not its values: ``ForwardResult(output=float32[40, 5, 32], ...)``.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
+
+
+def describe(array) -> str:
+    """An array as its dtype and shape, ``float32[40, 5, 32]``; its library first when it
+    is not NumPy's (``torch float32[40, 5, 32]``)."""
+    if array is None:
+        return "None"
+    shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
+    if shape is None or dtype is None:
+        return type(array).__name__
+    library = type(array).__module__.split(".")[0]
+    library = {"numpy": "", "jaxlib": "jax "}.get(library, library + " ")
+    dtype = str(dtype).rsplit(".", 1)[-1]  # torch.float32 -> float32
+    return f"{library}{dtype}[{', '.join(str(n) for n in shape)}]"
+
+
+def _repr(result) -> str:
+    fields = ", ".join(f"{name}={describe(value)}" for name, value in zip(result._fields, result))
+    return f"{type(result).__name__}({fields})"
 
 
 class ForwardResult(NamedTuple):
@@ -29,6 +49,9 @@ class ForwardResult(NamedTuple):
     output_c: Any
     reserve_space: Any
 
+    def __repr__(self):
+        return _repr(self)
+
 
 class BackpropResult(NamedTuple):
     """What ``pycudnnrnn.backprop`` returns, in the caller's array type.
@@ -49,3 +72,6 @@ class BackpropResult(NamedTuple):
     input_h_backprop: Any
     input_c_backprop: Any
     params_backprop: Any
+
+    def __repr__(self):
+        return _repr(self)

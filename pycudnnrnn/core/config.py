@@ -86,6 +86,29 @@ class RNNConfig:
     def with_dropout(self, dropout: float, seed: int) -> "RNNConfig":
         return dataclasses.replace(self, dropout=dropout, seed=seed)
 
+    def __repr__(self):
+        """The sizes and mode, then only what differs from the defaults."""
+        fields = [f"rnn_mode={self.rnn_mode!r}"] + \
+            (["skip_input=True"] if self.skip_input else []) + \
+            (["bidirectional=True"] if self.bidirectional else []) + \
+            [f"num_layers={self.num_layers}", f"num_units={self.num_units}",
+             f"input_size={self.input_size}"] + \
+            [f"{name}={getattr(self, name)!r}" for name in ("num_proj", "dropout", "seed")
+             if getattr(self, name)]
+        return f"RNNConfig({', '.join(fields)})"
+
+
+def describe_lengths(lengths) -> str:
+    """Sequence lengths in a repr: all of a few, else the first and last with the count
+    and range (a batch of thousands stays one short line)."""
+    if lengths is None:
+        return "None"
+    values = [int(n) for n in lengths]
+    if len(values) <= 8:
+        return str(values)
+    return (f"[{values[0]}, {values[1]}, ..., {values[-1]}] ({len(values)} lengths in "
+            f"[{min(values)}, {max(values)}])")
+
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
@@ -121,6 +144,11 @@ class Problem:
         """Shape of input_h/input_c-like states of the given last dimension."""
         LD, B = self.config.num_pseudo_layers, self.batch_size
         return (LD, B, width) if self.time_major else (B, LD, width)
+
+    def __repr__(self):
+        return (f"Problem({self.config!r}, max_time={self.max_time}, batch_size="
+                f"{self.batch_size}, time_major={self.time_major}, dtype={np.dtype(self.dtype).name}, "
+                f"lengths={describe_lengths(self.lengths)}, is_training={self.is_training})")
 
     @property
     def dropout_layers(self) -> range:

@@ -130,6 +130,12 @@ class Block:
         """The block of `params` (NumPy or CuPy 1-D array) as a reshaped view."""
         return params[self.offset:self.stop].reshape(self.shape)
 
+    def __repr__(self):
+        return f"Block({self._view_text()})"
+
+    def _view_text(self) -> str:
+        return f"params[{self.offset}:{self.stop}].reshape({', '.join(map(str, self.shape))})"
+
 
 @dataclasses.dataclass(frozen=True)
 class PseudoLayerBlocks:
@@ -140,6 +146,13 @@ class PseudoLayerBlocks:
     w_projection: Block | None
     b_input: Block
     b_recurrent: Block
+
+    def __repr__(self):
+        """Each block as the view of params it is; absent ones left out."""
+        blocks = ", ".join(f"{field.name}={block._view_text()}"
+                           for field in dataclasses.fields(self)
+                           if (block := getattr(self, field.name)) is not None)
+        return f"PseudoLayerBlocks({blocks})"
 
 
 def _pseudo_layer_shapes(config: RNNConfig, k: int):

@@ -133,7 +133,7 @@ def _parser():
             "  torch    torch.nn.LSTM (or GRU, RNN)\n"
             "The default is op,torch (op alone without PyTorch). To compare the drop-in\n"
             "with nn.LSTM: --sides drop-in,torch.\n\n"
-            "The defaults take about 10-20 s on 2 CPU cores."))
+            "The default run takes 5-10 s on 2 idle CPU cores."))
     _add_network_options(bench, layers=2, input_size=128, hidden_size=128)
     bench.add_argument("--batch", type=_positive, default=16, help="default: 16")
     bench.add_argument("--seq-lengths", type=_int_list(1), default=[16, 32, 64],

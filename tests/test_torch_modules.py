@@ -288,24 +288,19 @@ def test_only_the_gradients_needed_are_computed(monkeypatch):
     assert asked == ["all", "data", "weights"]
 
 
-def test_the_pytorch_page_examples_run():
-    """docs/pytorch.md: the module example gives the shapes it states; the conversion is
-    exact; the params layout, torch.func and autocast examples run (their asserts hold)."""
+def test_the_pytorch_pages_first_example_gives_the_shapes_it_states():
+    """docs/pytorch.md's first example (every block of the page runs in
+    tests/test_docs_blocks.py; here, what its comments say)."""
     import os
     import re
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     text = open(os.path.join(root, "docs", "pytorch.md"), encoding="utf-8").read()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    first = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
     namespace = {}
-    exec(compile(blocks[0], "pytorch.md", "exec"), namespace)
+    exec(compile(first, "pytorch.md", "exec"), namespace)
     shapes = [tuple(namespace[n].shape) for n in ("output", "h_n", "c_n")]
-    assert shapes == [(4, 7, 16), (4, 4, 8), (4, 4, 20)]
-    for marker in ("params_to_canonical", "from_torch(theirs)", "functional_call", "GradScaler"):
-        (block,) = [b for b in blocks if marker in b]
-        exec(compile(block, "pytorch.md", "exec"), namespace)
-    theirs, back = namespace["theirs"].state_dict(), namespace["back"].state_dict()
-    assert list(theirs) == list(back) and all(torch.equal(theirs[k], back[k]) for k in theirs)
-    assert namespace["output"].dtype in (torch.bfloat16, torch.float16)  # the autocast step
+    assert shapes == [(4, 7, 20), (2, 4, 20), (2, 4, 20)]
+    assert "# [4, 7, 20]; h_n and c_n are [2, 4, 20]" in first
 
 
 def test_bfloat16_module_follows_the_float32_network():

@@ -127,6 +127,26 @@ def test_a_first_op_call_while_a_module_is_imported_does_not_wait_on_itself(tmp_
     assert out.strip() == "(5, 2, 4)"
 
 
+def test_a_first_op_call_while_the_interpreter_finalizes_starts_no_thread():
+    # Python 3.11 never starts a thread then: the caller would wait for it forever (a
+    # __del__ of a cycle's object, run by the last collection at exit, calls the op).
+    _skip_without("torch")
+    out = _run("""
+        import sys, threading
+        import torch, pycudnnrnn.torch as prt
+        assert "torch._dynamo" not in sys.modules
+        def refuse(self):
+            raise AssertionError("a thread started while the interpreter finalizes")
+        threading.Thread.start = refuse
+        sys.is_finalizing = lambda: True
+        prt.set_cpu_kernels("numpy")
+        output = prt.GRU(3, 4, dtype=torch.float64)(torch.randn(5, 2, 3, dtype=torch.float64))[0]
+        assert "torch._dynamo" in sys.modules
+        print(tuple(output.shape))
+    """, timeout=300)
+    assert out.strip() == "(5, 2, 4)"
+
+
 def test_compile_export_and_onnx_work_when_they_import_what_they_need_first():
     _skip_without("torch")
     onnx = all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript", "onnxruntime"))

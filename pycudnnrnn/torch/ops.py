@@ -62,7 +62,9 @@ def import_dynamo():
     with _DYNAMO_LOCK:
         if "torch._dynamo" in sys.modules:
             return
-        if not _importing():
+        # (Not while the interpreter finalizes: Python 3.11 then never starts a thread,
+        # and the caller would wait for it forever.)
+        if not (_importing() or sys.is_finalizing()):
             failed = []
 
             def run():

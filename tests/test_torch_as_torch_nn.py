@@ -43,6 +43,8 @@ class _FlattensInForward(torch.nn.Module):
     def forward(self, x):
         self.rnn.flatten_parameters()
         y, _ = self.rnn(x)
+        if x.shape[0] > 0:  # the model's own size read: its TracerWarning is the model's
+            y = y + 0
         return self.head(y)
 
 
@@ -52,11 +54,14 @@ def test_a_model_flattening_in_forward_traces_and_exports_as_torch_nn(kind):
     rnn = getattr(prt, kind)(5, 8, num_layers=2, bidirectional=True)
     model = _FlattensInForward(rnn).eval()
     x = torch.randn(7, 2, 5)
-    with warnings.catch_warnings(record=True) as caught:  # the filters as they are
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         traced = torch.jit.trace(model, x)  # its check runs the model again: the same graph
-    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    tracer = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    assert tracer and all(w.filename == __file__ for w in tracer), \
+        "the model's own warnings, none from pycudnnrnn"
     other = torch.randn(9, 3, 5)  # the trace takes other sizes, as torch.nn's does
-    torch.testing.assert_close(traced(other), model(other), rtol=0, atol=0)
+    torch.testing.assert_close(traced(other), model(other), rtol=1e-6, atol=1e-7)
     # The weights are still views of one buffer, and training still works.
     assert rnn.params.data_ptr() == rnn.weight_ih_l0.data_ptr()
 
@@ -70,6 +75,48 @@ def test_a_model_flattening_in_forward_traces_and_exports_as_torch_nn(kind):
     got = session.run(None, {"x": other.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(got), model(other).detach(), rtol=1e-5,
                                atol=1e-6)
+
+
+class _Outputs(torch.nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+class _ReadsItsSize(torch.nn.Module):
+    """A parametrization of the user's, run inside the drop-in's forward."""
+
+    def forward(self, weight):
+        return weight * 1.0 if weight.shape[0] > 0 else weight
+
+
+def test_a_trace_keeps_the_users_own_tracer_warnings():
+    """Ours are silenced, as PyTorch silences torch.nn's; the user's code still warns."""
+    rnn = prt.GRU(3, 4)
+    torch.nn.utils.parametrize.register_parametrization(rnn, "weight_hh_l0", _ReadsItsSize())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.jit.trace(_Outputs(rnn), torch.randn(5, 2, 3), check_trace=False)
+    tracer = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    assert tracer and all(w.filename == __file__ for w in tracer)
+
+
+def test_a_frozen_model_traced_for_inference_backpropagates_to_its_input():
+    """torch.nn's traces backpropagate whatever was frozen when tracing (saliency)."""
+    theirs, ours = _pair("LSTM", 4, 6, num_layers=2, dtype=torch.float64)
+    x = torch.randn(5, 3, 4, dtype=torch.float64)
+    saliency = []
+    for module in (theirs, ours):
+        module.eval().requires_grad_(False)
+        with torch.no_grad():
+            traced = torch.jit.trace(lambda x: module(x)[0], x)
+        leaf = x.clone().requires_grad_()
+        traced(leaf).square().sum().backward()
+        saliency.append(leaf.grad)
+    torch.testing.assert_close(saliency[1], saliency[0], rtol=1e-10, atol=1e-12)
 
 
 def test_a_traced_training_graph_backpropagates():
@@ -129,6 +176,11 @@ def _bad_calls(kind):
         ("2-D states, batched", (torch.randn(2, 3, 10), state(z(1, 20), z(1, 20)))),
         ("unbatched size", (torch.randn(3, 10), state(z(1, 19), z(1, 20)))),
         ("dtype", (torch.randn(2, 3, 10, dtype=torch.float64),)),
+        # two things wrong: torch.nn's order of checks says which is named
+        ("3-D states and input size, unbatched", (torch.randn(3, 9), state(z(1, 1, 20),
+                                                                          z(1, 1, 20)))),
+        ("2-D states and input size", (torch.randn(2, 3, 9), state(z(1, 20), z(1, 20)))),
+        ("dtype and input size", (torch.randn(2, 3, 9, dtype=torch.float64),)),
     ]
 
 
@@ -141,6 +193,11 @@ def test_every_refusal_begins_with_torch_nns_words(kind):
         with pytest.raises(type(expected.value)) as got:  # theirs, and ours too (a subclass)
             ours(*args)
         assert str(got.value).startswith(str(expected.value)), what
+
+
+def test_an_unbatched_inputs_shape_is_shown_as_given():
+    with pytest.raises(ValueError, match=r"Expected 10, got 9; input has shape \(3, 9\)$"):
+        prt.GRU(10, 20)(torch.randn(3, 9))
 
 
 # --------------------------------------------------------------------------- dropout=1
@@ -160,22 +217,29 @@ def test_the_constructor_takes_and_refuses_dropout_as_torch_nn(dropout):
 
 
 @pytest.mark.parametrize("kernels", ["torch", "numpy"])
-@pytest.mark.parametrize("kind,options", [("LSTM", {}), ("LSTM", {"proj_size": 2}),
-                                          ("GRU", {}), ("RNN", {"nonlinearity": "relu"})])
+@pytest.mark.parametrize("kind,options", [
+    ("LSTM", {}), ("LSTM", {"proj_size": 2}), ("LSTM", {"proj_size": 2, "bias": False}),
+    ("GRU", {}), ("GRU", {"bias": False}), ("RNN", {"nonlinearity": "relu"})])
 @pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
 def test_dropout_one_drops_every_later_layers_input_as_torch_nn(kernels, kind, options,
-                                                                 bidirectional):
+                                                                 bidirectional, packed):
     """On PyTorch's kernels and on the op (what CUDA and compiled calls run, where cuDNN
     takes p < 1 only): layers after the first see zeros; their input matrices' gradients
     are zero, and no gradient reaches the first layer through them."""
     theirs, ours = _pair(kind, 3, 4, num_layers=3, dropout=1, bidirectional=bidirectional,
                          dtype=torch.float64, **options)
     x = torch.randn(5, 2, 3, dtype=torch.float64)
-    want, _ = theirs(x)
-    want.sum().backward()
-    with prt.cpu_kernels(kernels):
-        got, _ = ours(x)
-    got.sum().backward()
+    if packed:
+        x = pack_padded_sequence(x, [5, 3])
+    results = []
+    for module, kind_of_kernels in ((theirs, "torch"), (ours, kernels)):
+        with prt.cpu_kernels(kind_of_kernels):
+            output, _ = module(x)
+        output = pad_packed_sequence(output)[0] if packed else output
+        output.sum().backward()
+        results.append(output)
+    got, want = results[1], results[0]
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     for (name, mine), wanted in zip(ours.named_parameters(), theirs.parameters()):
         torch.testing.assert_close(mine.grad, wanted.grad, rtol=1e-10, atol=1e-12, msg=name)
@@ -273,10 +337,26 @@ def test_seeded_dropout_on_packed_input_gives_torch_nns_masks(kind, lengths, enf
     theirs, ours = _pair(kind, 3, 5, num_layers=2, dropout=0.3, bidirectional=True)
     x = torch.randn(6, len(lengths), 3)
     packed = pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
+    _same_masks_as_torch_nn(theirs, ours, kind, packed)
+
+
+@pytest.mark.parametrize("kind,options", [("LSTM", {"proj_size": 3}), ("GRU", {}),
+                                          ("RNN", {"nonlinearity": "relu"})])
+def test_seeded_dropout_on_packed_batch_first_input_with_states(kind, options):
+    theirs, ours = _pair(kind, 3, 5, num_layers=3, dropout=0.4, batch_first=True, **options)
+    lengths = [6, 3, 5, 2, 1] * 4
+    packed = pack_padded_sequence(torch.randn(len(lengths), 6, 3), lengths, batch_first=True,
+                                  enforce_sorted=False)
+    h0 = torch.randn(3, len(lengths), options.get("proj_size", 5))
+    hx = (h0, torch.randn(3, len(lengths), 5)) if kind == "LSTM" else h0
+    _same_masks_as_torch_nn(theirs, ours, kind, packed, hx)
+
+
+def _same_masks_as_torch_nn(theirs, ours, kind, packed, hx=None):
     results = []
     for module in (theirs, ours):
         torch.manual_seed(1)
-        output, state = module(packed)
+        output, state = module(packed, hx)
         padded, _ = pad_packed_sequence(output)
         finals = state if kind == "LSTM" else (state,)
         (padded.square().sum() + sum(f.sum() for f in finals)).backward()

@@ -127,9 +127,11 @@ class SeededRNN:
         transpose = torch_states and not attrs["time_major"]
         if transpose:  # the op's batch-major states are [B, L·D, ·]
             h0, c0 = h0.transpose(0, 1), None if c0 is None else c0.transpose(0, 1)
-        # A trace ignores grad mode: torch.jit.trace checks its graph again under no_grad,
-        # and the graph must serve a backward where the weights require grad.
-        grad = (torch.is_grad_enabled() or torch.jit.is_tracing()) and any(
+        # A trace records the forward that keeps what backward needs, whatever the grad
+        # mode and what requires grad then: torch.jit.trace checks its graph again under
+        # no_grad, and a traced model may be called with a gradient later (torch.nn's
+        # traces backpropagate: a frozen model's, to its input too).
+        grad = torch.jit.is_tracing() or torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
         attrs = dict(attrs, dropout=dropout)
         output, h_n, c_n = apply(input, h0, c0, weights, sequence_lengths,

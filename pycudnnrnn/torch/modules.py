@@ -239,10 +239,12 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         """
         if torch.jit.is_tracing():
             # torch.jit.trace warns of every size read as a Python value; PyTorch silences
-            # it for torch.nn, whose checks read sizes as ours do (a trace computes its
-            # shapes from the input's).
+            # it for its own modules (torch.nn's checks read sizes as ours do, and a trace
+            # computes its shapes from the input's), and this does for ours: for this call,
+            # as a filter set at import would not survive a warnings.catch_warnings block.
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
+                                        module=r"pycudnnrnn\.")
                 return self._forward(input, hx, sequence_lengths)
         return self._forward(input, hx, sequence_lengths)
 
@@ -297,11 +299,12 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                 f"{type(self.bidirectional).__name__} (torch.nn.{self._kind} is built with it "
                 f"too, and its forward refuses it)")
         weights = self._weights()
-        self._check_data(data, weights)
-        h0, c0 = self._initial_states(data, hx, batch, batched)
+        states = self._given_states(hx, batched)  # torch.nn's order of checks
+        self._check_data(data, weights, batched)
+        h0, c0 = self._initial_states(data, states, batch)
         if data.shape[0 if time_major else 1] == 0:
             raise InputValueError(f"Expected sequence length to be larger than 0 in RNN; input "
-                                  f"has shape {tuple(data.shape)}")
+                                  f"has shape {_shown(data, batched)}")
         if batch == 0:  # nothing to run (the op needs a batch): empty results, as torch.nn
             return _empty_batch(data, h0, c0, weights, time_major,
                                 self._num_directions() * (self.proj_size or self.hidden_size))
@@ -326,7 +329,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
     # The errors begin with torch.nn's own words, which other people's code and tests match
     # (PyTorch's among them), then say more.
 
-    def _check_data(self, data, weights):
+    def _check_data(self, data, weights, batched):
         device = data.device
         if any(w.device != device for w in weights):  # the names only to say which
             check_devices(device, [("input", data)] + [
@@ -342,16 +345,14 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         if data.shape[-1] != self.input_size:
             raise InputValueError(f"input.size(-1) must be equal to input_size. Expected "
                                   f"{self.input_size}, got {data.shape[-1]}; input has shape "
-                                  f"{tuple(data.shape)}")
+                                  f"{_shown(data, batched)}")
 
-    def _initial_states(self, data, hx, batch, batched):
-        LD, H = self.num_layers * self._num_directions(), self.hidden_size
-        P = self.proj_size or H
-        lstm = self._kind == "LSTM"
+    def _given_states(self, hx, batched):
+        """`hx` as a list of tensors (h_0, and c_0 for an LSTM), their kind and number of
+        dimensions checked, batched (``[L·D, 1, ·]``) for unbatched input; None for None."""
         if hx is None:
-            zeros = lambda width: torch.zeros(LD, batch, width, dtype=data.dtype,
-                                              device=data.device)
-            return zeros(P), zeros(H) if lstm else None
+            return None
+        lstm = self._kind == "LSTM"
         if lstm and not (isinstance(hx, (tuple, list)) and len(hx) == 2):
             raise InputTypeError(f"hx: expected a tuple (h_0, c_0) of tensors for an LSTM, "
                                  f"got {type(hx).__qualname__}")
@@ -359,13 +360,24 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
             raise InputTypeError(f"hx: expected a tensor for {self._kind}, got "
                                  f"{type(hx).__qualname__}")
         states = list(hx) if lstm else [hx]
-        names = ["hx[0] (h_0)", "hx[1] (c_0)"] if lstm else ["hx"]
-        for name, state in zip(names, states):
+        for name, state in zip(_STATE_NAMES[lstm], states):
             if not isinstance(state, torch.Tensor):
                 raise InputTypeError(f"{name}: expected a tensor, got "
                                      f"{type(state).__qualname__}")
         self._check_state_dims(states, batched)
-        states = states if batched else [s.unsqueeze(1) for s in states]
+        return states if batched else [s.unsqueeze(1) for s in states]
+
+    def _initial_states(self, data, states, batch):
+        """``(h_0, c_0)`` for checked `data` from ``_given_states``'s `states` (zeros for
+        None), their sizes, devices and dtypes checked; c_0 None unless LSTM."""
+        LD, H = self.num_layers * self._num_directions(), self.hidden_size
+        P = self.proj_size or H
+        lstm = self._kind == "LSTM"
+        if states is None:
+            zeros = lambda width: torch.zeros(LD, batch, width, dtype=data.dtype,
+                                              device=data.device)
+            return zeros(P), zeros(H) if lstm else None
+        names = _STATE_NAMES[lstm]
         autocasting = autocast_dtype(data.device.type) is not None
         for k, (name, state, width) in enumerate(zip(names, states, [P, H])):
             if tuple(state.shape) != (LD, batch, width):  # torch.nn's unbatched sizes too
@@ -392,6 +404,14 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
 
     def _state_result(self, h_n, c_n):
         return (h_n, c_n) if self._kind == "LSTM" else h_n
+
+
+_STATE_NAMES = {True: ["hx[0] (h_0)", "hx[1] (c_0)"], False: ["hx"]}  # by "is an LSTM"
+
+
+def _shown(data, batched):
+    """The input's shape as the caller gave it (unbatched input runs as a batch of one)."""
+    return tuple(data.shape) if batched else (data.shape[0], data.shape[2])
 
 
 def _built_empty(cls, args, like):

@@ -42,14 +42,7 @@ BRINGS = {
 
 #: pages that do not yet name the extra their code needs (each one is a failure until
 #: its page names it: strict, so a fixed page must leave this list)
-NOT_YET = {
-    "docs/pytorch.md": "imports torch; names no extra (pip install 'pycudnnrnn[torch]')",
-    "docs/distributed.md": "imports torch; names no extra (pip install 'pycudnnrnn[torch]')",
-    "docs/interop.md": "imports torch; names no extra (pip install 'pycudnnrnn[torch]')",
-    "docs/examples/quickstart.ipynb": "imports matplotlib; names no extra ([notebooks])",
-    "docs/examples/flax_keras.ipynb": "imports matplotlib, flax, optax, keras; names no extra "
-                                      "([notebooks,flax,keras])",
-}
+NOT_YET: dict = {}
 
 
 def _project():

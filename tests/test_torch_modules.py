@@ -340,6 +340,7 @@ def test_a_module_is_freed_on_del_after_its_first_call_in_a_fresh_process():
     script = (
         "import gc, weakref, torch, pycudnnrnn.torch as prt\n"
         "gc.disable()\n"
+        "prt.set_cpu_kernels('numpy')  # the op, whose first call imports torch._dynamo\n"
         "m = prt.LSTM(3, 4, dtype=torch.float64)\n"
         "m(torch.randn(5, 2, 3, dtype=torch.float64))[0].sum().backward()\n"
         "r = weakref.ref(m)\n"

@@ -6,6 +6,7 @@ DDP equals one process on the whole batch; FSDP2 (``fully_shard``) trains as it 
 """
 
 import datetime
+import gc
 import os
 import socket
 import time
@@ -109,31 +110,40 @@ def _fsdp_worker(rank, port, folder):
     dist.init_process_group("gloo", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
     try:
-        mesh = init_device_mesh("cpu", (WORLD,))
-        x, y = _data()
-        shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-        trained = {}
-        for name, lstm in (("ours", prt.LSTM), ("torch.nn", torch.nn.LSTM)):
-            model = _fully_sharded(lstm, mesh)
-            optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-            for _ in range(STEPS):
-                optimizer.zero_grad()
-                (model(x[shard]) - y[shard]).square().mean().backward()
-                optimizer.step()
-            trained[name] = model
-        dcp.save(trained["ours"].state_dict(), checkpoint_id=os.path.join(folder, "ckpt"))
-        loaded = _fully_sharded(prt.LSTM, mesh)
-        state = loaded.state_dict()
-        dcp.load(state, checkpoint_id=os.path.join(folder, "ckpt"))
-        loaded.load_state_dict(state)
-        trained["loaded"] = loaded
-        full = {name: {k: v.full_tensor() for k, v in model.state_dict().items()}
-                for name, model in trained.items()}
-        if rank == 0:
-            torch.save(full, os.path.join(folder, "weights.pt"))
-        dist.barrier()
+        _fsdp_steps(rank, folder, dcp, init_device_mesh)
     finally:
+        # FSDP2's hooks keep its modules, and with them the process group, in reference
+        # cycles (with torch.nn's LSTM too): collected here, not at interpreter exit, where
+        # gloo's threads abort now and then ("terminate called without an active exception").
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _fsdp_steps(rank, folder, dcp, init_device_mesh):
+    """The training, checkpoint and gathering of the FSDP2 test, on one rank."""
+    mesh = init_device_mesh("cpu", (WORLD,))
+    x, y = _data()
+    shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    trained = {}
+    for name, lstm in (("ours", prt.LSTM), ("torch.nn", torch.nn.LSTM)):
+        model = _fully_sharded(lstm, mesh)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        for _ in range(STEPS):
+            optimizer.zero_grad()
+            (model(x[shard]) - y[shard]).square().mean().backward()
+            optimizer.step()
+        trained[name] = model
+    dcp.save(trained["ours"].state_dict(), checkpoint_id=os.path.join(folder, "ckpt"))
+    loaded = _fully_sharded(prt.LSTM, mesh)
+    state = loaded.state_dict()
+    dcp.load(state, checkpoint_id=os.path.join(folder, "ckpt"))
+    loaded.load_state_dict(state)
+    trained["loaded"] = loaded
+    full = {name: {k: v.full_tensor() for k, v in model.state_dict().items()}
+            for name, model in trained.items()}
+    if rank == 0:
+        torch.save(full, os.path.join(folder, "weights.pt"))
+    dist.barrier()
 
 
 def _free_port():

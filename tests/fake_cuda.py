@@ -40,7 +40,19 @@ It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
   invalidates it, and ``end_capture`` raises, as CUDA's does.
 * graphs capture what runs on the capturing stream and replay it for real
   (``FakeGraph.launch`` queues it on the launch stream): a replay reads and writes the
-  same memory as the capture, whoever owns it by then.
+  same memory as the capture, by address, whoever owns it by then (a graph keeps no
+  memory alive, as CUDA's keep none).
+* capture modes, as CUDA has them (``begin_capture(mode)``; CuPy's default is relaxed):
+  while a thread captures in global or thread-local mode, or any thread in global mode,
+  that thread's event queries, event and stream syncs are refused and invalidate those
+  captures; an event recorded in a capture cannot be queried, synced or waited on from
+  outside it; a capturing stream may wait on an event recorded outside the capture only
+  with ``cudaEventWaitExternal`` (``runtime.streamWaitEvent(s, e, 1)``), which each
+  replay then honours.
+* devices: ``DEVICES[0]`` of them (1 unless a test sets more). Each thread has a current
+  device (``cuda.Device(n)``), each device its own null stream and current stream, each
+  array and stream the device it was made on; entering a stream of another device than
+  the current one is refused, as CuPy refuses it.
 
 What it adds besides, to catch GPU bugs a CPU test would miss:
 
@@ -70,6 +82,7 @@ import math
 import os
 import threading
 import types
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -90,6 +103,13 @@ CAPTURING = []
 
 #: Set STRICT[0] to run streams out of submission order at device syncs.
 STRICT = [False]
+
+#: How many devices the stand-in has (a test may set more; ``install`` puts back 1).
+DEVICES = [1]
+
+#: cudaStreamCaptureMode (CuPy's ``runtime.streamCaptureMode*``), and cudaEventWaitExternal.
+CAPTURE_GLOBAL, CAPTURE_THREAD_LOCAL, CAPTURE_RELAXED = 0, 1, 2
+EVENT_WAIT_EXTERNAL = 1
 
 POISON = 0xFF  # every byte of freed or fresh memory: NaN in float16/32/64 and bfloat16
 
@@ -119,6 +139,7 @@ def install(monkeypatch):
     CAPTURING.clear()
     _CAPTURES.clear()
     STRICT[0] = os.environ.get("FAKE_CUDA_STRICT") == "1"  # a whole run in strict mode
+    DEVICES[0] = 1
     _local.__dict__.clear()
     return fake_api
 
@@ -206,9 +227,23 @@ def _drain(ptr, upto=None):
             q.running = False
 
 
+def current_device() -> int:
+    """This thread's current device (``cuda.Device(n)`` changes it)."""
+    return getattr(_local, "device", 0)
+
+
+def _stream_stack(device):
+    stacks = getattr(_local, "streams", None)
+    if stacks is None:
+        stacks = _local.streams = {}
+    return stacks.setdefault(device, [])
+
+
 def current_stream():
-    stack = getattr(_local, "streams", None)
-    return stack[-1] if stack else NULL_STREAM
+    """The current device's current stream on this thread (CuPy keeps one per device)."""
+    device = current_device()
+    stack = _stream_stack(device)
+    return stack[-1] if stack else null_stream(device)
 
 
 def _now(compute):
@@ -223,33 +258,103 @@ def _now(compute):
     return value
 
 
+_EVENTS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # ptr → FakeEvent
+
+
 class FakeEvent:
-    """A CUDA event: a point in one stream's work."""
+    """A CUDA event: a point in one stream's work, or (recorded in a capture) a node of
+    a graph, which CUDA lets no one outside that capture query, sync or wait on."""
+
+    _next = [0x9000]
 
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self._at = None  # (stream pointer, operations submitted before it)
+        self.captured = False  # last recorded in a capture
+        self.ptr = FakeEvent._next[0]
+        FakeEvent._next[0] += 0x10
+        _EVENTS[self.ptr] = self
 
     def record(self, stream=None):
         stream = stream if stream is not None else current_stream()
         with _lock:
             graph = _CAPTURES.get(stream.ptr)
+            self.captured = graph is not None
             if graph is not None:  # replayed: the event marks the replay's point
                 graph.ops.append(lambda: None)
                 self._at = (stream.ptr, None)
                 return
             self._at = (stream.ptr, _queue(stream.ptr).submitted)
 
+    def _refuse_captured(self, what):
+        if self.captured:
+            raise RuntimeError(f"cudaErrorCapturedEvent: {what} on an event recorded in a "
+                               f"stream capture")
+
     @property
     def done(self):
+        """cudaEventQuery: refused on a captured event, and as an unsafe call."""
+        self._refuse_captured("cudaEventQuery")
+        _refuse_unsafe("cudaEventQuery")
         if self._at is None:
             return True
         ptr, upto = self._at
-        return _queue(ptr).executed >= (upto if upto is not None else _queue(ptr).submitted)
+        return _queue(ptr).executed >= upto
 
     def synchronize(self):
+        self._refuse_captured("cudaEventSynchronize")
+        _refuse_unsafe("cudaEventSynchronize")
         _count("sync")
         if self._at is not None:
             _drain(*self._at)
+
+
+def _refuse_unsafe(what):
+    """CUDA's rule for "potentially unsafe" calls (queries and syncs): refused while this
+    thread captures in global or thread-local mode, or another thread in global mode;
+    the refusal invalidates those captures."""
+    me = threading.get_ident()
+    with _lock:
+        blocking = [g for g in _CAPTURES.values()
+                    if g.mode == CAPTURE_GLOBAL or g.mode == CAPTURE_THREAD_LOCAL and g.thread == me]
+        for graph in blocking:
+            graph.invalid = graph.invalid or f"{what} during a capture"
+    if blocking:
+        raise RuntimeError(f"cudaErrorStreamCaptureUnsupported: {what} while a stream "
+                           f"captures in {('global', 'thread-local')[blocking[0].mode]} mode")
+
+
+def _wait(ptr, event, flags=0):
+    """cudaStreamWaitEvent(stream `ptr`, `event`, `flags`), as CUDA takes it in and out of
+    capture: a capturing stream may wait on an event of its own capture, or (with
+    cudaEventWaitExternal) on one recorded outside it, which each replay waits for; the
+    rest is refused (and invalidates the capture)."""
+    graph = _CAPTURES.get(ptr)
+    at = event._at
+    if graph is None:
+        event._refuse_captured("cudaStreamWaitEvent from a stream not capturing")
+        if at is not None and at[0] != ptr:
+            _submit(ptr, lambda: _drain(*at))
+        return
+    if event.captured:
+        if at[0] != ptr and _CAPTURES.get(at[0]) is not graph:
+            graph.invalid = graph.invalid or "a wait on another capture's event"
+            raise RuntimeError("cudaErrorStreamCaptureIsolation: a wait on an event of "
+                               "another capture")
+        return
+    if not flags & EVENT_WAIT_EXTERNAL:
+        graph.invalid = graph.invalid or "a wait on an event recorded outside the capture"
+        raise RuntimeError("cudaErrorStreamCaptureIsolation: a capturing stream waits on an "
+                           "event recorded outside the capture without cudaEventWaitExternal")
+    held = weakref.ref(event)  # a graph holds the event's handle, not the event
+
+    def external():  # the event's latest record when the replay runs
+        alive = held()
+        if alive is None:
+            raise RuntimeError("a replay waits on an event destroyed since its capture")
+        if alive._at is not None and not alive.captured:
+            _drain(*alive._at)
+    external()  # the eager run of the capture waits too
+    graph.ops.append(external)
 
 
 class FakeStream:
@@ -257,23 +362,27 @@ class FakeStream:
 
     _next = [0x5000]
 
-    def __init__(self, null=False, non_blocking=False, ptr=None):
+    def __init__(self, null=False, non_blocking=False, ptr=None, device_id=None):
         if ptr is None:
             ptr = 0 if null else FakeStream._next[0]
             FakeStream._next[0] += 0x10
         self.ptr = ptr
+        self.device_id = current_device() if device_id is None else device_id
 
     def __enter__(self):
-        stack = getattr(_local, "streams", None)
-        if stack is None:
-            stack = _local.streams = []
-        stack.append(self)
+        if self.device_id != current_device():
+            raise RuntimeError(f"the stream was created on device {self.device_id}, while "
+                               f"the current device is {current_device()}")
+        _stream_stack(self.device_id).append(self)
         return self
 
     def __exit__(self, *exc):
-        _local.streams.pop()
+        _stream_stack(self.device_id).pop()
 
     def synchronize(self):
+        if self.ptr in _CAPTURES:
+            raise RuntimeError("cudaErrorStreamCaptureUnsupported: a sync of a capturing stream")
+        _refuse_unsafe("cudaStreamSynchronize")
         _count("sync")
         _drain(self.ptr)
 
@@ -284,13 +393,11 @@ class FakeStream:
 
     def wait_event(self, event):
         """Later work on this stream waits for `event`'s point in its stream."""
-        at = event._at
-        if at is not None and at[0] != self.ptr:
-            _submit(self.ptr, lambda: _drain(*at))
+        _wait(self.ptr, event)
 
     def begin_capture(self, mode=None):
         CAPTURING.append(self.ptr)
-        _CAPTURES[self.ptr] = FakeGraph(len(CALLS))
+        _CAPTURES[self.ptr] = FakeGraph(len(CALLS), CAPTURE_RELAXED if mode is None else mode)
 
     def is_capturing(self):
         return self.ptr in _CAPTURES
@@ -304,14 +411,25 @@ class FakeStream:
         return graph
 
 
-NULL_STREAM = FakeStream(null=True)
+NULL_STREAM = FakeStream(null=True, device_id=0)
+_NULL_STREAMS = {0: NULL_STREAM}
+
+
+def null_stream(device: int) -> FakeStream:
+    """Device `device`'s null stream (device 0's has pointer 0; the others a pointer of
+    their own here, so that the stand-in keeps their queues apart)."""
+    stream = _NULL_STREAMS.get(device)
+    if stream is None:
+        stream = _NULL_STREAMS[device] = FakeStream(device_id=device)
+    return stream
 
 
 class FakeGraph:
     """What a stream captured: the operations to replay, and the cuDNN calls made."""
 
-    def __init__(self, start):
+    def __init__(self, start, mode=CAPTURE_RELAXED):
         self.start, self.ops, self.calls, self.launches, self.invalid = start, [], [], 0, None
+        self.mode, self.thread = mode, threading.get_ident()
 
     def launch(self, stream=None):
         """Queue the captured work on `stream` (the current one if None)."""
@@ -419,12 +537,14 @@ def _empty(shape, dtype):
     if not isinstance(pool, FakeMemoryPool):  # its owner frees it, not the last array
         root = np.frombuffer(pool(nbytes), np.uint8, nbytes)
         flat = root.view(FakeDeviceArray)
+        flat.device_id = current_device()
         return flat.view(dtype).reshape(shape)
     block = pool.take(nbytes)
     # The root's base is the block, and NumPy collapses a view's base only through
     # arrays of the view's own type: every view keeps the root, and so the block.
     root = np.ndarray.__new__(_PoolRoot, (block.size,), np.uint8, block)
     root.release = (pool, block, current_stream().ptr)  # CuPy frees on that stream too
+    root.device_id = current_device()
     flat = np.ndarray.__getitem__(root.view(FakeDeviceArray), slice(0, nbytes))
     return flat.view(dtype).reshape(shape)
 
@@ -457,7 +577,23 @@ class _Pointer:
 
 
 def _plain(a):
-    return a.view(np.ndarray) if isinstance(a, FakeDeviceArray) else a
+    """A device array's memory as a NumPy array; while the current stream captures, one
+    that does not keep the memory alive (what a graph holds of it: its address)."""
+    if not isinstance(a, FakeDeviceArray):
+        return a
+    return _unowned(a) if current_stream().ptr in _CAPTURES else a.view(np.ndarray)
+
+
+def _unowned(a):
+    """A NumPy view of `a`'s memory by address, owning nothing: a replay through it reads
+    and writes whatever owns that memory by then (pool blocks are never unmapped)."""
+    a = a.view(np.ndarray)
+    if a.size == 0:
+        return a
+    low, high = np.lib.array_utils.byte_bounds(a)
+    memory = (ctypes.c_char * (high - low)).from_address(low)
+    start = a.__array_interface__["data"][0]
+    return np.ndarray(a.shape, a.dtype, buffer=memory, offset=start - low, strides=a.strides)
 
 
 def _new(compute):
@@ -469,7 +605,7 @@ def _new(compute):
     out = _pooled(value)
     graph = _CAPTURES.get(ptr)
     if graph is not None:
-        target = out.view(np.ndarray)
+        target = _unowned(out)
         graph.ops.append(lambda: np.copyto(target, compute(), casting="unsafe"))
     return out
 
@@ -478,10 +614,10 @@ class FakeDeviceArray(np.ndarray):
     """Memory that says it lives on CUDA device 0; reading it on the host counts."""
 
     def __dlpack_device__(self):
-        return (2, 0)
+        return (2, self.device.id)
 
     def __setitem__(self, key, value):
-        plain = self.view(np.ndarray)
+        plain = _plain(self)
         if isinstance(value, np.ndarray) and not isinstance(value, FakeDeviceArray) \
                 and value.size > 1:
             _count("host_to_device")
@@ -501,7 +637,7 @@ class FakeDeviceArray(np.ndarray):
         out = _pooled(item)  # a gather (or one element): a new device array
         graph = _CAPTURES.get(ptr)
         if graph is not None:
-            plain, target = self.view(np.ndarray), out.view(np.ndarray)
+            plain, target = _unowned(self), _unowned(out)
             graph.ops.append(lambda: np.copyto(target, plain[key]))
         return out
 
@@ -521,7 +657,7 @@ class FakeDeviceArray(np.ndarray):
         return array.view(FakeDeviceArray)  # results stay on the device, even 0-d ones
 
     def astype(self, dtype, *args, **kwargs):
-        plain = self.view(np.ndarray)
+        plain = _plain(self)
         return _new(lambda: plain.astype(dtype, *args, **kwargs))
 
     def _read(self, convert):
@@ -550,7 +686,7 @@ class FakeDeviceArray(np.ndarray):
 
     def copy(self, order="C"):
         COUNTS["device_copy"] += 1
-        plain = self.view(np.ndarray)
+        plain = _plain(self)
         return _new(lambda: plain.copy(order))
 
     @property
@@ -563,7 +699,9 @@ class FakeDeviceArray(np.ndarray):
 
     @property
     def device(self):
-        return types.SimpleNamespace(id=0)
+        root = _root(self)
+        return types.SimpleNamespace(id=root.__dict__.get("device_id", 0)
+                                     if hasattr(root, "__dict__") else 0)
 
 
 def _device(a):
@@ -572,7 +710,7 @@ def _device(a):
     a = np.asarray(a)
     order = np.argsort([-s for s in a.strides], kind="stable") if a.ndim > 1 else np.arange(a.ndim)
     out = _empty(tuple(a.shape[i] for i in order), a.dtype)
-    target, source = out.view(np.ndarray), a.transpose(order).copy()
+    target, source = _plain(out), a.transpose(order).copy()
     _now(lambda: np.copyto(target, source))
     return out.transpose(np.argsort(order))
 
@@ -639,26 +777,42 @@ class FakeCupy(types.ModuleType):
         super().__init__("fake_cupy")
 
         class Device:
-            def __init__(self, id=0):
-                self.id = 0
+            """``with Device(n):`` makes device n current on this thread."""
+
+            def __init__(self, id=None):
+                self.id = current_device() if id is None else int(id)
+                if not 0 <= self.id < DEVICES[0]:
+                    raise RuntimeError(f"cudaErrorInvalidDevice: device {self.id} of "
+                                       f"{DEVICES[0]}")
+                self._before = []
 
             def __enter__(self):
+                self._before.append(current_device())
+                _local.device = self.id
                 return self
 
             def __exit__(self, *exc):
-                return None
+                _local.device = self._before.pop()
 
             synchronize = staticmethod(_device_synchronize)
 
-        def external_stream(ptr, device_id=0):
-            return FakeStream(ptr=ptr)
+        def external_stream(ptr, device_id=-1):  # -1: unknown, taken as the current one
+            return FakeStream(ptr=ptr, device_id=None if device_id == -1 else device_id)
+
+        def stream_wait_event(stream, event, flags=0):
+            _wait(stream, _EVENTS[event], flags)
 
         self.cuda = types.SimpleNamespace(
-            runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
+            runtime=types.SimpleNamespace(getDeviceCount=lambda: DEVICES[0],
+                                          getDevice=current_device,
                                           deviceSynchronize=_device_synchronize,
                                           memcpyAsync=_memcpy_async,
                                           memsetAsync=_memset_async,
-                                          memcpyDeviceToDevice=MEMCPY_DEVICE_TO_DEVICE),
+                                          memcpyDeviceToDevice=MEMCPY_DEVICE_TO_DEVICE,
+                                          streamWaitEvent=stream_wait_event,
+                                          streamCaptureModeGlobal=CAPTURE_GLOBAL,
+                                          streamCaptureModeThreadLocal=CAPTURE_THREAD_LOCAL,
+                                          streamCaptureModeRelaxed=CAPTURE_RELAXED),
             Device=Device, get_current_stream=current_stream, Stream=FakeStream,
             ExternalStream=external_stream, Event=FakeEvent, MemoryPool=FakeMemoryPool,
             using_allocator=_UsingAllocator,
@@ -681,7 +835,7 @@ class FakeCupy(types.ModuleType):
 
     def zeros(self, shape, dtype=np.float32):
         out = self.empty(shape, dtype)
-        plain = out.view(np.ndarray)
+        plain = _plain(out)
         _now(lambda: plain.fill(0))
         return out
 
@@ -748,7 +902,7 @@ class FakeFrameworkArray:
         self.array = array
 
     def __dlpack_device__(self):
-        return (2, 0)
+        return (2, self.array.device.id)
 
     def __dlpack__(self, stream=None):
         raise AssertionError("the stand-in imports it through FakeCupy.from_dlpack")

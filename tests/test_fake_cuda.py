@@ -231,3 +231,91 @@ def test_gpu_check_gives_a_verdict_per_hazard(tmp_path):
     verdicts = [v for _, v, _ in check.hazard_verdicts(check.test_outcomes(str(xml)))]
     assert verdicts[0] == "NOT FIXED" and verdicts[-1] == "not settled"
     assert set(verdicts[1:-1]) == {"fixed"}
+
+
+# ----------------------------------------------------------------- capture modes, devices
+
+@pytest.mark.parametrize("mode, other_thread, refused", [
+    (fake_cuda.CAPTURE_GLOBAL, False, True), (fake_cuda.CAPTURE_GLOBAL, True, True),
+    (fake_cuda.CAPTURE_THREAD_LOCAL, False, True), (fake_cuda.CAPTURE_THREAD_LOCAL, True, False),
+    (fake_cuda.CAPTURE_RELAXED, False, False)])
+def test_event_queries_under_capture_follow_cudas_modes(fake_gpu, mode, other_thread, refused):
+    """A query of an event recorded before the capture: refused on the capturing thread
+    unless relaxed, and on any thread in global mode; a refusal invalidates the capture."""
+    import threading
+    cp = fake_cuda.FakeCupy()
+    event = cp.cuda.get_current_stream().record()
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.begin_capture(mode=mode)
+    errors = []
+
+    def query():
+        try:
+            assert event.done
+        except RuntimeError as exc:
+            errors.append(exc)
+    if other_thread:
+        thread = threading.Thread(target=query)
+        thread.start()
+        thread.join()
+    else:
+        query()
+    assert bool(errors) == refused
+    if refused:
+        assert "cudaErrorStreamCaptureUnsupported" in str(errors[0])
+        with pytest.raises(RuntimeError, match="StreamCaptureInvalidated"):
+            stream.end_capture()
+    else:
+        stream.end_capture()
+
+
+def test_captured_events_and_outside_events_across_a_capture(fake_gpu):
+    """A captured event is refused to queries, syncs and outside waits; a capturing
+    stream waits on an outside event only as an external one."""
+    cp = fake_cuda.FakeCupy()
+    outside = cp.cuda.get_current_stream().record()
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.begin_capture()
+    inside = stream.record()
+    with pytest.raises(RuntimeError, match="cudaErrorCapturedEvent"):
+        inside.synchronize()
+    with pytest.raises(RuntimeError, match="cudaErrorCapturedEvent"):
+        cp.cuda.get_current_stream().wait_event(inside)
+    cp.cuda.runtime.streamWaitEvent(stream.ptr, outside.ptr, fake_cuda.EVENT_WAIT_EXTERNAL)
+    stream.end_capture()
+    stream.begin_capture()
+    with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureIsolation"):
+        stream.wait_event(outside)
+    with pytest.raises(RuntimeError, match="StreamCaptureInvalidated"):
+        stream.end_capture()
+
+
+def test_a_replay_works_on_addresses_whoever_owns_them_now(fake_gpu):
+    """A graph holds no memory: freed after the capture and handed to a new owner, a
+    block is what the replay reads and writes."""
+    cp = fake_cuda.FakeCupy()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cp.zeros(64, cp.float64)
+        stream.begin_capture()
+        a += 1
+        graph = stream.end_capture()
+        del a
+        b = cp.zeros(64, cp.float64)  # a's block, at once (the same stream)
+        graph.launch(stream)
+        np.testing.assert_array_equal(fake_cuda.to_host(b), 1.0)
+
+
+def test_devices_streams_and_arrays_know_their_device(fake_gpu):
+    cp = fake_cuda.FakeCupy()
+    with pytest.raises(RuntimeError, match="InvalidDevice"):
+        cp.cuda.Device(1)
+    fake_cuda.DEVICES[0] = 2
+    with cp.cuda.Device(1):
+        a = cp.zeros(3)
+        stream = cp.cuda.Stream(non_blocking=True)
+        assert cp.cuda.get_current_stream() is not fake_cuda.NULL_STREAM
+    assert a.device.id == 1 and a.__dlpack_device__() == (2, 1)
+    assert cp.zeros(3).device.id == 0
+    with pytest.raises(RuntimeError, match="created on device 1"):
+        stream.__enter__()

@@ -170,7 +170,8 @@ def test_wrong_arrays_get_clear_errors():
 
 def test_arrays_on_another_gpu_are_refused(device):
     if device.kind != "stand-in":
-        pytest.skip("the stand-in's arrays are all on cuda:0")
+        pytest.skip("on one GPU, arrays are all on cuda:0")
+    fake_cuda.DEVICES[0] = 2  # the stand-in with two devices (install puts back one)
     case = make_case("gru")
     p = _plan_for(case, device="cuda:1")
     args = [None if a is None else device.put(a)

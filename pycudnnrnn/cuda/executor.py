@@ -24,14 +24,13 @@ CuPy's current stream: no host↔device copy, no sync, no size query. Per run:
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import numpy as np
 
 from ..core import dtypes, gpu, layout, reserve_header
 from ..core.config import Problem
 from ..cudnn import rnn
-from . import graphs, resources, weight_space
+from . import lifetime, resources, weight_space
 
 MAGIC = b"pycudnnrnn-gpu\x00\x01"
 _HEADER = reserve_header.HEADER_BYTES
@@ -86,16 +85,9 @@ class Executor:
             self.no_reserve = cp.zeros((0,), dtype=cp.uint8)  # inference's reserve_space
             if B:
                 self._describe(handle, run_lengths)
-            stream = cp.cuda.get_current_stream()
-            # The uploads above are queued on this stream; a run on another one (threads,
-            # graphs, a framework's stream) waits for them through this event: no host
-            # sync here, and none in a run (once the event has completed, runs skip it).
-            self._ready = stream.record()
-            # CuPy frees this plan's buffers in the order of the stream they were made
-            # on: when the plan dies, that stream first waits for its latest run on
-            # another stream, so no buffer is reused under work still queued there.
-            self._home, self._last_use = stream.ptr, [None]
-            weakref.finalize(self, _fence, stream, self._last_use)
+            # The uploads above are queued on this stream: no host sync here. Who uses
+            # the plan's memory after (streams, graphs) is the lifetime's to know.
+            self.lifetime = lifetime.Lifetime(cp, self, cp.cuda.get_current_stream())
 
     def _describe(self, handle, run_lengths):
         """Descriptors, temp-space sizes and device lengths and mask of the running rows."""
@@ -127,28 +119,17 @@ class Executor:
     def _enter(self):
         """The current stream, ordered after the plan's uploads."""
         stream = self.cupy.cuda.get_current_stream()
-        ready = self._ready
-        if ready is not None:
-            if ready.done:
-                self._ready = None
-            else:
-                stream.wait_event(ready)
+        self.lifetime.enter(stream)
         return stream
 
     def _leave(self, stream):
-        """After a run's work is queued: a graph being captured keeps the plan (it
-        replays this work on the plan's buffers); a run on another stream than the
-        plan's is marked for the fence of ``_fence``."""
-        held = graphs.holding()
-        if held is not None:
-            held.append(self)
-        elif stream.ptr != self._home:
-            self._last_use[0] = stream.record()
+        """After a run's work is queued on `stream` (see ``lifetime.Lifetime.leave``)."""
+        self.lifetime.leave(stream, self)
 
     def settle(self):
-        """Note that the plan's uploads are done (the caller synchronized): runs need
-        not ask (``graphs.capture``, whose capture may not query events)."""
-        self._ready = None
+        """Note that the plan's uploads are done (the caller synchronized): runs on
+        other streams need not wait for them."""
+        self.lifetime.settle()
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -488,16 +469,6 @@ class Executor:
                 self._state_out(dhx, out_dh, output_h_backprop),
                 self._state_out(dcx, out_dc, output_c_backprop) if lstm else self.empty,
                 dparams)
-
-
-def _fence(home, last_use):
-    """A dead plan's stream waits for the plan's latest run on another stream (its
-    buffers are freed in `home`'s order, right after this)."""
-    if last_use[0] is not None:
-        try:
-            home.wait_event(last_use[0])
-        except Exception:  # never raise from a finaliser (at exit, CUDA may be gone)
-            pass
 
 
 def _ptr(array) -> int:

@@ -1,0 +1,131 @@
+"""The GPU path, round 2 (issue 40): graphs that keep what they replay, every stream
+fenced, devices entered, dropout states ordered, JAX's forward workspace.
+
+Each stand-in test failed on the code before its fix: the stand-in GPU of
+``fake_cuda.py`` knows CUDA's capture modes (queries, syncs and waits refused as CUDA
+refuses them), replays graphs by address (memory freed and reused since shows up as a
+wrong answer), several streams and devices. The ``gpu`` tests run the same stories on
+a real GPU with PyTorch, CuPy and JAX (``make gpu-check``); ``docs/gpu.md`` states each
+guarantee.
+"""
+
+import gc
+import types
+
+import numpy as np
+import pytest
+
+import fake_cuda
+import pycudnnrnn
+from conftest import make_case
+from pycudnnrnn import plan as plans
+
+
+def _cp():
+    from pycudnnrnn.core import gpu
+    return gpu.cupy()
+
+
+def _on_device(case):
+    return [None if a is None else fake_cuda._device(a)
+            for a in (case.input, case.input_h, case.input_c, case.params)]
+
+
+def _expected(case, x):
+    """The CPU backend's forward of `case` with input `x` (host arrays)."""
+    return pycudnnrnn.forward(x, case.input_h, case.input_c, case.params,
+                              case.sequence_lengths, **case.attrs)
+
+
+def _close(got, want, name="output"):
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def _reuse_freed_memory(cp):
+    """Let the pool hand out every freed block (to someone who fills it)."""
+    junk = [cp.empty(n, cp.uint8) for n in range(64, 8192, 64)]
+    for j in junk:
+        j[...] = 7
+    return junk
+
+
+# ----------------------------------------------------------------- 1: foreign graphs
+
+@pytest.mark.parametrize("mode", [fake_cuda.CAPTURE_RELAXED, fake_cuda.CAPTURE_GLOBAL])
+def test_a_graph_captured_outside_pycudnnrnn_keeps_the_plans_it_replays(fake_gpu, mode):
+    """A CuPy (relaxed) or PyTorch-style (global) capture of the functional API: the
+    graph holds no plan, and ``clear_caches`` drops the cached one. The plan run under
+    the capture is pinned, so the pool does not hand its device lengths and mask to
+    someone else before the replay reads them."""
+    cp = _cp()
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8)
+    x, h, c, w = _on_device(case)
+    lengths = case.sequence_lengths
+    pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)  # built and run eagerly
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with cp.cuda.using_allocator(pool.malloc), stream:  # a graph's own pool, as torch's
+        stream.begin_capture(mode=mode)
+        y = pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)[0]
+        graph = stream.end_capture()
+    plans.clear_caches()
+    gc.collect()
+    junk = _reuse_freed_memory(cp)
+    new_x = np.random.default_rng(5).standard_normal(case.input.shape)
+    with stream:
+        x[...] = fake_cuda._device(new_x)
+        graph.launch(stream)
+        _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
+    from pycudnnrnn.cuda import lifetime
+    assert junk and lifetime.pinned() >= 1
+
+
+# ----------------------------------------------------------------- 2: every stream fenced
+
+def test_a_dead_plan_waits_for_its_runs_on_every_stream(fake_gpu):
+    """A plan run on stream A (work still queued), then on stream B, then dropped: its
+    buffers are not reused before A's work is done, though B's run was the latest."""
+    cp = _cp()
+    case = make_case("lstm", num_layers=2, lengths="ragged", num_units=6)
+    args = _on_device(case)
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=6, input_size=3, max_time=4,
+                              batch_size=3, sequence_lengths=case.sequence_lengths,
+                              dtype="float64", device="cuda")
+    plan.forward(*args)
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with a:
+        y = plan.forward(*args)[0]  # queued on A
+    with b:
+        plan.forward(*args)
+        b.synchronize()
+    del plan
+    gc.collect()
+    junk = _reuse_freed_memory(cp)
+    with a:
+        _close(fake_cuda.to_host(y), case.forward()[0])
+    assert junk
+
+
+# ----------------------------------------------------------------- 6: the upload event
+
+@pytest.mark.parametrize("mode", [fake_cuda.CAPTURE_GLOBAL, fake_cuda.CAPTURE_RELAXED])
+def test_a_capture_right_after_the_plan_is_built_waits_for_its_uploads(fake_gpu, mode):
+    """The documented ``torch.cuda.graph`` recipe with one warm-up on a side stream,
+    the GPU still busy with the plan's uploads: the capture neither queries their event
+    (refused in global mode) nor waits on it as an ordinary event (refused in any
+    mode): it waits on it as an external event, which each replay honours."""
+    cp = _cp()
+    case = make_case("gru", "bidirectional", lengths="ragged", num_units=5)
+    x, h, _, w = _on_device(case)
+    side, capturing = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with side:  # the warm-up stream: the plan is built there, its uploads queued
+        plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=5, input_size=3, max_time=4,
+                                  batch_size=3, sequence_lengths=case.sequence_lengths,
+                                  dtype="float64", device="cuda", rnn_mode="gru",
+                                  direction="bidirectional")
+    with capturing:
+        capturing.begin_capture(mode=mode)
+        y = plan.forward(x, h, None, w)[0]
+        graph = capturing.end_capture()
+        graph.launch(capturing)
+        _close(fake_cuda.to_host(y), case.forward()[0])
+    assert plan.device == "cuda:0"

@@ -67,8 +67,16 @@ class _Route:
                                  if a is not None and not isinstance(a, cupy.ndarray))
 
     def on_stream(self):
-        """Where the call's GPU work goes: the caller's stream, or CuPy's current one."""
-        return self.stream if self.stream is not None else contextlib.nullcontext()
+        """Where the call's GPU work goes: the arrays' device, made current for the whole
+        call (CuPy's current stream, events and DLPack exports are per device), and on it
+        the caller's stream, or CuPy's current one."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        entered = contextlib.ExitStack()
+        entered.enter_context(self.xp.cuda.Device(self.device))
+        if self.stream is not None:
+            entered.enter_context(self.stream)
+        return entered
 
     def outputs(self, results):
         """Backend results in the caller's array type (None stays None)."""

@@ -129,3 +129,91 @@ def test_a_capture_right_after_the_plan_is_built_waits_for_its_uploads(fake_gpu,
         graph.launch(capturing)
         _close(fake_cuda.to_host(y), case.forward()[0])
     assert plan.device == "cuda:0"
+
+
+# ----------------------------------------------------------------- 3, 4: PyTorch's tensors
+
+class _TorchLike(fake_cuda.FakeFrameworkArray):
+    """Stands for a PyTorch CUDA tensor: the library knows one by its module's name and
+    runs it on PyTorch's current stream (``torch.cuda.current_stream``, patched by the
+    ``torch_like`` fixture to hand out stand-in streams)."""
+
+    requires_grad = False
+
+    def is_conj(self):
+        return False
+
+    def is_neg(self):
+        return False
+
+
+_TorchLike.__module__ = "torch"
+
+
+@pytest.fixture
+def torch_like(fake_gpu, monkeypatch):
+    """PyTorch's current stream per device: a stand-in stream of its own."""
+    torch = pytest.importorskip("torch")
+    from pycudnnrnn.core import dtypes
+    streams = {}
+
+    def current_stream(device=None):
+        device = fake_cuda.current_device() if device is None else device
+        stream = streams.setdefault(device, fake_cuda.FakeStream(device_id=device))
+        return types.SimpleNamespace(cuda_stream=stream.ptr)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(dtypes, "torch_from_dlpack", lambda array: array)  # stays stand-in
+    return streams
+
+
+def test_graphs_capture_of_the_functional_api_on_torch_tensors_captures_it(torch_like):
+    """Inside ``graphs.capture`` the call runs on the capturing stream, not PyTorch's
+    current one: the replay recomputes the outputs from the new input."""
+    from pycudnnrnn import graphs
+    case = make_case("gru", lengths="ragged", num_units=5)
+    x, h, _, w = [None if a is None else _TorchLike(a) for a in _on_device(case)]
+    captured = graphs.capture(
+        lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs))
+    new_x = np.random.default_rng(7).standard_normal(case.input.shape)
+    with captured.stream:
+        x.array[...] = fake_cuda._device(new_x)
+        captured.replay()
+        _close(fake_cuda.to_host(captured.outputs[0]), _expected(case, new_x)[0])
+
+
+def test_torch_tensors_on_another_gpu_than_the_current_one(torch_like):
+    """Tensors on cuda:1 with cuda:0 current: the call enters cuda:1 and runs on
+    PyTorch's current stream there."""
+    fake_cuda.DEVICES[0] = 2
+    case = make_case("lstm", lengths="ragged", num_units=5)
+    cp = _cp()
+    with cp.cuda.Device(1):
+        args = [_TorchLike(a) for a in _on_device(case)]
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    assert out[0].device.id == 1
+    with cp.cuda.Device(1), fake_cuda.FakeStream(ptr=torch_like[1].ptr, device_id=1):
+        _close(fake_cuda.to_host(out[0]), case.forward()[0])
+
+
+def test_other_librarys_arrays_on_another_gpu_live_until_its_work_is_done(fake_gpu):
+    """Another library's arrays on cuda:1, cuda:0 current: they are kept until the work
+    queued on cuda:1 is done (an event there, not on cuda:0), though a later call on
+    cuda:0 lets go of what is done, and their library reuses their memory at once."""
+    fake_cuda.DEVICES[0] = 2
+    cp = _cp()
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8)
+    with cp.cuda.Device(1):
+        theirs = cp.cuda.Stream(non_blocking=True)
+        with theirs:
+            foreign = [fake_cuda.FakeFrameworkArray(a) for a in _on_device(case)]
+    out = pycudnnrnn.forward(*foreign, case.sequence_lengths, **case.attrs)
+    del foreign
+    gc.collect()
+    later = [fake_cuda.FakeFrameworkArray(a) for a in _on_device(case)]  # on cuda:0
+    pycudnnrnn.forward(*later, case.sequence_lengths, **case.attrs)
+    with cp.cuda.Device(1):
+        with theirs:
+            junk = _reuse_freed_memory(cp)
+        _close(fake_cuda.to_host(out[0]), case.forward()[0])
+    assert junk

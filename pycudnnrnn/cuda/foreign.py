@@ -19,8 +19,9 @@ _in_flight_lock = threading.Lock()
 def caller_stream(cupy, array, device: int):
     """CuPy's view of the stream `array`'s library works on, to run the call there: a
     PyTorch CUDA tensor's current stream; None for other arrays (CuPy's current stream
-    then, and ``keep_until_done`` for those from another library)."""
-    if type(array).__module__.split(".")[0] != "torch":
+    then, and ``keep_until_done`` for those from another library), and inside
+    ``pycudnnrnn.graphs.capture``, whose stream is the one to capture on."""
+    if type(array).__module__.split(".")[0] != "torch" or graphs.holding() is not None:
         return None
     import torch
     return cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device)

@@ -1437,6 +1437,9 @@ class _LightPool:
         self.malloc = self
 
 
+_LIGHT_POOL = _LightPool()
+
+
 class LightCupy(types.ModuleType):
     """The CuPy slice of ``FakeCupy`` over ``LightDeviceArray`` (CuPy 14: bfloat16 held)."""
 
@@ -1460,6 +1463,10 @@ class LightCupy(types.ModuleType):
             UnownedMemory=lambda ptr, size, owner, device_id=0:
                 (ctypes.c_char * size).from_address(ptr),
             MemoryPointer=_memory_pointer)
+
+    @staticmethod
+    def get_default_memory_pool():
+        return _LIGHT_POOL
 
     @staticmethod
     def empty(shape, dtype=np.float32):

@@ -217,3 +217,63 @@ def test_other_librarys_arrays_on_another_gpu_live_until_its_work_is_done(fake_g
             junk = _reuse_freed_memory(cp)
         _close(fake_cuda.to_host(out[0]), case.forward()[0])
     assert junk
+
+
+# ----------------------------------------------------------------- 5: dropout states
+
+def test_forwards_of_one_seed_on_two_streams_draw_in_order(fake_gpu):
+    """The seed's dropout states are one buffer: a forward on stream B that restarts
+    them waits for the forward still queued on stream A, so that each draws the seed's
+    first masks (without the wait, B's restart lands before A's draw advances them)."""
+    cp = _cp()
+    case = make_case("lstm", num_layers=2, num_units=6)
+    x, h, c, w = _on_device(case)
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=6, input_size=3, max_time=4,
+                              batch_size=3, dtype="float64", device="cuda", dropout=0.5,
+                              seed=3)
+    arrays = dict(input=x, input_h=h, input_c=c, params=w)
+    first = fake_cuda.to_host(plan.run_forward(arrays, restart_dropout=True)[0])
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with a:
+        on_a = plan.run_forward(arrays, restart_dropout=True)[0]
+    with b:
+        on_b = plan.run_forward(arrays, restart_dropout=True)[0]
+    with a:
+        _close(fake_cuda.to_host(on_a), first, "on A")
+    with b:
+        _close(fake_cuda.to_host(on_b), first, "on B")
+
+
+def test_graphs_capture_waits_for_the_callers_stream(fake_gpu):
+    """The caller's input write, queued on its stream: the capture's warm-up (and so the
+    graph's stream) comes after it."""
+    from pycudnnrnn import graphs
+    cp = _cp()
+    case = make_case("gru", lengths="ragged", num_units=5)
+    x, h, _, w = _on_device(case)
+    new_x = np.random.default_rng(9).standard_normal(case.input.shape)
+    caller = cp.cuda.Stream(non_blocking=True)
+    with caller:
+        x[...] = new_x  # a host copy, queued on the caller's stream
+        captured = graphs.capture(
+            lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs))
+    with captured.stream:
+        captured.replay()
+        _close(fake_cuda.to_host(captured.outputs[0]), _expected(case, new_x)[0])
+
+
+# ----------------------------------------------------------------- 8: smaller
+
+def test_a_plan_built_in_a_captures_warm_up_takes_no_block_of_its_pool(fake_gpu):
+    """A plan first built inside ``graphs.capture`` (its warm-up) outlives the graph in
+    the caches: its buffers come from CuPy's own pool, not the graph's private one."""
+    from pycudnnrnn import graphs
+    case = make_case("lstm", lengths="ragged", num_units=5, dropout=0.5)
+    x, h, c, w = _on_device(case)
+    captured = graphs.capture(
+        lambda: pycudnnrnn.forward(x, h, c, w, case.sequence_lengths, **case.attrs))
+    (built,) = {id(p): p for p in captured._held}.values()
+    buffers = [built.dev_lengths, built.valid, built.head_device,
+               built.rnn.dropout.states.buffer]
+    pools = {id(fake_cuda._root(b).release[0]) for b in buffers}
+    assert pools == {id(fake_cuda.FakeCupy.get_default_memory_pool())}

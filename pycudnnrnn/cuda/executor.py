@@ -69,7 +69,9 @@ class Executor:
         # its full length (nothing to pad, gather or transpose). See ``forward_at``.
         self.in_place = self.direct_states and not self.ragged and B > 0
         self.y_shape = self._run_shape(self.width)
-        with cp.cuda.Device(device):
+        # The plan's buffers outlive the call that builds it: CuPy's own pool, never the
+        # caller's allocator (a framework's, or a CUDA graph's private pool).
+        with cp.cuda.Device(device), cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
             handle = resources.handle(cp)
             self.rnn = resources.rnn_descriptor(cp, handle, device, c, dtype, self.tf32)
             if not self.rnn.layout_checked:  # once per descriptor: a bug in layout.py if not
@@ -321,13 +323,16 @@ class Executor:
         """cudnnRNNForward on addresses, with the dropout state restarted or replayed."""
         handle = resources.handle(self.cupy, self.device)
         states = getattr(self.rnn.dropout, "states", None) if self.training else None
-        if states is not None and restart_dropout:
-            states.restart()
-        # A capture's replays run no host code: a key could name no replayed mask.
-        replayed = states is not None and dropout_key is not None and \
-            not stream.is_capturing()
-        with states.replaying(dropout_key) if replayed else contextlib.nullcontext():
+        if states is None:
             self.calls.forward(handle, x, y, hx, hy, cx, cy, weights, work, reserve)
+            return
+        with states.ordered(self.cupy, stream):
+            if restart_dropout:
+                states.restart()
+            # A capture's replays run no host code: a key could name no replayed mask.
+            replayed = dropout_key is not None and not stream.is_capturing()
+            with states.replaying(dropout_key) if replayed else contextlib.nullcontext():
+                self.calls.forward(handle, x, y, hx, hy, cx, cy, weights, work, reserve)
 
     def _forward(self, stream, input, input_h, input_c, params, out, workspace,
                  restart_dropout, dropout_key):

@@ -62,6 +62,8 @@ def capture(function) -> CapturedGraph:
     stream = cupy.cuda.Stream(non_blocking=True)
     held = _capturing.held = []
     try:
+        # The warm-up reads what the caller queued on its stream (its inputs' values).
+        stream.wait_event(cupy.cuda.get_current_stream().record())
         with cupy.cuda.using_allocator(pool.malloc), stream:
             function()  # warm-up: the pool now holds every block a run needs
             stream.synchronize()

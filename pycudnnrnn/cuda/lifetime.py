@@ -32,6 +32,7 @@ from . import graphs
 EVENT_WAIT_EXTERNAL = 1
 
 _pinned: dict = {}  # id → plan executor run under a capture we do not own: kept for good
+_waited_in_graphs: dict = {}  # id → event a captured graph waits on as external
 _pinned_lock = threading.Lock()
 
 
@@ -42,9 +43,12 @@ def pinned() -> int:
 
 def wait(cupy, stream, event) -> None:
     """`stream` waits for `event` (recorded outside any capture), also while `stream`
-    captures: then as an external event, which each replay waits for."""
+    captures: then as an external event, which each replay waits for (the graph names
+    the event's handle, so the event is kept for the process's life)."""
     if stream.is_capturing():
         cupy.cuda.runtime.streamWaitEvent(stream.ptr, event.ptr, EVENT_WAIT_EXTERNAL)
+        with _pinned_lock:
+            _waited_in_graphs[id(event)] = event
     else:
         stream.wait_event(event)
 

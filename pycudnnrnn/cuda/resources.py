@@ -32,6 +32,7 @@ from ..cudnn import rnn
 from ..cudnn.descriptors import (DropoutDescriptor, Handle, RNNDataDescriptor, RNNDescriptor,
                                 TensorDescriptor)
 from ..core.lru import LRU
+from . import lifetime
 
 #: Seeds whose dropout states the caches keep per device (each ~6 MiB on current GPUs).
 DROPOUT_SEEDS_KEPT = 4
@@ -62,9 +63,26 @@ class DropoutStates:
     def __init__(self, buffer, seed: int, device: int | None = None):
         self.buffer, self.seed, self.device = buffer, seed, device
         self.initial = None
+        # Every plan of the seed, on every stream and thread, draws from this buffer:
+        # one forward at a time on the host (``_starts`` is host bookkeeping), and each
+        # after the latest one on another stream on the GPU (``ordered``).
+        self.lock = threading.RLock()
+        self._last = None  # (stream pointer, event after the latest forward's use)
         self._starts = collections.OrderedDict()     # key → the states before its forward
         self._forgotten = collections.OrderedDict()  # keys whose starts were dropped
         LIVE_DROPOUT_STATES.add(self)
+
+    @contextlib.contextmanager
+    def ordered(self, cupy, stream):
+        """One forward's use of the states (restart, replaying, cuDNN's draw) on
+        `stream`: after the latest use on another stream, one thread at a time."""
+        with self.lock:
+            last = self._last
+            if last is not None and last[0] != stream.ptr:
+                lifetime.wait(cupy, stream, last[1])
+            yield
+            if not stream.is_capturing():  # a captured event could not be waited on
+                self._last = (stream.ptr, stream.record())
 
     def restart(self):
         """Put the states back as the seed made them (a device copy, current stream)."""
@@ -155,6 +173,8 @@ def dropout_descriptor(cupy, handle, device: int, dropout: float, seed: int):
                 states = DropoutStates(cupy.empty(size, dtype=cupy.uint8), seed, device)
                 desc.set(handle, dropout, states.buffer.data.ptr, size, seed)  # slow, once
                 states.initial = states.buffer.copy()  # after the kernel, same stream
+                stream = cupy.cuda.get_current_stream()
+                states._last = (stream.ptr, stream.record())  # the kernel and the copy
                 fresh.append(states)
                 return states
 

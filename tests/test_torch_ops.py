@@ -621,15 +621,17 @@ def test_torch_func_through_cudnn_rnn_and_rnn_equals_autograd_and_vmap_works():
     torch.testing.assert_close(batched[1], model(2 * x)[0], rtol=1e-12, atol=1e-12)
 
 
-def test_double_backward_raises_a_clear_error(monkeypatch):
-    """The op's (CUDA, compiled, NumPy kernels); PyTorch's CPU kernels have one: test_native."""
+def test_double_backward_through_the_op_equals_torch_nn(monkeypatch):
+    """The op's (CUDA, compiled, NumPy kernels) differentiates twice
+    (``second_order``; tests/test_second_order.py holds it against finite differences)."""
     monkeypatch.setattr(prt.native._choice, "kernels", "numpy")
-    _, ours = _lstm_pair()
+    reference, ours = _lstm_pair()
     x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
-    (gx,) = torch.autograd.grad(ours(x)[0].sum(), x, create_graph=True)
-    with pytest.raises(NotImplementedError, match="double backward .* not supported: cuDNN's "
-                                                  "RNN has no second derivative"):
-        gx.square().sum().backward()
+    second = []
+    for module in (reference, ours):
+        (gx,) = torch.autograd.grad(module(x)[0].sum(), x, create_graph=True)
+        second.append(torch.autograd.grad(gx.square().sum(), x)[0])
+    torch.testing.assert_close(second[1], second[0], rtol=1e-10, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- autocast

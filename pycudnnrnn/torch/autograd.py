@@ -6,7 +6,8 @@ autograd formulas of ``forward`` and ``forward_weights`` (what ``torch.compile``
 ``autograd.Function`` with ``setup_context`` that eager calls go through: torch.func's
 transforms (``grad``, ``vjp``, ``jacrev``) need one, a custom op's autograd formula does
 not compose with them, and Dynamo does not trace this kind of Function. ``apply`` picks
-the door. Double backward is refused with a clear error (``_NoDoubleBackward``).
+the door. Where backward records a graph (``create_graph=True``, torch.func), its results
+are differentiable once more through ``second_order.tie``.
 """
 
 from __future__ import annotations
@@ -15,51 +16,9 @@ import math
 
 import torch
 
-from . import flat_weights, onnx_export
+from . import flat_weights, onnx_export, second_order
 from .ops import (autocast, autocast_dtype, backprop, backprop_weights, forward, forward_weights,
                   import_dynamo)
-
-
-class _NoDoubleBackward(torch.autograd.Function):
-    """Identity on a gradient, tied to what it was computed from; its gradient is refused.
-
-    The backprop ops run without autograd (a custom op under torch.func's grad transform
-    needs an autograd formula that composes with it, and there is none to give): where
-    backward runs with grad mode on (``create_graph=True``, torch.func) the results are
-    tied back to the tensors that required grad, so that a double backward raises this
-    clear error instead of silently treating the gradients as constants.
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(grad, *sources):
-        return grad.clone()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise NotImplementedError(
-            "pycudnnrnn: double backward (the gradient of a gradient: create_graph=True then "
-            "backward again, gradient penalties, MAML) is not supported: cuDNN's RNN has no "
-            "second derivative, and this library's gradients come from its backprop, which "
-            "has none (as PyTorch's cuDNN RNNs). First-order gradients work")
-
-
-def _backprop_without_autograd(op, *args):
-    """`op` (a backprop op) on `args`, its results tied by ``_NoDoubleBackward``."""
-    with torch.no_grad():
-        results = op(*args)
-    if not torch.is_grad_enabled():
-        return results
-    flat = [t for a in args for t in (a if isinstance(a, list) else [a])]
-    sources = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not sources:
-        return results
-    return tuple(r if r.numel() == 0 else _NoDoubleBackward.apply(r, *sources) for r in results)
 
 
 # One backward (``_backward_core``) behind three doors: the autograd formulas of the two
@@ -91,7 +50,8 @@ def _save(ctx, options, tensors, output, weights):
 
 
 def _backward_core(ctx, needs_data, needs_weights, d_output, d_output_h, d_output_c):
-    """``(dx, dh, dc, weight gradients)`` for the forward saved by ``_save``."""
+    """``(dx, dh, dc, weight gradients)`` for the forward saved by ``_save``:
+    the backprop op's, differentiable once more (``second_order``)."""
     s = ctx.pycudnnrnn
     if not s.is_training:
         raise RuntimeError("pycudnnrnn: backward needs forward with is_training=True (the "
@@ -100,26 +60,38 @@ def _backward_core(ctx, needs_data, needs_weights, d_output, d_output_h, d_outpu
     input, input_h, input_c, sequence_lengths, seed, out, out_h, out_c, reserve = saved[:9]
     weights = list(saved[9:])
     lstm = s.rnn_mode == "lstm"
-    zeros = lambda grad, like: torch.zeros_like(like) if grad is None else grad.contiguous()
-    grads = (zeros(d_output, out), zeros(d_output_h, out_h),
-             zeros(d_output_c, out_c) if lstm else out_c)
     gradients = "all" if needs_data and needs_weights else "data" if needs_data else "weights"
-    # The reserve is this forward's own by construction: the ops trust it (True below),
-    # so CUDA reads no header back (a sync, and an error under CUDA-graph capture).
-    if s.has_biases is None:
-        dx, dh, dc, dparams = _backprop_without_autograd(
-            backprop, input, input_h, input_c, weights[0], sequence_lengths, seed, out, out_h,
-            out_c, *grads, reserve, s.rnn_mode, s.input_mode, s.direction, s.dropout,
-            s.num_proj, s.time_major, gradients, True)
-        return dx, dh, dc if lstm else None, [dparams]
-    dx, dh, dc, dparams = _backprop_without_autograd(
-        backprop_weights, input, input_h, input_c, weights, s.has_biases, sequence_lengths, seed,
-        out, out_h, out_c, *grads, reserve, s.rnn_mode, s.direction, s.dropout, s.num_proj,
-        s.time_major, gradients, True)
-    # Views of the one flat gradient, so that each weight's .grad is one too.
-    weight_grads = [dparams[o:o + math.prod(shape)].view(shape) for o, shape in s.slots] \
-        if needs_weights else [None] * s.num_weights
-    return dx, dh, dc if lstm else None, weight_grads
+
+    def run(input, input_h, input_c, weights, d_output, d_output_h, d_output_c, extras):
+        sequence_lengths, seed, out, out_h, out_c, reserve = extras
+        zeros = lambda grad, like: torch.zeros_like(like) if grad is None else grad.contiguous()
+        grads = (zeros(d_output, out), zeros(d_output_h, out_h),
+                 zeros(d_output_c, out_c) if lstm else out_c)
+        # The reserve is this forward's own by construction: the ops trust it (True below),
+        # so CUDA reads no header back (a sync, and an error under CUDA-graph capture).
+        with torch.no_grad():
+            if s.has_biases is None:
+                dx, dh, dc, dparams = backprop(
+                    input, input_h, input_c, weights[0], sequence_lengths, seed, out, out_h,
+                    out_c, *grads, reserve, s.rnn_mode, s.input_mode, s.direction, s.dropout,
+                    s.num_proj, s.time_major, gradients, True)
+                return [dx, dh, dc if lstm else None, dparams]
+            dx, dh, dc, dparams = backprop_weights(
+                input, input_h, input_c, weights, s.has_biases, sequence_lengths, seed, out,
+                out_h, out_c, *grads, reserve, s.rnn_mode, s.direction, s.dropout, s.num_proj,
+                s.time_major, gradients, True)
+        # Views of the one flat gradient, so that each weight's .grad is one too.
+        weight_grads = [dparams[o:o + math.prod(shape)].view(shape) for o, shape in s.slots] \
+            if needs_weights else [None] * s.num_weights
+        return [dx, dh, dc if lstm else None, *weight_grads]
+
+    options = (s.rnn_mode, s.input_mode, s.direction, s.dropout, s.num_proj, s.time_major,
+               s.has_biases, s.is_training)
+    dx, dh, dc, *weight_grads = second_order.first_order(
+        run, options, (input, input_h, input_c if lstm else None), weights,
+        (d_output, d_output_h, d_output_c if lstm else None),
+        (sequence_lengths, seed, out, out_h, out_c, reserve))
+    return dx, dh, dc, weight_grads
 
 
 def _keep(grads, needs):
@@ -181,6 +153,8 @@ class _RNN(torch.autograd.Function):
         options, input, input_h, input_c, sequence_lengths, seed = inputs[:6]
         _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output,
               inputs[6:])
+        ctx.save_for_forward(input, input_h, input_c, sequence_lengths, *inputs[6:])
+        ctx.options = options
 
     @staticmethod
     def backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
@@ -189,6 +163,13 @@ class _RNN(torch.autograd.Function):
                                                   d_output, d_output_h, d_output_c)
         return (None, *_keep([dx, dh, dc], needs[1:4]), None, None,
                 *_keep(weight_grads, needs[6:]))
+
+    @staticmethod
+    def jvp(ctx, _, d_input, d_input_h, d_input_c, d_lengths, d_seed, *d_weights):
+        input, input_h, input_c, sequence_lengths, *weights = ctx.saved_tensors
+        return (*second_order.forward_jvp(ctx.options, (input, input_h, input_c),
+                                          sequence_lengths, weights,
+                                          (d_input, d_input_h, d_input_c, *d_weights)), None)
 
 
 def _call_op(options, input, input_h, input_c, sequence_lengths, seed, weights):

@@ -89,7 +89,7 @@ def takes(input, weights, input_mode="linear_input") -> bool:
 
 def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode, direction,
         time_major, dropout=0.0, train=False, is_training=True, zero_states=False,
-        torch_states=False):
+        torch_states=False, input_mode="linear_input"):
     """``(output, output_h, output_c)`` as the op gives them, on PyTorch's kernels.
 
     Arguments in the op's layout and convention; `weights` torch.nn's list (`has_biases`
@@ -98,6 +98,8 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
     whose results refuse a backward as the op's do. `zero_states`: the initial states are
     zeros (then not reordered for packing). `torch_states`: states in and out are
     ``[L·D, B, ·]`` even when batch-major, as torch.nn's (no transposes either way).
+    `input_mode` "skip_input" (flat params only): layer 0 adds its input to every gate, as
+    an input matrix of stacked identities would (what ``second_order`` recomputes with).
     """
     if not is_training:
         with torch.no_grad():
@@ -125,7 +127,7 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
     if has_biases is None:
         weights, has_biases = [w for _, w in _torch_weights(
             weights[0], rnn_mode, bidirectional, num_layers, input.shape[-1], input_c,
-            input_h)], True
+            input_h, input_mode)], True
     hx = [input_h, input_c] if lstm else input_h
     kernel = _KERNELS[rnn_mode]
     if empty and not sequence_lengths.any():  # no row runs
@@ -363,17 +365,24 @@ def _layer_runs(kernel, x, states, weights, has_biases, stops, going):
     return torch.cat(outputs), finals
 
 
-def _torch_weights(params, rnn_mode, bidirectional, num_layers, input_size, input_c, input_h):
+def _torch_weights(params, rnn_mode, bidirectional, num_layers, input_size, input_c, input_h,
+                   input_mode="linear_input"):
     """torch.nn's weights as views of the flat params (cuDNN's layout; gradients reach it):
-    ``[(offset, view), ...]`` in torch.nn's order; states in torch.nn's layout."""
+    ``[(offset, view), ...]`` in torch.nn's order; states in torch.nn's layout. With
+    `input_mode` "skip_input", layer 0's input matrices (which params lacks) are stacked
+    identities, constants at offset None."""
     state_size, num_units = input_h.shape[-1], (input_c.shape[-1] if rnn_mode == "lstm"
                                                  else input_h.shape[-1])
     config = make_config(rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units,
-                         input_size=input_size, input_mode="linear_input",
+                         input_size=input_size, input_mode=input_mode,
                          direction="bidirectional" if bidirectional else "unidirectional",
                          num_proj=state_size if state_size != num_units else 0)
     weights = []
     for blocks in layout.pseudo_layer_blocks(config):
+        if blocks.w_input is None:  # skip input: x reaches every gate as it is
+            gates = blocks.w_recurrent.shape[0] // num_units
+            weights.append((None, torch.eye(num_units, dtype=params.dtype,
+                                            device=params.device).repeat(gates, 1)))
         for block in (blocks.w_input, blocks.w_recurrent, blocks.b_input, blocks.b_recurrent,
                       blocks.w_projection):
             if block is not None:

@@ -1,0 +1,277 @@
+"""Second-order gradients of the ops: what cuDNN has not, computed only when asked for.
+
+cuDNN's RNN has a forward and a first-order backward, nothing more. The op's backward
+stays cuDNN's (or the CPU kernels'). Where it runs with grad mode on (``create_graph=True``,
+torch.func's transforms), its gradients pass through ``tie``: an identity on them whose
+own backward runs only when something differentiates the gradients again (a gradient
+penalty, a Hessian-vector product, MAML). That backward recomputes the layer's forward on
+PyTorch's twice-differentiable kernels (``native.rnn``, with cuDNN switched off for it:
+PyTorch's cuDNN RNN has no second order either) and takes the second-order product from
+that graph.
+
+Why recompute there rather than write backward in differentiable operations every time:
+a first-order step (``create_graph`` off, or on with no second derivative taken) pays
+nothing but the identity's copy, and the second order comes from kernels PyTorch keeps
+correct for every cell, direction, projection and ragged batch. The cost, paid once per
+second-order backward, is a forward and a first-order backward on those kernels, then
+their backward: about what PyTorch's own path costs with cuDNN off for the whole model.
+
+Dropout between layers is refused there: its masks were drawn by cuDNN (or the NumPy
+backend) inside the forward and cannot be read back, and a second derivative with other
+masks would be the derivative of another function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from . import native
+
+
+def first_order(run, options, data, weights, grads, extras):
+    """``run(*data, weights, *grads, extras)``'s first-order gradients
+    ``[dx, dh, dc, *weight_grads]`` (None where not computed), differentiable once more
+    where a transform or ``create_graph`` may differentiate them (see the module docstring).
+
+    `data`: ``(input, input_h, input_c)`` of the forward (input_c None unless LSTM);
+    `weights`: ``[params]`` or torch.nn's list; `grads`: the output gradients backward was
+    given (None for none); `extras`: the other tensors `run` needs (lengths, seed, the
+    forward's results and reserve space), which are not differentiated.
+    """
+    inputs = (*data, *weights, *grads)
+    transformed = torch._C._functorch.maybe_current_level() is not None
+    if not transformed and not (torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)):
+        return run(*data, weights, *grads, extras)
+    call = _Call(run, options, len(weights), extras[0])
+    call.state_layers = data[1].shape[0 if call.time_major else 1]
+    results = _FirstOrder.apply(call, *inputs, *extras)
+    results = iter(results if isinstance(results, tuple) else (results,))
+    return [next(results) if p else None for p in call.present]
+
+
+class _Call:
+    """One op call, as ``_FirstOrder`` needs it besides its tensors."""
+
+    def __init__(self, run, options, num_weights, sequence_lengths):
+        (self.rnn_mode, self.input_mode, self.direction, self.dropout, self.num_proj,
+         self.time_major, self.has_biases, self.is_training) = options
+        self.run, self.num_weights, self.sequence_lengths = run, num_weights, sequence_lengths
+        self.present = None  # which first-order results the forward computed
+
+    def split(self, args):
+        """``(inputs, extras)`` of ``_FirstOrder``'s tensor arguments."""
+        count = 3 + self.num_weights + 3
+        return list(args[:count]), list(args[count:])
+
+
+class _FirstOrder(torch.autograd.Function):
+    """The first-order gradients as a function of the forward's inputs and the output
+    gradients: the backprop op computes them; their derivatives (``backward``: vector-
+    Jacobian, ``jvp``: Jacobian-vector) come from ``gradient``, recomputed.
+
+    ``apply(call, *data, *weights, *grads, *extras)`` gives the present results.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(call, *args):
+        inputs, extras = call.split(args)
+        n = call.num_weights
+        data, weights, grads = inputs[:3], inputs[3:3 + n], inputs[3 + n:]
+        results = call.run(*data, weights, *grads, extras)
+        call.present = [r is not None for r in results]
+        return tuple(r for r in results if r is not None)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        call, args = inputs[0], inputs[1:]
+        ctx.call = call
+        tensors, _ = call.split(args)
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        call = ctx.call
+        inputs = ctx.saved_tensors
+        cotangents = _first_results(_spread(cotangents, call.present), inputs, call)
+        wanted = ctx.needs_input_grad[1:]
+        differentiate = _by_autograd if torch._C._functorch.maybe_current_level() is None \
+            else _by_functorch
+        found = iter(differentiate(call, inputs, cotangents))
+        grads = [next(found) if _floating(t) else None for t in inputs]
+        grads = [g if w else None for g, w in zip(grads, wanted)]
+        return (None, *grads) + (None,) * (len(wanted) - len(inputs))
+
+    @staticmethod
+    def jvp(ctx, _, *tangents):
+        call = ctx.call
+        inputs = ctx.saved_tensors
+        # Only the inputs with a tangent move.
+        moving = [_floating(t) and d is not None for t, d in zip(inputs, tangents)]
+        _, rebuild = _variables(inputs, moving)
+        function = functools.partial(gradient, call, rebuild)
+        found = _jvp(function, [t for t, m in zip(inputs, moving) if m],
+                     [d for d, m in zip(tangents, moving) if m])
+        found = _spread_results(found, inputs, call)
+        return tuple(f for f, p in zip(found, call.present) if p)
+
+
+def _by_functorch(call, inputs, cotangents):
+    """``gradient``'s vector-Jacobian product with `cotangents` (None for zero), one
+    result per floating input, by torch.func (inside its transforms)."""
+    variables, rebuild = _variables(inputs)
+    results, pullback = torch.func.vjp(functools.partial(gradient, call, rebuild), *variables)
+    return pullback(tuple(torch.zeros_like(r) if c is None else c
+                          for r, c in zip(results, cotangents)))
+
+
+def _by_autograd(call, inputs, cotangents):
+    """``_by_functorch``'s product by autograd (outside torch.func's transforms), which
+    PyTorch's kernels on packed rows (a ragged batch) take and torch.func does not."""
+    refuse_dropout(call)
+    leaves = [t.detach().requires_grad_() if _floating(t) else t for t in inputs]
+    n = call.num_weights
+    data, weights, grads = leaves[:3], leaves[3:3 + n], leaves[3 + n:]
+    primal = [t for t in (*data, *weights) if _floating(t)]
+    with torch.enable_grad(), _without_cudnn(inputs[0]):
+        outputs = recompute(call, data, weights)
+        used = [(o, g) for o, g in zip(outputs, grads) if _floating(g) and o.requires_grad]
+        first = torch.autograd.grad([o for o, _ in used], primal, [g for _, g in used],
+                                    create_graph=True, allow_unused=True)
+        pairs = [(f, c) for f, c in zip(first, cotangents)
+                 if f is not None and c is not None and f.requires_grad]
+        variables = [t for t in leaves if _floating(t)]
+        found = torch.autograd.grad([f for f, _ in pairs], variables, [c for _, c in pairs],
+                                    allow_unused=True) if pairs else [None] * len(variables)
+    return [torch.zeros_like(v) if g is None else g for v, g in zip(variables, found)]
+
+
+def forward_jvp(options, data, sequence_lengths, weights, tangents):
+    """The forward's ``(output, output_h, output_c)`` tangents (forward mode: torch.func's
+    ``jvp``, ``jacfwd``, ``hessian``) for the `tangents` of `data` and `weights` (None for
+    zero), recomputed on PyTorch's kernels."""
+    lstm = options[0] == "lstm"
+    data = (*data[:2], data[2] if lstm else None)
+    call = _Call(None, options, len(weights), sequence_lengths)
+    call.state_layers = data[1].shape[0 if call.time_major else 1]
+    refuse_dropout(call)
+    inputs = [*data, *weights]
+    moving = [_floating(t) and d is not None for t, d in zip(inputs, tangents)]
+    variables, rebuild = _variables(inputs, moving)
+    tangents = [d for d, m in zip(tangents, moving) if m]
+
+    def forward(*variables):
+        values = rebuild(variables)
+        with _without_cudnn(values[0]):
+            return tuple(recompute(call, values[:3], values[3:]))
+    return _jvp(forward, variables, tangents)
+
+
+def _jvp(function, primals, tangents):
+    """`function`'s Jacobian-vector product at `primals`, by reverse mode twice: the
+    vector-Jacobian product is linear in its vector, and its own vector-Jacobian
+    product with `tangents` is the Jacobian's product with them. (Forward mode through
+    PyTorch's RNN kernels fails under jacfwd's vmap: their in-place arithmetic meets
+    batched tangents on unbatched states.)"""
+    outputs, pullback = torch.func.vjp(function, *primals)
+    vectors = tuple(torch.zeros_like(o) for o in outputs)
+    _, pullback_twice = torch.func.vjp(lambda *v: pullback(v), *vectors)
+    return pullback_twice(tuple(tangents))
+
+
+def gradient(call, rebuild, *variables):
+    """The first-order gradients ``vjp`` of the forward at the data and weights, with the
+    output gradients, all among `variables` (``rebuild`` puts back the absent ones): one
+    per floating data and weight input, in order, recomputed on PyTorch's kernels."""
+    refuse_dropout(call)
+    inputs = rebuild(variables)
+    n = call.num_weights
+    data, weights, grads = inputs[:3], inputs[3:3 + n], inputs[3 + n:]
+    primal = [t for t in (*data, *weights) if _floating(t)]
+
+    def forward(*primal):
+        found = iter(primal)
+        d = [next(found) if _floating(t) else t for t in data]
+        w = [next(found) for _ in weights]
+        with _without_cudnn(d[0]):
+            return tuple(recompute(call, d, w))
+
+    outputs, pullback = torch.func.vjp(forward, *primal)
+    cotangents = tuple(torch.zeros_like(o) if not _floating(g) else g
+                       for o, g in zip(outputs, grads))
+    return tuple(pullback(cotangents))
+
+
+def _variables(inputs, moving=None):
+    """The floating tensors of `inputs` (those `moving` marks, if given), and a function
+    that takes new values for them and puts the others back."""
+    moving = [_floating(t) for t in inputs] if moving is None else moving
+    variables = [t for t, m in zip(inputs, moving) if m]
+
+    def rebuild(values):
+        found = iter(values)
+        return [next(found) if m else t for t, m in zip(inputs, moving)]
+    return variables, rebuild
+
+
+def _first_results(cotangents, inputs, call):
+    """`cotangents` (one per first-order result: dx, dh, dc, weights') for the floating data
+    and weight inputs ``gradient`` differentiates, in its order."""
+    n = call.num_weights
+    return [c for c, t in zip(cotangents, inputs[:3 + n]) if _floating(t)]
+
+
+def _spread_results(found, inputs, call):
+    """``gradient``'s results, one per first-order result (None for absent inputs)."""
+    n = call.num_weights
+    it = iter(found)
+    return [next(it) if _floating(t) else None for t in inputs[:3 + n]]
+
+
+def _floating(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def _spread(cotangents, present):
+    """The cotangents, one per first-order result, None where the result was absent."""
+    it = iter(cotangents)
+    return [next(it) if p else None for p in present]
+
+
+def recompute(call, data, weights):
+    """The op's ``(output, output_h, output_c)`` on PyTorch's kernels, from `data`
+    ``(input, input_h, input_c)`` and `weights`, as ``call`` ran it."""
+    input, input_h, input_c = data
+    has_biases = call.has_biases
+    return native.rnn(input, input_h, input_c, list(weights), has_biases,
+                      call.sequence_lengths, call.rnn_mode, call.direction, call.time_major,
+                      input_mode=call.input_mode)
+
+
+def refuse_dropout(call):
+    """Raise where the forward drew dropout masks (between layers) that cannot be drawn
+    again."""
+    num_layers = call.state_layers // (2 if call.direction == "bidirectional" else 1)
+    if not (call.is_training and call.dropout > 0 and num_layers > 1):
+        return
+    raise NotImplementedError(
+        "pycudnnrnn: the second derivative (double backward: a gradient penalty, a "
+        "Hessian-vector product) through dropout between layers is not available on the "
+        "op's routes (CUDA, compiled, torch.func, the NumPy kernels): the masks were drawn "
+        "inside the forward (by cuDNN) and cannot be read back, and other masks would "
+        "differentiate another function. Run the forward that is differentiated twice "
+        "with dropout=0 (model.eval() or a copy of the module), or eagerly on the CPU, "
+        "where PyTorch's kernels draw the masks")
+
+
+def _without_cudnn(tensor):
+    """cuDNN off for PyTorch's kernels on a CUDA `tensor` (its RNNs have no second order)."""
+    if tensor.is_cuda:
+        return torch.backends.cudnn.flags(enabled=False)
+    return contextlib.nullcontext()

@@ -39,8 +39,8 @@ FRAMEWORK_BENCHES = [
      {"KERAS_BACKEND": "jax"}),
 ]
 
-#: Issue 17's hazards and the ``gpu`` tests that settle each (test function names, in
-#: tests/test_gpu_hazards.py; "[cuda]" marks the real-GPU run of a ``device`` test).
+#: Issue 17's and 40's hazards and the ``gpu`` tests that settle each (test function
+#: names; "[cuda]" marks the real-GPU run of a ``device`` test).
 HAZARDS = [
     ("1 reserve space reused by a second backprop",
      ["test_one_reserve_space_serves_any_number_of_backprops[cuda]",
@@ -63,6 +63,14 @@ HAZARDS = [
       "test_gpu_torch_compile_reduce_overhead_trains_three_steps[plain]",
       "test_gpu_torch_compile_reduce_overhead_trains_three_steps[dropout]",
       "test_gpu_torch_compile_reduce_overhead_trains_three_steps[lengths]"]),
+    # Issue 40's (tests/test_gpu_lifetime.py)
+    ("40.1 graphs captured by PyTorch or CuPy keep their plans",
+     ["test_a_graph_captured_outside_pycudnnrnn_keeps_the_plans_it_replays[cuda]",
+      "test_gpu_torch_graph_replays_after_lru_eviction_and_clear_caches"]),
+    ("40.2 a dead plan waits for every stream it ran on",
+     ["test_a_dead_plan_waits_for_its_runs_on_every_stream[cuda]"]),
+    ("40.3 graphs.capture with PyTorch tensors", ["test_gpu_graphs_capture_with_torch_tensors"]),
+    ("40.7 JAX's forward workspace is forward's", ["test_gpu_jax_forward_workspace_is_forwards"]),
 ]
 # Hazards 5 and 6 (plan buffers on any stream, host syncs, cudnnDestroy) are ordering
 # and counting properties the stand-in GPU settles in CI; here the thread and graph

@@ -536,23 +536,25 @@ def for_adapter(key, build) -> RNNPlan:
     return _adapter_plans.get(key, build)
 
 
-_buffer_sizes = LRU(64)  # two ints each: no plan is kept
+_buffer_sizes = LRU(64)  # three ints each: no plan is kept
 
 
-def buffer_nbytes(problem: Problem, device: int | None) -> tuple[int, int]:
+def buffer_nbytes(problem: Problem, device: int | None, forward=False) -> tuple[int, int]:
     """``(reserve_nbytes, workspace_nbytes)`` of a plan for `problem` on `device` (None: the
     CPU), remembered: a framework sizes its buffers at every trace, and a cuDNN plan
-    costs descriptors (and, with dropout, a dropout state) to build."""
+    costs descriptors (and, with dropout, a dropout state) to build. With `forward`,
+    the workspace is ``forward_workspace_nbytes``: what a forward call alone needs."""
     def build():
         built = RNNPlan.from_problem(problem, device)
-        return built.reserve_nbytes, built.workspace_nbytes
+        return built.reserve_nbytes, built.workspace_nbytes, built.forward_workspace_nbytes
 
     if problem.lengths is not None:  # an array: not a key (framework traces have none)
-        return build()
-    # the seed fixes no size
-    config = problem.config.with_dropout(problem.config.dropout, 0)
-    key = (dataclasses.replace(problem, config=config), device, gpu.get_allow_tf32())
-    return _buffer_sizes.get(key, build)
+        sizes = build()
+    else:  # the seed fixes no size
+        config = problem.config.with_dropout(problem.config.dropout, 0)
+        key = (dataclasses.replace(problem, config=config), device, gpu.get_allow_tf32())
+        sizes = _buffer_sizes.get(key, build)
+    return sizes[0], sizes[2 if forward else 1]
 
 
 def reserve_nbytes(problem: Problem, device: int | None) -> int | None:

@@ -21,7 +21,9 @@ from conftest import make_case
 from pycudnnrnn import plan as plans
 
 
-def _cp():
+def _cp(device=None):
+    if device is not None and device.kind != "stand-in":
+        return pytest.importorskip("cupy")
     from pycudnnrnn.core import gpu
     return gpu.cupy()
 
@@ -51,20 +53,20 @@ def _reuse_freed_memory(cp):
 
 # ----------------------------------------------------------------- 1: foreign graphs
 
-@pytest.mark.parametrize("mode", [fake_cuda.CAPTURE_RELAXED, fake_cuda.CAPTURE_GLOBAL])
-def test_a_graph_captured_outside_pycudnnrnn_keeps_the_plans_it_replays(fake_gpu, mode):
-    """A CuPy (relaxed) or PyTorch-style (global) capture of the functional API: the
-    graph holds no plan, and ``clear_caches`` drops the cached one. The plan run under
-    the capture is pinned, so the pool does not hand its device lengths and mask to
-    someone else before the replay reads them."""
-    cp = _cp()
+def test_a_graph_captured_outside_pycudnnrnn_keeps_the_plans_it_replays(device):
+    """A CuPy capture of the functional API (on a private pool, as PyTorch's graphs
+    have): the graph holds no plan, and ``clear_caches`` drops the cached one. The plan
+    run under the capture is pinned, so the pool does not hand its device lengths and
+    mask to someone else before the replay reads them."""
+    cp = _cp(device)
     case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8)
-    x, h, c, w = _on_device(case)
+    x, h, c, w = [device.put(a) for a in (case.input, case.input_h, case.input_c,
+                                          case.params)]
     lengths = case.sequence_lengths
     pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)  # built and run eagerly
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
     with cp.cuda.using_allocator(pool.malloc), stream:  # a graph's own pool, as torch's
-        stream.begin_capture(mode=mode)
+        stream.begin_capture()  # CuPy's default: relaxed
         y = pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)[0]
         graph = stream.end_capture()
     plans.clear_caches()
@@ -72,21 +74,22 @@ def test_a_graph_captured_outside_pycudnnrnn_keeps_the_plans_it_replays(fake_gpu
     junk = _reuse_freed_memory(cp)
     new_x = np.random.default_rng(5).standard_normal(case.input.shape)
     with stream:
-        x[...] = fake_cuda._device(new_x)
+        x[...] = device.put(new_x)
         graph.launch(stream)
-        _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
+        got = device.get(y)
+    np.testing.assert_allclose(got, _expected(case, new_x)[0], rtol=1e-9, atol=1e-10)
     from pycudnnrnn.cuda import lifetime
     assert junk and lifetime.pinned() >= 1
 
 
 # ----------------------------------------------------------------- 2: every stream fenced
 
-def test_a_dead_plan_waits_for_its_runs_on_every_stream(fake_gpu):
+def test_a_dead_plan_waits_for_its_runs_on_every_stream(device):
     """A plan run on stream A (work still queued), then on stream B, then dropped: its
     buffers are not reused before A's work is done, though B's run was the latest."""
-    cp = _cp()
+    cp = _cp(device)
     case = make_case("lstm", num_layers=2, lengths="ragged", num_units=6)
-    args = _on_device(case)
+    args = [device.put(a) for a in (case.input, case.input_h, case.input_c, case.params)]
     plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=6, input_size=3, max_time=4,
                               batch_size=3, sequence_lengths=case.sequence_lengths,
                               dtype="float64", device="cuda")
@@ -101,7 +104,8 @@ def test_a_dead_plan_waits_for_its_runs_on_every_stream(fake_gpu):
     gc.collect()
     junk = _reuse_freed_memory(cp)
     with a:
-        _close(fake_cuda.to_host(y), case.forward()[0])
+        got = device.get(y)
+    np.testing.assert_allclose(got, case.forward()[0], rtol=1e-9, atol=1e-10)
     assert junk
 
 
@@ -277,3 +281,126 @@ def test_a_plan_built_in_a_captures_warm_up_takes_no_block_of_its_pool(fake_gpu)
                built.rnn.dropout.states.buffer]
     pools = {id(fake_cuda._root(b).release[0]) for b in buffers}
     assert pools == {id(fake_cuda.FakeCupy.get_default_memory_pool())}
+
+
+# ----------------------------------------------------------------- on a real GPU only
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    pytest.importorskip("cupy")
+    return torch
+
+
+@pytest.mark.gpu
+def test_gpu_torch_graph_replays_after_lru_eviction_and_clear_caches():
+    """The documented torch.cuda.graph recipe (one warm-up on a side stream), then 70
+    other shapes through the adapter's cache of 64, ``clear_caches`` and junk in CuPy's
+    pool: the replay equals an eager call on the new batch."""
+    torch = _torch_cuda()
+    import cupy
+    import pycudnnrnn.torch as prt
+    torch.manual_seed(0)
+    model = prt.LSTM(3, 8, num_layers=2, device="cuda").eval()
+    x = torch.randn(5, 4, 3, device="cuda")
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(x)  # the warm-up: the plan is built on the side stream
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = model(x)[0]
+        for batch in range(5, 75):  # evict the captured plan from the adapter's LRU
+            model(torch.randn(5, batch, 3, device="cuda"))
+        plans.clear_caches()
+        gc.collect()
+        torch.cuda.synchronize()
+        junk = _reuse_freed_memory(cupy)
+        new = torch.randn_like(x)
+        x.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = model(new)[0]
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
+    assert junk
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_capture_with_torch_tensors():
+    """``graphs.capture`` of the functional API on PyTorch tensors captures the call:
+    a replay after a new input equals an eager call on it."""
+    torch = _torch_cuda()
+    from pycudnnrnn import graphs
+    case = make_case("gru", lengths="ragged", num_units=5, dtype=np.float32)
+    x, h, w = (torch.from_numpy(a).cuda() for a in (case.input, case.input_h, case.params))
+    attrs = case.attrs
+    captured = graphs.capture(
+        lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **attrs))
+    new_x = np.random.default_rng(7).standard_normal(case.input.shape).astype(np.float32)
+    x.copy_(torch.from_numpy(new_x))
+    torch.cuda.synchronize()
+    captured.replay()
+    captured.stream.synchronize()
+    got = captured.outputs[0]
+    got = got.cpu().numpy() if hasattr(got, "cpu") else pytest.importorskip("cupy").asnumpy(got)
+    want = pycudnnrnn.forward(new_x, case.input_h, None, case.params, case.sequence_lengths,
+                              **attrs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_jax_forward_workspace_is_forwards():
+    """The forward custom call's workspace is ``forward_workspace_nbytes`` (cuDNN's
+    forward workspace), not backprop's (which adds a copy of the reserve space)."""
+    jax = pytest.importorskip("jax")
+    try:
+        jax.devices("cuda")
+    except RuntimeError:
+        pytest.skip("JAX sees no CUDA device")
+    import jax.numpy as jnp
+    import pycudnnrnn.jax as rnn_jax
+    case = make_case("lstm", num_layers=2, num_units=32, input_size=16, T=16, B=8,
+                     dtype=np.float32)
+    args = [jnp.asarray(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+    with jax.default_device(jax.devices("cuda")[0]):
+        jaxpr = jax.make_jaxpr(lambda *a: rnn_jax.rnn(*a, is_training=True))(*args)
+    (call,) = [e for e in _equations(jaxpr.jaxpr)
+               if e.params.get("target_name") == rnn_jax.FORWARD]
+    workspace = call.params["result_avals"][-1].shape[0]  # the forward call's scratch
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=32, input_size=16, max_time=16,
+                              batch_size=8, dtype="float32", device="cuda")
+    assert workspace == plan.forward_workspace_nbytes < plan.workspace_nbytes
+
+
+def _equations(jaxpr):
+    """Every equation of `jaxpr`, those of the jaxprs its equations hold included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner)
+
+
+# ----------------------------------------------------------------- 7: JAX's forward workspace
+
+def test_the_forward_calls_workspace_is_sized_by_forward_workspace_nbytes(fake_gpu):
+    """What the forward custom call allocates at trace time for its scratch: cuDNN's
+    forward workspace, not backprop's (its reserve copy is ~3 GiB for a float16
+    4-layer LSTM at T=512, B=128, H=1024)."""
+    from pycudnnrnn.jax import targets
+    case = make_case("lstm", num_layers=4, num_units=32, input_size=32, T=16, B=8,
+                     dtype=np.float16)
+    from pycudnnrnn import jax as rnn_jax
+    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    cuda = plans.RNNPlan.from_problem(problem, 0)
+    assert cuda.forward_workspace_nbytes < cuda.workspace_nbytes
+    assert targets.buffer_sizes(problem, cuda=True, forward=True) == (
+        cuda.reserve_nbytes, cuda.forward_workspace_nbytes)
+    assert targets.buffer_sizes(problem, cuda=True) == (cuda.reserve_nbytes,
+                                                        cuda.workspace_nbytes)

@@ -141,9 +141,10 @@ def _prefix(buffer, nbytes, name):
     return buffer[:nbytes]
 
 
-def buffer_sizes(problem, cuda: bool) -> tuple[int, int]:
+def buffer_sizes(problem, cuda: bool, forward=False) -> tuple[int, int]:
     """``(reserve_space, workspace)`` bytes to allocate at trace time for `problem`, on
-    CUDA (device 0's cuDNN plan) or the CPU.
+    CUDA (device 0's cuDNN plan) or the CPU; with `forward`, the workspace of the
+    forward call alone (cuDNN's forward workspace, without backprop's reserve copy).
 
     Lengths are unknown then (``problem`` has none: every row runs, the most a plan can
     need); a handler uses the first bytes its plan needs. Sized for one platform, not
@@ -151,7 +152,7 @@ def buffer_sizes(problem, cuda: bool) -> tuple[int, int]:
     cuDNN's, and XLA preallocates most of the GPU.
     """
     from ..plan import buffer_nbytes
-    return buffer_nbytes(problem, 0 if cuda else None)
+    return buffer_nbytes(problem, 0 if cuda else None, forward)
 
 
 class _Described:

@@ -452,3 +452,76 @@ def test_docs_page_runs(tmp_path, monkeypatch, op_calls):
     for block in blocks:
         exec(compile(block, path, "exec"), namespace)
     assert {c[0] for c in op_calls} == {"lstm", "gru"}
+
+
+def penalty_grads(layer):
+    """``f(x) -> (loss, grads)``: the gradient, with respect to the layer's trainable
+    weights, of a WGAN-GP loss: the critic's mean output plus (‖∂critic/∂x‖ - 1)² per
+    sample (a second derivative), at the weights' current values."""
+    if BACKEND == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        def loss(trainable, frozen, x):
+            critic = lambda x: layer.stateless_call(trainable, frozen, x)[0].sum(-1)
+            scores, pullback = jax.vjp(critic, x)
+            (g,) = pullback(jnp.ones_like(scores))
+            norms = jnp.sqrt((g ** 2).sum(axis=(1, 2)))
+            return scores.mean() + ((norms - 1) ** 2).mean()
+        step = jax.jit(jax.value_and_grad(loss))  # compiled once: eager is slower here
+
+        def f(x):
+            value, grads = step([v.value for v in layer.trainable_variables],
+                                [v.value for v in layer.non_trainable_variables], x)
+            return float(value), numpy(grads)
+        return f
+    import torch
+
+    def f(x):
+        xt = torch.tensor(x, requires_grad=True)
+        scores = layer(xt).sum(-1)
+        (g,) = torch.autograd.grad(scores.sum(), xt, create_graph=True)
+        loss = scores.mean() + ((g.square().sum((1, 2)).sqrt() - 1) ** 2).mean()
+        weights = [v.value for v in layer.trainable_variables]
+        return float(loss.detach()), numpy(list(torch.autograd.grad(loss, weights)))
+    return f
+
+
+@pytest.fixture(params=["default", "op"])
+def route(request, monkeypatch):
+    """Where the layer's call runs on the CPU by default (JAX's scan; PyTorch's kernels),
+    or the op a GPU runs (the custom call; the op's NumPy kernels)."""
+    if request.param == "op":
+        if BACKEND == "jax":
+            from pycudnnrnn.jax import scan
+            monkeypatch.setattr(scan, "applies", lambda problem: False)
+        else:
+            from pycudnnrnn.torch import native
+            monkeypatch.setattr(native._choice, "kernels", "numpy")
+    return request.param
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_gradient_penalty_equals_keras_and_trains(mode, route, op_calls):
+    """Second-order gradients through the op: the penalty's weight gradients equal Keras's
+    own layer's, and a few steps of descent on them lower the loss."""
+    x = data(4, (B, T, F)) * 0.5
+    reference = ours.Bidirectional(KERAS[mode](H)) if mode == "gru" else KERAS[mode](H)
+    layer = ours.Bidirectional(OURS[mode](H)) if mode == "gru" else OURS[mode](H)
+    reference(x)
+    layer(x)
+    layer.set_weights(reference.get_weights())
+    op_calls.clear()
+    want_loss, want = penalty_grads(reference)(x)
+    assert not op_calls
+    losses, penalty = [], penalty_grads(layer)
+    for step in range(4):
+        loss, got = penalty(x)
+        if step == 0:
+            assert op_calls
+            assert_close([np.float32(loss)], [np.float32(want_loss)], "penalty loss")
+            assert_close(got, want, "penalty gradients", rtol=1e-4, atol=1e-5)
+        losses.append(loss)
+        for variable, grad in zip(layer.trainable_variables, got):
+            variable.assign(numpy(variable.value) - 0.05 * grad)
+    assert losses[-1] < losses[0], losses

@@ -404,3 +404,23 @@ def test_the_forward_calls_workspace_is_sized_by_forward_workspace_nbytes(fake_g
         cuda.reserve_nbytes, cuda.forward_workspace_nbytes)
     assert targets.buffer_sizes(problem, cuda=True) == (cuda.reserve_nbytes,
                                                         cuda.workspace_nbytes)
+
+
+def test_the_forward_custom_call_allocates_forwards_workspace(fake_gpu, monkeypatch):
+    """Issue 40, item 7, at the call site: ``rnn``'s trace for a CUDA default device asks
+    XLA for the forward's workspace, not backprop's (no device needed: tracing runs
+    nothing)."""
+    jax = pytest.importorskip("jax")
+    from pycudnnrnn import jax as rnn_jax
+    monkeypatch.setattr(rnn_jax, "_default_platform", lambda: "gpu")
+    monkeypatch.setattr(rnn_jax, "_has_cuda", lambda: True)
+    case = make_case("lstm", num_layers=4, num_units=32, input_size=32, T=16, B=8,
+                     dtype=np.float32)
+    args = (case.input, case.input_h, case.input_c, case.params)
+    jaxpr = jax.make_jaxpr(lambda *a: rnn_jax.rnn(*a, is_training=True))(*args)
+    (call,) = [e for e in _equations(jaxpr.jaxpr)
+               if e.params.get("target_name") == rnn_jax.FORWARD]
+    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    plan = plans.RNNPlan.from_problem(op.problem(*args), 0)
+    assert plan.forward_workspace_nbytes < plan.workspace_nbytes
+    assert call.params["result_avals"][-1].shape == (plan.forward_workspace_nbytes,)

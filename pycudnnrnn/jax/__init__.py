@@ -116,15 +116,16 @@ def _default_platform() -> str:
     return device if isinstance(device, str) else device.platform
 
 
-def _buffer_sizes(problem) -> tuple[int, int]:
+def _buffer_sizes(problem, forward=False) -> tuple[int, int]:
     """reserve_space and workspace bytes for the platform of JAX's default device (on
-    a GPU, cuDNN's: the CPU's may be twice as large)."""
+    a GPU, cuDNN's: the CPU's may be twice as large); with `forward`, the forward call's
+    workspace (without the room backprop needs for its copy of the reserve space)."""
     if _default_platform() in ("gpu", "cuda") and _has_cuda():
         try:
-            return targets.buffer_sizes(problem, cuda=True)
+            return targets.buffer_sizes(problem, cuda=True, forward=forward)
         except CudnnUnavailableError:
             pass  # JAX has a GPU but we cannot use it: the CUDA handler will say why
-    return targets.buffer_sizes(problem, cuda=False)
+    return targets.buffer_sizes(problem, cuda=False, forward=forward)
 
 
 def _check_lengths(sequence_lengths, batch_size, max_time):
@@ -163,7 +164,7 @@ def _forward_call(op: _Op, *operands):
                result(problem.state_shape(c.state_size), dtype)]
     if op.lstm:
         results.append(result(problem.state_shape(c.num_units), dtype))
-    reserve_nbytes, workspace_nbytes = _buffer_sizes(problem)
+    reserve_nbytes, workspace_nbytes = _buffer_sizes(problem, forward=True)
     results += [result((reserve_nbytes,), jnp.uint8), result((workspace_nbytes,), jnp.uint8)]
     register()
     return jax.ffi.ffi_call(FORWARD, results, vmap_method="sequential")(
@@ -326,8 +327,8 @@ def _on_the_cpu(op: _Op, problem, input, input_h, input_c, params, lengths, give
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _training(op: _Op, input, input_h, input_c, params, sequence_lengths):
-    return tuple(_forward_call(op, *_operands(input, input_h, input_c, params,
-                                              sequence_lengths))[:-1])
+    return tuple(_forward(op, *_operands(input, input_h, input_c, params,
+                                         sequence_lengths))[:-1])
 
 
 def _operands(input, input_h, input_c, params, sequence_lengths):
@@ -335,7 +336,7 @@ def _operands(input, input_h, input_c, params, sequence_lengths):
 
 
 def _training_fwd(op, input, input_h, input_c, params, sequence_lengths):
-    results = _forward_call(op, *_operands(input, input_h, input_c, params, sequence_lengths))
+    results = _forward(op, *_operands(input, input_h, input_c, params, sequence_lengths))
     output, output_h = results[:2]
     output_c = results[2] if op.lstm else None
     reserve = results[-1]
@@ -353,13 +354,102 @@ def _training_bwd(op, residuals, cotangents):
     operands = _operands(input, input_h, input_c, params, lengths)
     operands += [a for a in (output, output_h, output_c, d_output, d_output_h, d_output_c,
                              reserve) if a is not None]
-    grads = _backprop_call(op, lengths is not None, *operands)
+    grads = _backprop(op, lengths is not None, *operands)
     d_input, d_input_h = grads[:2]
     d_input_c = grads[2] if op.lstm else None
     return d_input, d_input_h, d_input_c, grads[-1], None
 
 
 _training.defvjp(_training_fwd, _training_bwd)
+
+
+# --------------------------------------------------------------------------- second order
+#
+# cuDNN (and the CPU handler) give a forward and a first-order backprop, no derivative of
+# either. Each custom call is a ``jax.custom_jvp`` whose primal is the call and whose
+# tangent comes from ``scan.rnn``, the same function in JAX's own operations: so the
+# first order stays the custom calls' (the tangent rules run only when something
+# differentiates the forward in forward mode, or the gradient again), and ``jvp`` of
+# ``grad``, ``grad`` of ``grad`` and ``jax.hessian`` work, reverse over reverse too (the
+# tangent rules are JAX operations, which JAX transposes). Backprop's tangent is taken
+# with respect to the forward's inputs and the output gradients alone: its other
+# operands (the forward's results, reserve_space) are functions of those inputs.
+
+def _differentiable(problem, lengths):
+    """``scan.rnn`` for `problem` as a function of ``(input, input_h, input_c, params)``
+    (input_c None unless LSTM): what the tangent rules differentiate. Refuses dropout
+    masks, which only the custom call draws."""
+    if problem.dropout_layers:
+        raise NotImplementedError(
+            "pycudnnrnn.jax: a second derivative (jax.hessian, jvp or grad of a gradient, a "
+            "gradient penalty) through dropout between layers is not available: the masks "
+            "are drawn inside the custom call (by cuDNN, or the NumPy backend on the CPU) "
+            "and cannot be read back, and other masks would differentiate another function. "
+            "Differentiate twice a call with dropout=0.0")
+    lengths = None if lengths is None else lengths.astype(jnp.int32)
+    return lambda input, input_h, input_c, params: scan.rnn(
+        problem, input, input_h, input_c, params, lengths)
+
+
+def _split_operands(names, operands):
+    """``{name: operand}`` for the custom call's operand `names`, input_c None unless LSTM."""
+    found = dict(zip(names, operands))
+    found.setdefault("input_c", None)
+    found.setdefault("sequence_lengths", None)
+    return found
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _forward(op: _Op, *operands):
+    """The forward custom call, differentiable in forward mode (see above)."""
+    return tuple(_forward_call(op, *operands))
+
+
+@_forward.defjvp
+def _forward_jvp(op, primals, tangents):
+    results = tuple(_forward_call(op, *primals))
+    names = targets.operand_names(FORWARD, op.lstm, len(primals) == (5 if op.lstm else 4))
+    a, t = _split_operands(names, primals), _split_operands(names, tangents)
+    problem = op.problem(a["input"], a["input_h"], a["input_c"], a["params"])
+    function = _differentiable(problem, a["sequence_lengths"])
+    keys = ("input", "input_h", "input_c", "params")
+    moving = [k for k in keys if a[k] is not None]
+
+    def forward(*values):
+        given = dict(zip(moving, values))
+        return function(*(given.get(k) for k in keys))[:len(results) - 1]
+    _, found = jax.jvp(forward, tuple(a[k] for k in moving), tuple(t[k] for k in moving))
+    reserve = results[-1]
+    return results, (*found, np.zeros(reserve.shape, jax.dtypes.float0))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _backprop(op: _Op, has_lengths: bool, *operands):
+    """The backprop custom call, differentiable in forward mode (see above)."""
+    return tuple(_backprop_call(op, has_lengths, *operands))
+
+
+@_backprop.defjvp
+def _backprop_jvp(op, has_lengths, primals, tangents):
+    results = tuple(_backprop_call(op, has_lengths, *primals))
+    names = targets.operand_names(BACKPROP, op.lstm, has_lengths)
+    a, t = _split_operands(names, primals), _split_operands(names, tangents)
+    problem = op.problem(a["input"], a["input_h"], a["input_c"], a["params"])
+    function = _differentiable(problem, a["sequence_lengths"])
+    keys = ("input", "input_h", "input_c", "params")
+    grads = ("output_backprop", "output_h_backprop", "output_c_backprop")
+    moving = [k for k in keys + grads if a.get(k) is not None]
+
+    def gradient(*values):
+        given = dict(zip(moving, values))
+        inputs = [k for k in keys if given.get(k) is not None]
+        outputs, pullback = jax.vjp(
+            lambda *v: function(*(dict(zip(inputs, v)).get(k) for k in keys)),
+            *(given[k] for k in inputs))
+        cotangents = [given.get(g, jnp.zeros_like(o)) for g, o in zip(grads, outputs)]
+        return pullback(tuple(cotangents))
+    _, found = jax.jvp(gradient, tuple(a[k] for k in moving), tuple(t[k] for k in moving))
+    return results, tuple(found)
 
 
 # --------------------------------------------------------------------------- the public op

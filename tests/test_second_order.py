@@ -173,3 +173,125 @@ def test_output_gradients_that_depend_on_the_outputs_differentiate_too(route):
         (gp,) = torch.autograd.grad((y.square() * y).sum(), params, create_graph=True)
         (want,) = torch.autograd.grad(gp.square().sum(), x)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_cudnn_disabled_sends_cuda_calls_to_pytorchs_kernels_as_torch_nn(monkeypatch):
+    """torch.nn's RNNs leave cuDNN for PyTorch's kernels under
+    ``torch.backends.cudnn.flags(enabled=False)`` (their masks, their double backward);
+    the drop-ins follow. A CUDA input is stood in for here by its attributes."""
+    class Cuda:
+        dtype, is_cpu, is_cuda = torch.float32, False, True
+        device = torch.device("cuda")
+
+        def numel(self):
+            return 1
+    weights = [torch.zeros(1)]
+    assert not native.takes(Cuda(), weights)
+    with torch.backends.cudnn.flags(enabled=False):
+        assert native.takes(Cuda(), weights)
+
+
+# --------------------------------------------------------------------------- GPU
+
+def _needs_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+
+
+def _penalty_grads(module, x, lengths=None):
+    """Gradients (input, then weights) of a WGAN-GP-style penalty on a packed batch."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    x = x.detach().requires_grad_()
+    data = x if lengths is None else pack_padded_sequence(x, lengths, enforce_sorted=False)
+    output = module(data)[0]
+    if lengths is not None:
+        output = pad_packed_sequence(output)[0]
+    (g,) = torch.autograd.grad(output.tanh().sum(), x, create_graph=True)
+    penalty = ((g.square().sum((0, 2)).sqrt() - 1) ** 2).mean()
+    return torch.autograd.grad(penalty, [x, *module.parameters()])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
+def test_gpu_gradient_penalty_equals_torch_nn_without_cudnn(mode, dtype):
+    """cuDNN's forward and first order, the second order recomputed: against torch.nn's
+    LSTM/GRU/RNN with cuDNN off (the only way PyTorch gives it), ragged and bidirectional."""
+    _needs_cuda()
+    torch.manual_seed(0)
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[mode]
+    extra = dict(proj_size=2) if mode == "lstm" else {}
+    reference = cls(I, H + 2, 2, bidirectional=True, dtype=dtype, device="cuda", **extra)
+    ours = getattr(prt, cls.__name__).from_torch(reference)
+    x = torch.randn(T, B, I, dtype=dtype, device="cuda")
+    got = _penalty_grads(ours, x, [4, 1, 3])
+    with torch.backends.cudnn.flags(enabled=False):
+        want = _penalty_grads(reference, x, [4, 1, 3])
+    tol = dict(rtol=1e-9, atol=1e-11) if dtype == torch.float64 else dict(rtol=2e-3, atol=2e-5)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **tol)
+
+
+@pytest.mark.gpu
+def test_gpu_second_order_equals_finite_differences_of_cudnns_first_order():
+    """float64 on cuDNN: gradgradcheck's numerical side is cuDNN's own first order."""
+    _needs_cuda()
+    for config in (CONFIGS[0], CONFIGS[2], CONFIGS[5]):
+        function, inputs = _call(config)
+        inputs = tuple(t.detach().cuda().requires_grad_() for t in inputs)
+        assert torch.autograd.gradgradcheck(function, inputs, fast_mode=True, rtol=1e-5,
+                                            atol=1e-8)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_func_hessian_and_jvp_equal_torch_nn_without_cudnn():
+    _needs_cuda()
+    torch.manual_seed(3)
+    reference = torch.nn.GRU(I, H, 2, dtype=torch.float64, device="cuda")
+    ours = prt.GRU.from_torch(reference)
+    x = torch.randn(T, B, I, dtype=torch.float64, device="cuda")
+    found = []
+    for module, cudnn in ((ours, True), (reference, False)):
+        with torch.backends.cudnn.flags(enabled=cudnn):
+            f = lambda x: module(x)[0].square().sum()
+            found.append((torch.func.hessian(f)(x),
+                          torch.func.jvp(torch.func.grad(f), (x,), (x.cos(),))[1]))
+    for got, want in zip(*found):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.gpu
+def test_gpu_dropout_with_cudnn_off_is_torch_nns_and_differentiates_twice():
+    """Under torch.backends.cudnn.flags(enabled=False) the drop-in runs PyTorch's kernels,
+    as torch.nn: the same masks from the same seed, and double backward through them."""
+    _needs_cuda()
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(I, H, 3, dropout=0.5, dtype=torch.float64, device="cuda")
+    ours = prt.LSTM.from_torch(reference)
+    x = torch.randn(T, B, I, dtype=torch.float64, device="cuda")
+    found = []
+    with torch.backends.cudnn.flags(enabled=False):
+        for module in (ours, reference):
+            torch.manual_seed(5)
+            found.append(_penalty_grads(module, x))
+    for got, want in zip(*found):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.manual_seed(5)
+    (gx,) = torch.autograd.grad(ours(x.requires_grad_())[0].sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="cudnn.flags\\(enabled=False\\)"):
+        gx.square().sum().backward()  # cuDNN's masks (cuDNN on): refused, naming the way
+
+
+@pytest.mark.gpu
+def test_gpu_first_order_steps_never_recompute(monkeypatch):
+    _needs_cuda()
+    calls = []
+    real = second_order.recompute
+    monkeypatch.setattr(second_order, "recompute", lambda *a: calls.append(1) or real(*a))
+    model = prt.LSTM(I, H, 2, device="cuda")
+    x = torch.randn(T, B, I, device="cuda", requires_grad=True)
+    model(x)[0].sum().backward()
+    (gx,) = torch.autograd.grad(model(x)[0].sum(), x, create_graph=True)
+    assert calls == []
+    gx.square().sum().backward()
+    assert len(calls) == 1

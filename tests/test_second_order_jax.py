@@ -133,3 +133,20 @@ def test_a_flax_gradient_penalty_trains_on_the_custom_call(monkeypatch):
         losses.append(float(value))
         nnx.update(ours, jax.tree.map(lambda p, g: p - 0.05 * g, nnx.state(ours), grads))
     assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-ragged", "gru-skip-input-bi"])
+def test_gpu_cuda_lowering_differentiates_twice_as_the_cpu(name):
+    """cuDNN's custom calls with scan's tangent rules, against the CPU's scan route."""
+    try:
+        gpu = jax.devices("cuda")[0]
+    except RuntimeError:
+        pytest.skip("JAX sees no CUDA device")
+    f, (x, p), _ = _function(name)
+    for derivative in ("hessian", "grad(grad)", "jvp(grad)"):
+        want = DERIVATIVES[derivative](f, x, p)
+        with jax.default_device(gpu):
+            got = DERIVATIVES[derivative](f, jax.device_put(x, gpu), jax.device_put(p, gpu))
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-11)

@@ -1,5 +1,5 @@
-"""Eager CPU calls on PyTorch's own fused RNN kernels: ``torch.lstm``, ``gru``,
-``rnn_tanh`` and ``rnn_relu``, which ``torch.nn``'s RNNs call.
+"""Eager CPU calls (and CUDA ones with cuDNN off) on PyTorch's own fused RNN kernels:
+``torch.lstm``, ``gru``, ``rnn_tanh`` and ``rnn_relu``, which ``torch.nn``'s RNNs call.
 
 They compute the op's function (cuDNN's cells, a GRU's reset gate after the product,
 projection, packed lengths), with PyTorch's autograd and its oneDNN kernels, at the cost
@@ -15,7 +15,9 @@ against. What the op adds on top is done here:
 * the op's layouts: batch-major states ``[B, L·D, ·]``, the flat params in cuDNN's layout
   (sliced into torch.nn's weights, views, so the gradient reaches the buffer).
 
-What takes this route (``takes``): CPU tensors of float32 or float64 (one dtype), outside
+What takes this route (``takes``): CPU tensors of float32 or float64 (one dtype), and CUDA
+ones while ``torch.backends.cudnn`` is disabled (as ``torch.nn``'s RNNs then leave cuDNN
+for PyTorch's kernels: their masks and their double backward), outside
 ``torch.compile``, ``torch.export`` and ONNX export (which see the op) and torch.func's
 transforms (the op has their rules: ``vmap``), without autocast, and with a linear input
 (``skip_input`` has no ``torch.nn`` weights). Dropout masks on this route are PyTorch's,
@@ -79,12 +81,14 @@ def takes(input, weights, input_mode="linear_input") -> bool:
     dtype = input.dtype
     # Cheapest first: this is asked at every call. (Either ONNX exporter traces: TorchScript's
     # with torch.jit, the other with torch.export.)
-    return (_choice.kernels == "torch" and input.is_cpu and dtype in DTYPES
+    return (_choice.kernels == "torch" and dtype in DTYPES
+            and (input.is_cpu or (input.is_cuda and not torch.backends.cudnn.enabled))
             and input.numel() > 0
             and input_mode == "linear_input" and all(w.dtype == dtype for w in weights)
             and torch._C._functorch.maybe_current_level() is None
             and not torch.compiler.is_exporting() and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing() and not torch.is_autocast_enabled("cpu"))
+            and not torch.jit.is_tracing()
+            and not torch.is_autocast_enabled(input.device.type))
 
 
 def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode, direction,

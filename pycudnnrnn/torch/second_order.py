@@ -266,8 +266,9 @@ def refuse_dropout(call):
         "op's routes (CUDA, compiled, torch.func, the NumPy kernels): the masks were drawn "
         "inside the forward (by cuDNN) and cannot be read back, and other masks would "
         "differentiate another function. Run the forward that is differentiated twice "
-        "with dropout=0 (model.eval() or a copy of the module), or eagerly on the CPU, "
-        "where PyTorch's kernels draw the masks")
+        "with dropout=0 (model.eval() or a copy of the module), or, as torch.nn's users "
+        "do, eagerly on PyTorch's kernels, which draw the masks themselves: on the CPU, "
+        "or on CUDA under torch.backends.cudnn.flags(enabled=False)")
 
 
 def _without_cudnn(tensor):

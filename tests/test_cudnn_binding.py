@@ -303,7 +303,8 @@ def test_gpu_check_limits_sum_to_under_six_minutes():
     limits += [entry[2] for entry in check.FRAMEWORK_BENCHES]
     assert sum(limits) < 360
     names = {entry[0] for entry in check.FRAMEWORK_BENCHES}
-    assert names == {"torch_bench.py", "jax_bench.py", "flax_bench.py", "keras_bench.py"}
+    assert names == {"torch_bench.py", "jax_bench.py", "flax_bench.py", "keras_bench.py",
+                     "second_order_bench.py"}
     for name in names:
         assert os.path.exists(os.path.join(os.path.dirname(check.__file__), name))
 

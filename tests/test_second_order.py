@@ -295,3 +295,18 @@ def test_gpu_first_order_steps_never_recompute(monkeypatch):
     assert calls == []
     gx.square().sum().backward()
     assert len(calls) == 1
+
+
+def test_the_penalty_benchmark_runs_each_side(monkeypatch, capsys):
+    """benchmarks/second_order_bench.py on the CPU, in this process (its driver runs each
+    side in a process of its own; timing is not tested)."""
+    from conftest import benchmark_script
+    bench = benchmark_script("second_order_bench")
+    monkeypatch.setattr(native._choice, "kernels", native._choice.kernels)  # restored after
+    found = {side: [bench.time_side(side, bench.SMALL, "cpu", repeat=1, warmup=1)]
+             for side in bench.SIDES}
+    assert all(0 < low <= median for [(median, low)] in found.values())
+    bench._print_rows(found)
+    rows = capsys.readouterr().out.splitlines()
+    assert [r.split()[0] for r in rows] == ["penalty", "first-order"]
+    assert all("pycudnnrnn / peer" in r for r in rows)

@@ -142,10 +142,14 @@ def _by_autograd(call, inputs, cotangents):
     with torch.enable_grad(), _without_cudnn(inputs[0]):
         outputs = recompute(call, data, weights)
         used = [(o, g) for o, g in zip(outputs, grads) if _floating(g) and o.requires_grad]
-        first = torch.autograd.grad([o for o, _ in used], primal, [g for _, g in used],
-                                    create_graph=True, allow_unused=True)
-        pairs = [(f, c) for f, c in zip(first, cotangents)
-                 if f is not None and c is not None and f.requires_grad]
+        # Only the first-order results something differentiates (a penalty on the input's
+        # gradient leaves the weights' alone: their first order is not recomputed).
+        needed = [(t, c) for t, c in zip(primal, cotangents) if c is not None]
+        first = torch.autograd.grad([o for o, _ in used], [t for t, _ in needed],
+                                    [g for _, g in used], create_graph=True,
+                                    allow_unused=True) if needed and used else []
+        pairs = [(f, c) for f, (_, c) in zip(first, needed)
+                 if f is not None and f.requires_grad]
         variables = [t for t in leaves if _floating(t)]
         found = torch.autograd.grad([f for f, _ in pairs], variables, [c for _, c in pairs],
                                     allow_unused=True) if pairs else [None] * len(variables)

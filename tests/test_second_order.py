@@ -310,3 +310,24 @@ def test_the_penalty_benchmark_runs_each_side(monkeypatch, capsys):
     rows = capsys.readouterr().out.splitlines()
     assert [r.split()[0] for r in rows] == ["penalty", "first-order"]
     assert all("pycudnnrnn / peer" in r for r in rows)
+
+
+def test_compiled_double_backward_is_refused_by_torch_compile_and_torch_nn_breaks_out():
+    """docs/pytorch.md's row: torch.compile refuses to differentiate a compiled backward;
+    torch.nn's LSTM is never compiled (a graph break) and differentiates twice eagerly."""
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(I, H)
+    ours = prt.LSTM.from_torch(reference)
+    x = torch.randn(T, B, I, requires_grad=True)
+    outcomes = []
+    for module in (reference, ours):
+        torch._dynamo.reset()
+        compiled = torch.compile(module, backend="aot_eager")
+        (gx,) = torch.autograd.grad(compiled(x)[0].sum(), x, create_graph=True)
+        try:
+            gx.square().sum().backward()
+            outcomes.append("works")
+        except RuntimeError as error:
+            outcomes.append(str(error))
+    assert outcomes[0] == "works"
+    assert "does not currently support double backward" in outcomes[1]

@@ -16,7 +16,9 @@ is about them. Nothing is compiled.
   call, so XLA allocates them. Both are sized at trace time for the platform of JAX's
   default device: cuDNN's sizes on a GPU, the NumPy backend's otherwise.
 * Gradients: ``jax.custom_vjp`` onto ``pycudnnrnn.backprop``'s target, with respect to
-  input, input_h, input_c and params (lengths are integers, not differentiable).
+  input, input_h, input_c and params (lengths are integers, not differentiable). Second
+  derivatives (``jax.hessian``, ``jvp`` or ``grad`` of ``grad``): each custom call is a
+  ``jax.custom_jvp`` whose tangent comes from ``scan`` (see "second order" below).
 * ``shard_map``: the operands are made to vary over the same manual mesh axes (a
   replicated ``params`` is cast to varying, so its gradient is summed over the axes, as
   for JAX's own operations) and the results vary over them too.

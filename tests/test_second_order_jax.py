@@ -150,3 +150,29 @@ def test_gpu_cuda_lowering_differentiates_twice_as_the_cpu(name):
             got = DERIVATIVES[derivative](f, jax.device_put(x, gpu), jax.device_put(p, gpu))
         for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-11)
+
+
+def test_a_flax_penalty_through_dropout_between_layers(monkeypatch):
+    """pycudnnrnn.flax draws its own masks (the op runs without dropout): a second
+    derivative through them works, and the custom call's equals the scan route's for the
+    same RNG streams."""
+    nnx = pytest.importorskip("flax.nnx")
+    from pycudnnrnn import flax as rnn_flax
+    x = jax.random.normal(jax.random.PRNGKey(2), (3, 4, 2), jnp.float32)
+
+    def penalized(model, x):  # NNX's own transforms: the module's RNG count advances
+        g = nnx.grad(lambda model, x: model(x).sum(), argnums=1)(model, x)
+        return ((jnp.sqrt((g ** 2).sum((1, 2))) - 1) ** 2).mean()
+
+    found = []
+    for route in ("scan", "custom call"):
+        if route == "custom call":
+            monkeypatch.setattr(rnn_jax.scan, "applies", lambda problem: False)
+        model = rnn_flax.LSTM(2, 3, num_layers=2, dropout_rate=0.5,
+                              rngs=nnx.Rngs(0, dropout=1))
+        model.train()
+        found.append(nnx.value_and_grad(penalized)(model, x))
+    (value, grads), (want_value, want_grads) = found[1], found[0]
+    np.testing.assert_allclose(value, want_value, rtol=1e-5)
+    for g, w in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want_grads)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)

@@ -331,3 +331,12 @@ def test_compiled_double_backward_is_refused_by_torch_compile_and_torch_nn_break
             outcomes.append(str(error))
     assert outcomes[0] == "works"
     assert "does not currently support double backward" in outcomes[1]
+
+
+def test_a_third_derivative_is_refused_not_taken_as_zero(monkeypatch):
+    monkeypatch.setattr(native._choice, "kernels", "numpy")
+    function, inputs = _call(CONFIGS[3])
+    (gx,) = torch.autograd.grad(function(*inputs)[0].sum(), inputs[0], create_graph=True)
+    (ggx,) = torch.autograd.grad(gx.square().sum(), inputs[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
+        ggx.sum().backward()

@@ -97,16 +97,9 @@ class _FirstOrder(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *cotangents):
-        call = ctx.call
-        inputs = ctx.saved_tensors
-        cotangents = _first_results(_spread(cotangents, call.present), inputs, call)
-        wanted = ctx.needs_input_grad[1:]
-        differentiate = _by_autograd if torch._C._functorch.maybe_current_level() is None \
-            else _by_functorch
-        found = iter(differentiate(call, inputs, cotangents))
-        grads = [next(found) if _floating(t) else None for t in inputs]
-        grads = [g if w else None for g, w in zip(grads, wanted)]
-        return (None, *grads) + (None,) * (len(wanted) - len(inputs))
+        if torch._C._functorch.maybe_current_level() is None:
+            return _backward_once(ctx, *cotangents)
+        return _backward(ctx, cotangents, _by_functorch)
 
     @staticmethod
     def jvp(ctx, _, *tangents):
@@ -120,6 +113,26 @@ class _FirstOrder(torch.autograd.Function):
                      [d for d, m in zip(tangents, moving) if m])
         found = _spread_results(found, inputs, call)
         return tuple(f for f, p in zip(found, call.present) if p)
+
+
+def _backward(ctx, cotangents, differentiate):
+    """``_FirstOrder.backward`` by `differentiate` (``_by_autograd`` or ``_by_functorch``)."""
+    call = ctx.call
+    inputs = ctx.saved_tensors
+    cotangents = _first_results(_spread(cotangents, call.present), inputs, call)
+    wanted = ctx.needs_input_grad[1:]
+    found = iter(differentiate(call, inputs, cotangents))
+    grads = [next(found) if _floating(t) else None for t in inputs]
+    grads = [g if w else None for g, w in zip(grads, wanted)]
+    return (None, *grads) + (None,) * (len(wanted) - len(inputs))
+
+
+@torch.autograd.function.once_differentiable
+def _backward_once(ctx, *cotangents):
+    """By autograd, on leaves of its own: a third derivative (``create_graph=True`` here
+    too) is refused by PyTorch's error for it rather than taken as zero. torch.func's
+    transforms take ``_by_functorch``, which they differentiate to any order."""
+    return _backward(ctx, cotangents, _by_autograd)
 
 
 def _by_functorch(call, inputs, cotangents):

@@ -2,19 +2,23 @@
 
 cuDNN's RNN has a forward and a first-order backward, nothing more. The op's backward
 stays cuDNN's (or the CPU kernels'). Where it runs with grad mode on (``create_graph=True``,
-torch.func's transforms), its gradients pass through ``tie``: an identity on them whose
-own backward runs only when something differentiates the gradients again (a gradient
-penalty, a Hessian-vector product, MAML). That backward recomputes the layer's forward on
-PyTorch's twice-differentiable kernels (``native.rnn``, with cuDNN switched off for it:
-PyTorch's cuDNN RNN has no second order either) and takes the second-order product from
-that graph.
+torch.func's transforms), the backprop op runs inside ``_FirstOrder``: an
+``autograd.Function`` whose results are the op's gradients and whose own backward (and
+``jvp``) runs only when something differentiates those gradients again (a gradient
+penalty, a Hessian-vector product, MAML). That backward recomputes the call's forward on
+PyTorch's twice-differentiable kernels (``native.rnn``, with cuDNN off for them: PyTorch's
+cuDNN RNN has no second order either), takes its first-order gradient with a graph, and
+differentiates that.
 
-Why recompute there rather than write backward in differentiable operations every time:
+Why recompute then, rather than write backward in differentiable operations every time:
 a first-order step (``create_graph`` off, or on with no second derivative taken) pays
-nothing but the identity's copy, and the second order comes from kernels PyTorch keeps
+nothing but an autograd node, and the second order comes from kernels PyTorch keeps
 correct for every cell, direction, projection and ragged batch. The cost, paid once per
-second-order backward, is a forward and a first-order backward on those kernels, then
-their backward: about what PyTorch's own path costs with cuDNN off for the whole model.
+call differentiated twice, is a forward and a first-order backward on those kernels, and
+their backward: about what PyTorch's path with cuDNN off spends on that call.
+
+The forward's own forward-mode rule (``jvp``, for torch.func's ``jvp``, ``jacfwd`` and
+``hessian``) is recomputed the same way (``forward_jvp``).
 
 Dropout between layers is refused there: its masks were drawn by cuDNN (or the NumPy
 backend) inside the forward and cannot be read back, and a second derivative with other
@@ -46,8 +50,7 @@ def first_order(run, options, data, weights, grads, extras):
     if not transformed and not (torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)):
         return run(*data, weights, *grads, extras)
-    call = _Call(run, options, len(weights), extras[0])
-    call.state_layers = data[1].shape[0 if call.time_major else 1]
+    call = _Call(run, options, len(weights), extras[0], data[1])
     results = _FirstOrder.apply(call, *inputs, *extras)
     results = iter(results if isinstance(results, tuple) else (results,))
     return [next(results) if p else None for p in call.present]
@@ -56,10 +59,12 @@ def first_order(run, options, data, weights, grads, extras):
 class _Call:
     """One op call, as ``_FirstOrder`` needs it besides its tensors."""
 
-    def __init__(self, run, options, num_weights, sequence_lengths):
+    def __init__(self, run, options, num_weights, sequence_lengths, input_h):
         (self.rnn_mode, self.input_mode, self.direction, self.dropout, self.num_proj,
          self.time_major, self.has_biases, self.is_training) = options
         self.run, self.num_weights, self.sequence_lengths = run, num_weights, sequence_lengths
+        self.num_layers = input_h.shape[0 if self.time_major else 1] // (
+            2 if self.direction == "bidirectional" else 1)
         self.present = None  # which first-order results the forward computed
 
     def split(self, args):
@@ -175,8 +180,7 @@ def forward_jvp(options, data, sequence_lengths, weights, tangents):
     zero), recomputed on PyTorch's kernels."""
     lstm = options[0] == "lstm"
     data = (*data[:2], data[2] if lstm else None)
-    call = _Call(None, options, len(weights), sequence_lengths)
-    call.state_layers = data[1].shape[0 if call.time_major else 1]
+    call = _Call(None, options, len(weights), sequence_lengths, data[1])
     refuse_dropout(call)
     inputs = [*data, *weights]
     moving = [_floating(t) and d is not None for t, d in zip(inputs, tangents)]
@@ -274,12 +278,12 @@ def recompute(call, data, weights):
 def refuse_dropout(call):
     """Raise where the forward drew dropout masks (between layers) that cannot be drawn
     again."""
-    num_layers = call.state_layers // (2 if call.direction == "bidirectional" else 1)
-    if not (call.is_training and call.dropout > 0 and num_layers > 1):
+    if not (call.is_training and call.dropout > 0 and call.num_layers > 1):
         return
     raise NotImplementedError(
-        "pycudnnrnn: the second derivative (double backward: a gradient penalty, a "
-        "Hessian-vector product) through dropout between layers is not available on the "
+        "pycudnnrnn: a second derivative (double backward: a gradient penalty, a "
+        "Hessian-vector product) or a forward-mode one (torch.func.jvp, jacfwd, hessian) "
+        "through dropout between layers is not available on the "
         "op's routes (CUDA, compiled, torch.func, the NumPy kernels): the masks were drawn "
         "inside the forward (by cuDNN) and cannot be read back, and other masks would "
         "differentiate another function. Run the forward that is differentiated twice "

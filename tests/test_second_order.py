@@ -340,3 +340,25 @@ def test_a_third_derivative_is_refused_not_taken_as_zero(monkeypatch):
     (ggx,) = torch.autograd.grad(gx.square().sum(), inputs[0], create_graph=True)
     with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
         ggx.sum().backward()
+
+
+def test_cudnn_rnn_differentiates_twice_as_the_functional_call(route):
+    """CudnnRNN (TensorFlow's attributes, one flat params) on the op's routes: its penalty
+    gradients equal those of ``prt.rnn`` on the same buffer (held against finite
+    differences above)."""
+    torch.manual_seed(4)
+    model = prt.CudnnRNN(I, H, 2, rnn_mode="gru", bidirectional=True,
+                         dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([4, 1, 3])
+    h0 = torch.zeros(4, B, H, dtype=torch.float64)
+
+    def penalty_grads(run):
+        (gx,) = torch.autograd.grad(run()[0].tanh().sum(), x, create_graph=True)
+        return torch.autograd.grad(gx.square().sum(), [x, model.params])
+
+    got = penalty_grads(lambda: model(x, sequence_lengths=lengths))
+    want = penalty_grads(lambda: prt.rnn(x, h0, None, model.params, lengths, rnn_mode="gru",
+                                         direction="bidirectional"))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-14)

@@ -49,10 +49,19 @@ It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
   outside it; a capturing stream may wait on an event recorded outside the capture only
   with ``cudaEventWaitExternal`` (``runtime.streamWaitEvent(s, e, 1)``), which each
   replay then honours.
+* a thread's capture interaction mode (``runtime.threadExchangeStreamCaptureMode``, as
+  CUDA's ``cudaThreadExchangeStreamCaptureMode``; global by default): a thread in relaxed
+  mode may query and sync while others capture, a thread-local one while others capture
+  in global mode.
+* a thread of the library's that only waits in the background (``pycudnnrnn.cuda.
+  foreign``'s, by its name) waits for an event passively, uncounted: the stand-in's GPU
+  runs queued work only when a test's thread syncs, so the test says when work is done.
 * devices: ``DEVICES[0]`` of them (1 unless a test sets more). Each thread has a current
   device (``cuda.Device(n)``), each device its own null stream and current stream, each
   array and stream the device it was made on; entering a stream of another device than
-  the current one is refused, as CuPy refuses it.
+  the current one is refused, as CuPy refuses it. Devices are GPUs of different kinds:
+  cuDNN on device n asks for a larger workspace and reserve space than on device 0
+  (``temp_space_bytes``), so sizes taken on the wrong device show.
 
 What it adds besides, to catch GPU bugs a CPU test would miss:
 
@@ -90,7 +99,7 @@ import numpy as np
 from pycudnnrnn import plan
 from pycudnnrnn.core import dtypes, gpu
 from pycudnnrnn.cpu import rnn as cpu_rnn
-from pycudnnrnn.cuda import resources
+from pycudnnrnn.cuda import foreign, resources
 from pycudnnrnn.core.config import GATES, Problem, RNNConfig
 from pycudnnrnn.cudnn import capi
 from pycudnnrnn.cudnn.capi import api as real_api
@@ -176,6 +185,7 @@ def synchronize_all():
 
 _lock = threading.RLock()
 _local = threading.local()
+_progress = threading.Condition(_lock)  # notified when a stream's queued work has run
 
 
 class _Queue:
@@ -225,6 +235,18 @@ def _drain(ptr, upto=None):
                 op()
         finally:
             q.running = False
+            _progress.notify_all()
+
+
+def _thread_capture_mode() -> int:
+    return getattr(_local, "capture_mode", CAPTURE_GLOBAL)
+
+
+def _exchange_capture_mode(mode: int) -> int:
+    """cudaThreadExchangeStreamCaptureMode: this thread's mode becomes `mode`; the old one
+    is returned."""
+    old, _local.capture_mode = _thread_capture_mode(), int(mode)
+    return old
 
 
 def current_device() -> int:
@@ -303,6 +325,11 @@ class FakeEvent:
     def synchronize(self):
         self._refuse_captured("cudaEventSynchronize")
         _refuse_unsafe("cudaEventSynchronize")
+        if threading.current_thread().name == getattr(foreign, "WAITER_NAME", None):
+            at = self._at  # a background wait: until a test's thread has run the work
+            with _progress:
+                _progress.wait_for(lambda: at is None or _queue(at[0]).executed >= at[1])
+            return
         _count("sync")
         if self._at is not None:
             _drain(*self._at)
@@ -310,12 +337,16 @@ class FakeEvent:
 
 def _refuse_unsafe(what):
     """CUDA's rule for "potentially unsafe" calls (queries and syncs): refused while this
-    thread captures in global or thread-local mode, or another thread in global mode;
-    the refusal invalidates those captures."""
+    thread captures in global or thread-local mode, or (unless this thread's interaction
+    mode is thread-local or relaxed) another thread in global mode; none is refused in a
+    thread whose mode is relaxed. The refusal invalidates those captures."""
     me = threading.get_ident()
+    mode = _thread_capture_mode()
+    if mode == CAPTURE_RELAXED:
+        return
     with _lock:
-        blocking = [g for g in _CAPTURES.values()
-                    if g.mode == CAPTURE_GLOBAL or g.mode == CAPTURE_THREAD_LOCAL and g.thread == me]
+        blocking = [g for g in _CAPTURES.values() if g.mode != CAPTURE_RELAXED and (
+            g.thread == me or g.mode == CAPTURE_GLOBAL and mode == CAPTURE_GLOBAL)]
         for graph in blocking:
             graph.invalid = graph.invalid or f"{what} during a capture"
     if blocking:
@@ -810,6 +841,7 @@ class FakeCupy(types.ModuleType):
                                           memsetAsync=_memset_async,
                                           memcpyDeviceToDevice=MEMCPY_DEVICE_TO_DEVICE,
                                           streamWaitEvent=stream_wait_event,
+                                          threadExchangeStreamCaptureMode=_exchange_capture_mode,
                                           streamCaptureModeGlobal=CAPTURE_GLOBAL,
                                           streamCaptureModeThreadLocal=CAPTURE_THREAD_LOCAL,
                                           streamCaptureModeRelaxed=CAPTURE_RELAXED),
@@ -930,13 +962,15 @@ _MODES = {capi.CUDNN_LSTM: "lstm", capi.CUDNN_GRU: "gru", capi.CUDNN_RNN_TANH: "
 DROPOUT_STATES_BYTES = 64
 
 
-def temp_space_bytes(config: RNNConfig, dtype, max_time: int, batch: int, training: bool):
-    """(workspace, reserve) bytes the stand-in's cuDNN asks for: growing with the problem,
-    as cuDNN's do (the reserve holds every gate of every step and layer)."""
+def temp_space_bytes(config: RNNConfig, dtype, max_time: int, batch: int, training: bool,
+                     device: int = 0):
+    """(workspace, reserve) bytes the stand-in's cuDNN asks for on `device`: growing with
+    the problem, as cuDNN's do (the reserve holds every gate of every step and layer),
+    and with the device number (GPUs of different kinds ask for different sizes)."""
     cells = max_time * batch * config.num_pseudo_layers * config.num_units
     itemsize = np.dtype(dtype).itemsize
-    work = 1024 + cells * itemsize
-    reserve = 64 + cells * config.num_gates * itemsize if training else 0
+    work = 1024 * (1 + device) + cells * itemsize
+    reserve = 64 * (1 + device) + cells * config.num_gates * itemsize if training else 0
     return work, reserve
 
 
@@ -947,6 +981,7 @@ class FakeCudnn:
         self.calls = []
         self.state = {}     # token in the reserve space → what forward (or backward data) left
         self.streams = {}   # handle → the stream cudnnSetStream gave it
+        self.devices = {}   # handle → the device current when it was created
         self.dropouts = {}  # dropout descriptor → (dropout, states pointer, states bytes)
         self._tokens = iter(range(1, 1 << 62))
         self._handles = iter(range(0x1000, 1 << 40, 0x10))
@@ -1017,6 +1052,7 @@ class FakeCudnn:
     # --- the calls that need a GPU
     def _cudnnCreate(self, handle_ptr):
         handle_ptr[0] = next(self._handles)
+        self.devices[handle_ptr[0]] = current_device()
 
     def _cudnnDestroy(self, handle):
         # cuDNN's cudnnDestroy calls cudaDeviceSynchronize: illegal while a stream
@@ -1071,14 +1107,16 @@ class FakeCudnn:
         config, dtype, _ = self._rnn(desc)
         x = self._data(x_desc)
         work[0], reserve[0] = temp_space_bytes(config, dtype, x["T"], x["B"],
-                                               mode == capi.CUDNN_FWD_MODE_TRAINING)
+                                               mode == capi.CUDNN_FWD_MODE_TRAINING,
+                                               self.devices.get(handle, 0))
 
-    def _call(self, desc, x_desc, dev_lengths, training, work_size, reserve_size):
+    def _call(self, handle, desc, x_desc, dev_lengths, training, work_size, reserve_size):
         """What a compute call reads on the host when it is made: the descriptors."""
         config, dtype, dropout = self._rnn(desc)
         x = self._data(x_desc)
         assert (x["lengths"] > 0).all(), "cuDNN rejects zero-length sequences"
-        work, reserve = temp_space_bytes(config, dtype, x["T"], x["B"], training)
+        work, reserve = temp_space_bytes(config, dtype, x["T"], x["B"], training,
+                                         self.devices.get(handle, 0))
         assert work_size >= work, f"workspace of {work_size} bytes, cuDNN needs {work}"
         assert reserve_size >= reserve, f"reserve of {reserve_size} bytes, cuDNN needs {reserve}"
         return config, np.dtype(dtype), dropout, x, ctypes.cast(dev_lengths, ctypes.c_void_p).value
@@ -1113,7 +1151,7 @@ class FakeCudnn:
     def _cudnnRNNForward(self, handle, desc, mode, dev_lengths, x_desc, x, y_desc, y, h_desc, hx, hy,
                          c_desc, cx, cy, w_size, w, work_size, work, reserve_size, reserve):
         training = mode == capi.CUDNN_FWD_MODE_TRAINING
-        config, dtype, dropout, xd, lengths_ptr = self._call(desc, x_desc, dev_lengths, training,
+        config, dtype, dropout, xd, lengths_ptr = self._call(handle, desc, x_desc, dev_lengths, training,
                                                              work_size, reserve_size)
 
         def run():
@@ -1148,7 +1186,7 @@ class FakeCudnn:
     def _cudnnRNNBackwardData_v8(self, handle, desc, dev_lengths, y_desc, y, dy, x_desc, dx, h_desc,
                                  hx, dhy, dhx, c_desc, cx, dcy, dcx, w_size, w, work_size, work,
                                  reserve_size, reserve):
-        config, dtype, _, xd, lengths_ptr = self._call(desc, x_desc, dev_lengths, True,
+        config, dtype, _, xd, lengths_ptr = self._call(handle, desc, x_desc, dev_lengths, True,
                                                        work_size, reserve_size)
 
         def run():
@@ -1200,7 +1238,7 @@ class FakeCudnn:
     def _cudnnRNNBackwardWeights_v8(self, handle, desc, add, dev_lengths, x_desc, x, h_desc, hx,
                                     y_desc, y, w_size, dw, work_size, work, reserve_size, reserve):
         assert add == capi.CUDNN_WGRAD_MODE_ADD
-        config, dtype, _, xd, lengths_ptr = self._call(desc, x_desc, dev_lengths, True,
+        config, dtype, _, xd, lengths_ptr = self._call(handle, desc, x_desc, dev_lengths, True,
                                                        work_size, reserve_size)
 
         def run():

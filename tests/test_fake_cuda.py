@@ -269,6 +269,52 @@ def test_event_queries_under_capture_follow_cudas_modes(fake_gpu, mode, other_th
         stream.end_capture()
 
 
+@pytest.mark.parametrize("thread_mode, refused", [
+    (fake_cuda.CAPTURE_GLOBAL, True), (fake_cuda.CAPTURE_THREAD_LOCAL, False),
+    (fake_cuda.CAPTURE_RELAXED, False)])
+def test_a_threads_capture_interaction_mode(fake_gpu, thread_mode, refused):
+    """cudaThreadExchangeStreamCaptureMode: a thread whose mode is thread-local or relaxed
+    may query while another thread captures in global mode; the default (global) may not."""
+    import threading
+    cp = fake_cuda.FakeCupy()
+    event = cp.cuda.get_current_stream().record()
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.begin_capture(mode=fake_cuda.CAPTURE_GLOBAL)
+    errors, modes = [], []
+
+    def query():
+        modes.append(cp.cuda.runtime.threadExchangeStreamCaptureMode(thread_mode))
+        try:
+            assert event.done
+        except RuntimeError as exc:
+            errors.append(exc)
+    thread = threading.Thread(target=query)
+    thread.start()
+    thread.join()
+    assert modes == [fake_cuda.CAPTURE_GLOBAL] and bool(errors) == refused
+    if refused:
+        with pytest.raises(RuntimeError, match="StreamCaptureInvalidated"):
+            stream.end_capture()
+    else:
+        stream.end_capture()
+
+
+def test_temp_space_sizes_differ_by_device(fake_gpu):
+    """The stand-in's devices are GPUs of different kinds: cuDNN asks for other sizes on
+    cuda:1 than on cuda:0, by the device its handle was made on."""
+    from pycudnnrnn.core.checks import make_config
+    config = make_config(rnn_mode="gru", num_layers=1, num_units=4, input_size=4,
+                         input_mode="linear_input", direction="unidirectional", num_proj=0)
+    on_0, on_1 = (fake_cuda.temp_space_bytes(config, np.float32, 4, 2, True, device=d)
+                  for d in (0, 1))
+    assert on_0[0] < on_1[0] and on_0[1] < on_1[1]
+    fake_cuda.DEVICES[0] = 2
+    plans = [pycudnnrnn.RNNPlan(num_layers=1, num_units=4, input_size=4, max_time=4,
+                                batch_size=2, dtype="float32", device=f"cuda:{d}",
+                                rnn_mode="gru") for d in (0, 1)]
+    assert [p.workspace_nbytes < q.workspace_nbytes for p, q in [plans]] == [True]
+
+
 def test_captured_events_and_outside_events_across_a_capture(fake_gpu):
     """A captured event is refused to queries, syncs and outside waits; a capturing
     stream waits on an outside event only as an external one."""

@@ -1,5 +1,6 @@
 """The GPU path, round 2 (issue 40): graphs that keep what they replay, every stream
-fenced, devices entered, dropout states ordered, JAX's forward workspace.
+fenced, devices entered, dropout states ordered, JAX's forward workspace, trace-time
+sizes on JAX's default device, another library's arrays released once read.
 
 Each stand-in test failed on the code before its fix: the stand-in GPU of
 ``fake_cuda.py`` knows CUDA's capture modes (queries, syncs and waits refused as CUDA
@@ -203,7 +204,7 @@ def test_torch_tensors_on_another_gpu_than_the_current_one(torch_like):
 def test_other_librarys_arrays_on_another_gpu_live_until_its_work_is_done(fake_gpu):
     """Another library's arrays on cuda:1, cuda:0 current: they are kept until the work
     queued on cuda:1 is done (an event there, not on cuda:0), though a later call on
-    cuda:0 lets go of what is done, and their library reuses their memory at once."""
+    cuda:0 comes, and their library reuses their memory at once."""
     fake_cuda.DEVICES[0] = 2
     cp = _cp()
     case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8)
@@ -424,3 +425,135 @@ def test_the_forward_custom_call_allocates_forwards_workspace(fake_gpu, monkeypa
     plan = plans.RNNPlan.from_problem(op.problem(*args), 0)
     assert plan.forward_workspace_nbytes < plan.workspace_nbytes
     assert call.params["result_avals"][-1].shape == (plan.forward_workspace_nbytes,)
+
+
+# ----------------------------------------------------------------- 8: JAX's default device
+
+class _CudaDevice:
+    """Stands for a JAX CUDA device (JAX takes an object whose type names a Device as a
+    default device): ``local_hardware_id`` is its CUDA ordinal in this process."""
+
+    platform = "gpu"
+
+    def __init__(self, ordinal, id=None):
+        self.local_hardware_id, self.id = ordinal, ordinal if id is None else id
+
+
+_CudaDevice.__name__ = _CudaDevice.__qualname__ = "CudaDevice"
+
+
+def _jax_on_cuda(monkeypatch):
+    jax = pytest.importorskip("jax")
+    from pycudnnrnn import jax as rnn_jax
+    monkeypatch.setattr(rnn_jax, "_has_cuda", lambda: True)
+    return jax, rnn_jax
+
+
+def _sizes_on(problem, device, forward=False):
+    plan = plans.RNNPlan.from_problem(problem, device)
+    return plan.reserve_nbytes, plan.forward_workspace_nbytes if forward else \
+        plan.workspace_nbytes
+
+
+def test_trace_time_sizes_are_the_default_devices(fake_gpu, monkeypatch):
+    """Under ``jax.default_device(cuda:1)`` the custom calls' reserve space and workspace
+    are cuDNN's sizes on cuda:1 (the stand-in's two devices are GPUs of different kinds,
+    whose cuDNN asks for different sizes), not on cuda:0: the handler, on cuda:1, would
+    find XLA's buffers too small."""
+    fake_cuda.DEVICES[0] = 2
+    jax, rnn_jax = _jax_on_cuda(monkeypatch)
+    case = make_case("lstm", num_layers=2, num_units=8, input_size=4, T=5, B=3,
+                     dtype=np.float32)
+    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    on_0, on_1 = _sizes_on(problem, 0), _sizes_on(problem, 1)
+    assert on_0[0] < on_1[0] and on_0[1] < on_1[1]  # the stand-in's GPUs differ
+    with jax.default_device(_CudaDevice(1)):
+        assert rnn_jax._buffer_sizes(problem) == on_1
+        assert rnn_jax._buffer_sizes(problem, forward=True) == _sizes_on(problem, 1, True)
+    with jax.default_device(_CudaDevice(0, id=5)):  # JAX's id is global; the ordinal local
+        assert rnn_jax._buffer_sizes(problem) == on_0
+
+
+def test_trace_time_sizes_without_a_default_device_are_the_first_local_ones(fake_gpu,
+                                                                           monkeypatch):
+    """No ``jax.default_device``: JAX's default is its first local device, which need not
+    be cuda:0 (a process of a multi-process job on one host); the sizes are its."""
+    fake_cuda.DEVICES[0] = 2
+    jax, rnn_jax = _jax_on_cuda(monkeypatch)
+    monkeypatch.setattr(rnn_jax, "_default_platform", lambda: "gpu")
+    monkeypatch.setattr(jax, "local_devices", lambda backend=None: [_CudaDevice(1, id=3)])
+    case = make_case("gru", "bidirectional", num_units=6, input_size=3, T=4, B=2,
+                     dtype=np.float32)
+    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    problem = op.problem(case.input, case.input_h, None, case.params)
+    assert jax.config.jax_default_device is None
+    assert rnn_jax._buffer_sizes(problem) == _sizes_on(problem, 1) != _sizes_on(problem, 0)
+
+
+# ----------------------------------------------------------------- 8: the last call's inputs
+
+def _foreign_call(case, device=0):
+    """A functional-API call on another library's arrays on `device`; weak references to
+    them (the caller drops its own)."""
+    import weakref
+    cp = _cp()
+    with cp.cuda.Device(device):
+        arrays = [fake_cuda.FakeFrameworkArray(a) for a in _on_device(case)]
+    out = pycudnnrnn.forward(*arrays, case.sequence_lengths, **case.attrs)
+    return out, [weakref.ref(a) for a in arrays]
+
+
+def _released():
+    """After the GPU ran the work: let the library's background release (if any) finish."""
+    from pycudnnrnn.cuda import foreign
+    wait = getattr(foreign, "wait_released", None)
+    if wait is not None:
+        wait()
+    gc.collect()
+
+
+@pytest.mark.parametrize("device", [0, 1])
+def test_one_call_on_another_librarys_arrays_releases_them_once_its_work_is_done(fake_gpu,
+                                                                                 device):
+    """A process makes one call on JAX-like arrays (on cuda:`device`, cuda:0 current)
+    and waits for the GPU: the arrays are released once the work that reads them is
+    done, with no later call (they used to be held until the next one). Not before:
+    their library would reuse their memory under the queued work."""
+    fake_cuda.DEVICES[0] = 2
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8)
+    out, refs = _foreign_call(case, device)
+    gc.collect()
+    assert all(r() is not None for r in refs)  # the work is still queued: kept
+    fake_cuda.synchronize_all()  # the GPU is done (the caller waits for its results)
+    _released()
+    assert [r() for r in refs] == [None] * len(refs)
+    with _cp().cuda.Device(device):
+        _close(fake_cuda.to_host(out[0]), case.forward()[0])
+
+
+@pytest.mark.parametrize("mode", [fake_cuda.CAPTURE_GLOBAL, fake_cuda.CAPTURE_RELAXED])
+def test_a_capture_of_a_call_on_another_librarys_arrays_queries_no_event(fake_gpu, mode):
+    """A call on JAX-like arrays, its work still queued, then a CuPy capture (global mode,
+    as ``torch.cuda.graph``'s default) of another such call: nothing queries the first
+    call's event (refused in global mode; it invalidated the capture), nothing waits
+    on an event recorded in the capture, and the replay computes from the new input."""
+    cp = _cp()
+    case = make_case("gru", lengths="ragged", num_units=5)
+    _foreign_call(case)  # in flight
+    x, h, _, w = [fake_cuda.FakeFrameworkArray(a) for a in _on_device(case)]
+    pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+    fake_cuda.synchronize_all()  # the plan built, its uploads done
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture(mode=mode)
+        y = pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)[0]
+        graph = stream.end_capture()
+    _foreign_call(case)  # a later eager call
+    new_x = np.random.default_rng(11).standard_normal(case.input.shape)
+    with stream:
+        x.array[...] = fake_cuda._device(new_x)
+        graph.launch(stream)
+        _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
+    fake_cuda.synchronize_all()
+    _released()

@@ -1,19 +1,52 @@
 """Another library's CUDA arrays: the stream to run on, and keeping them alive.
 
-A PyTorch tensor's work runs on PyTorch's current stream; arrays of any other library
-than CuPy are kept until the work that reads them is done (their library may reuse
-their memory at once on its own stream, unordered with ours).
+A PyTorch tensor's work runs on PyTorch's current stream (its allocator reuses freed
+memory in that stream's order). Arrays of any other library than CuPy (JAX's, or any
+DLPack array) are kept until the work that reads them is done, and no longer: their
+library may reuse their memory at once on its own stream, unordered with ours.
+
+The rule (``keep_until_done``):
+
+* after a call's work is queued, an event is recorded on the call's stream, and the
+  call's arrays go with it to one background thread of ours (``WAITER_NAME``), which
+  waits for the event (a blocking sync of a blocking-sync event: no spinning) and then
+  lets go of them. So they are released once the GPU is past the work that reads them,
+  whether or not another call follows: a process that makes one call and then waits
+  holds nothing. Calls are released in the order they were made (a call whose work
+  ends early on one stream waits for an earlier call's on another);
+* the waiter sets its thread's capture interaction mode to relaxed (CUDA's
+  ``cudaThreadExchangeStreamCaptureMode``, as NCCL does for its uncaptured work), so
+  its syncs are legal while another thread captures a graph in global mode
+  (``torch.cuda.graph``'s default), and never invalidate that capture.
+  No event of ours is ever queried, on any thread;
+* under a capture (``pycudnnrnn.graphs.capture``, or a stream capturing for anyone
+  else) nothing is recorded or kept: an event recorded in a capture cannot be waited
+  on outside it, and every replay reads the arrays again, long after: whoever keeps
+  the graph keeps the arrays it reads (``docs/gpu.md``);
+* the arrays are released on the waiter, never in a CUDA host callback (which may call
+  no CUDA function: their library's free may; and a Python callback would hold the
+  stream until it got the GIL). Where the wait fails (a CUDA error), they are kept for
+  the process's life: a leak, never a use after free.
 """
 
 from __future__ import annotations
 
-import collections
+import ctypes
+import queue
 import threading
 
 from . import graphs
 
-_in_flight: collections.deque = collections.deque()  # (event, arrays), oldest first
-_in_flight_lock = threading.Lock()
+#: The name of the thread that waits for calls' work and then releases their arrays.
+WAITER_NAME = "pycudnnrnn-foreign-waiter"
+
+#: cudaStreamCaptureModeRelaxed (CUstreamCaptureMode CU_STREAM_CAPTURE_MODE_RELAXED).
+CAPTURE_RELAXED = 2
+
+_pending: queue.Queue = queue.Queue()  # (cupy, event, arrays) in call order
+_never_released: list = []  # arrays whose wait failed: kept for the process's life
+_waiter = None
+_waiter_lock = threading.Lock()
 
 
 def caller_stream(cupy, array, device: int):
@@ -29,18 +62,63 @@ def caller_stream(cupy, array, device: int):
 
 def keep_until_done(cupy, arrays) -> None:
     """Keep another library's `arrays` alive until the work just queued on CuPy's
-    current stream (which reads them) is done.
-
-    That library frees their memory when the caller drops them and may hand it out
-    again on its own stream at once, unordered with CuPy's: an event recorded now
-    marks the work, and the arrays are released by a later call once it has
-    completed (a query, never a sync). Not while a graph is captured: the caller keeps
-    what a graph reads.
+    current stream (which reads them) is done, then release them (see the module's
+    rule). Not while that stream captures a graph: the caller keeps what a graph reads.
     """
-    if graphs.holding() is not None:
+    stream = cupy.cuda.get_current_stream()
+    if graphs.holding() is not None or stream.is_capturing():
         return
-    event = cupy.cuda.get_current_stream().record()
-    with _in_flight_lock:
-        while _in_flight and _in_flight[0][0].done:
-            _in_flight.popleft()
-        _in_flight.append((event, tuple(arrays)))
+    event = cupy.cuda.Event(block=True, disable_timing=True)  # its sync sleeps, not spins
+    event.record(stream)
+    _pending.put((cupy, event, tuple(arrays)))
+    _start_waiter()
+
+
+def wait_released() -> None:
+    """Block until every call's arrays handed to the waiter so far are released (each
+    once its work is done: a test's or a shutdown's wait, never a call's)."""
+    _pending.join()
+
+
+def _start_waiter() -> None:
+    global _waiter
+    if _waiter is not None and _waiter.is_alive():
+        return
+    with _waiter_lock:
+        if _waiter is None or not _waiter.is_alive():  # none yet, or gone with a fork
+            _waiter = threading.Thread(target=_wait_and_release, name=WAITER_NAME,
+                                       daemon=True)
+            _waiter.start()
+
+
+def _wait_and_release() -> None:
+    relaxed = False
+    while True:
+        cupy, event, arrays = _pending.get()
+        try:
+            if not relaxed:
+                relaxed = True  # tried once: without it, syncs as any thread's
+                _relax_capture_mode(cupy)
+            event.synchronize()
+        except Exception:  # a wait refused or failed: the work may still read them
+            _never_released.append(arrays)  # a leak, never a use after free
+        finally:
+            del cupy, event, arrays
+            _pending.task_done()
+
+
+def _relax_capture_mode(cupy) -> bool:
+    """This thread's capture interaction mode → relaxed: its syncs are then legal while
+    another thread captures in global mode. CuPy has no binding for it: the driver's
+    ``cuThreadExchangeStreamCaptureMode`` (the runtime's forwards to it), unless
+    `cupy`'s runtime has one. True once done."""
+    exchange = getattr(cupy.cuda.runtime, "threadExchangeStreamCaptureMode", None)
+    if exchange is not None:
+        exchange(CAPTURE_RELAXED)
+        return True
+    from ..core import driver
+    libcuda = driver._load()
+    if libcuda is None:
+        return False
+    mode = ctypes.c_int(CAPTURE_RELAXED)
+    return libcuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0

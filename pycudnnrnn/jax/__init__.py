@@ -119,12 +119,22 @@ def _default_platform() -> str:
 
 
 def _buffer_sizes(problem, forward=False) -> tuple[int, int]:
-    """reserve_space and workspace bytes for the platform of JAX's default device (on
-    a GPU, cuDNN's: the CPU's may be twice as large); with `forward`, the forward call's
-    workspace (without the room backprop needs for its copy of the reserve space)."""
+    """reserve_space and workspace bytes for JAX's default device (on a GPU, cuDNN's on
+    that GPU: the CPU's may be twice as large, another kind of GPU's differ); with
+    `forward`, the forward call's workspace (without the room backprop needs for its
+    copy of the reserve space).
+
+    The default device is JAX's: ``jax.default_device`` (a device, or a platform whose
+    first local device it means), else the first local device; its CUDA ordinal in this
+    process is ``local_hardware_id`` (what the handler's ``device_ordinal`` gives)."""
     if _default_platform() in ("gpu", "cuda") and _has_cuda():
+        device = jax.config.jax_default_device
+        if device is None or isinstance(device, str):
+            device = jax.local_devices(backend=device)[0]
+        ordinal = getattr(device, "local_hardware_id", None)
         try:
-            return targets.buffer_sizes(problem, cuda=True, forward=forward)
+            return targets.buffer_sizes(problem, cuda=True, forward=forward,
+                                        device=device.id if ordinal is None else ordinal)
         except CudnnUnavailableError:
             pass  # JAX has a GPU but we cannot use it: the CUDA handler will say why
     return targets.buffer_sizes(problem, cuda=False, forward=forward)

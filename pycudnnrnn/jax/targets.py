@@ -20,8 +20,9 @@ without a copy (NumPy on the host; CuPy on XLA's device, with XLA's stream curre
 CUDA) and runs the cached ``RNNPlan`` for them (``pycudnnrnn.plan.for_call``, the
 functional API's cache) with XLA's result buffers as ``out=`` and XLA's workspace: the
 results are written in place. ``reserve_space`` and ``workspace`` are sized at trace
-time by ``buffer_sizes`` for the platform of JAX's default device; a plan uses their
-first bytes (backprop's copy of the reserve space lives in the workspace). A CUDA plan
+time by ``buffer_sizes`` for JAX's default device (its platform, and on CUDA its GPU); a
+plan uses their first bytes (backprop's copy of the reserve space lives in the
+workspace). A CUDA plan
 that runs in place (time-major, every row full) takes XLA's buffers by address instead
 (``RNNPlan.forward_at`` and ``backprop_at``), with no view, once their shapes and dtype
 are found to be the plan's (``RNNPlan.describes``). On the GPU,
@@ -141,10 +142,12 @@ def _prefix(buffer, nbytes, name):
     return buffer[:nbytes]
 
 
-def buffer_sizes(problem, cuda: bool, forward=False) -> tuple[int, int]:
+def buffer_sizes(problem, cuda: bool, forward=False, device: int = 0) -> tuple[int, int]:
     """``(reserve_space, workspace)`` bytes to allocate at trace time for `problem`, on
-    CUDA (device 0's cuDNN plan) or the CPU; with `forward`, the workspace of the
-    forward call alone (cuDNN's forward workspace, without backprop's reserve copy).
+    CUDA (the cuDNN plan on CUDA device `device`: the one the call will run on, JAX's
+    default device, whose GPU may ask for other sizes than another's) or the CPU; with
+    `forward`, the workspace of the forward call alone (cuDNN's forward workspace,
+    without backprop's reserve copy).
 
     Lengths are unknown then (``problem`` has none: every row runs, the most a plan can
     need); a handler uses the first bytes its plan needs. Sized for one platform, not
@@ -152,7 +155,7 @@ def buffer_sizes(problem, cuda: bool, forward=False) -> tuple[int, int]:
     cuDNN's, and XLA preallocates most of the GPU.
     """
     from ..plan import buffer_nbytes
-    return buffer_nbytes(problem, 0 if cuda else None, forward)
+    return buffer_nbytes(problem, device if cuda else None, forward)
 
 
 class _Described:

@@ -315,6 +315,11 @@ def test_the_driver_probe_answers_without_a_gpu():
     version = driver.cuda_version() if driver.found() else None
     assert driver.found() == (version is not None)
     assert version is None or version >= 10000
+    # the capture mode's exchange: None without a driver, else a mode, set back as it was
+    previous = driver.exchange_stream_capture_mode(driver.CAPTURE_MODE_RELAXED)
+    assert (previous is None) == (version is None)
+    if previous is not None:
+        assert driver.exchange_stream_capture_mode(previous) == driver.CAPTURE_MODE_RELAXED
 
 
 def test_only_the_ctypes_layers_import_ctypes():

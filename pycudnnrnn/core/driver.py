@@ -1,7 +1,8 @@
-"""The NVIDIA driver's CUDA library, probed without CuPy: is it there, which CUDA it runs.
+"""The NVIDIA driver's CUDA library, reached without CuPy.
 
-Both answers serve messages and bug reports (a machine without a GPU, or with an old
-driver); nothing computes with them.
+Two probes (is it there, which CUDA it runs) serve messages and bug reports (a machine
+without a GPU, or with an old driver). One call sets a thread's stream-capture mode,
+which CuPy does not bind (``cuda.foreign``'s waiter needs it).
 """
 
 from __future__ import annotations
@@ -37,3 +38,24 @@ def cuda_version() -> int | None:
     if status != 0:
         raise OSError(f"CUresult {status}")
     return version.value
+
+
+#: CUstreamCaptureMode's CU_STREAM_CAPTURE_MODE_RELAXED (cudaStreamCaptureModeRelaxed).
+CAPTURE_MODE_RELAXED = 2
+
+
+def exchange_stream_capture_mode(mode: int) -> int | None:
+    """``cuThreadExchangeStreamCaptureMode``: this thread's capture interaction mode set
+    to `mode`; the previous one, or None without a driver.
+
+    Raises OSError carrying the CUresult when the driver answers with an error.
+    """
+    libcuda = _load()
+    if libcuda is None:
+        return None
+    # CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+    exchanged = ctypes.c_int(mode)
+    status = libcuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(exchanged))
+    if status != 0:
+        raise OSError(f"CUresult {status}")
+    return exchanged.value

@@ -31,17 +31,14 @@ The rule (``keep_until_done``):
 
 from __future__ import annotations
 
-import ctypes
 import queue
 import threading
 
+from ..core import driver
 from . import graphs
 
 #: The name of the thread that waits for calls' work and then releases their arrays.
 WAITER_NAME = "pycudnnrnn-foreign-waiter"
-
-#: cudaStreamCaptureModeRelaxed (CUstreamCaptureMode CU_STREAM_CAPTURE_MODE_RELAXED).
-CAPTURE_RELAXED = 2
 
 _pending: queue.Queue = queue.Queue()  # (cupy, event, arrays) in call order
 _never_released: list = []  # arrays whose wait failed: kept for the process's life
@@ -114,11 +111,6 @@ def _relax_capture_mode(cupy) -> bool:
     `cupy`'s runtime has one. True once done."""
     exchange = getattr(cupy.cuda.runtime, "threadExchangeStreamCaptureMode", None)
     if exchange is not None:
-        exchange(CAPTURE_RELAXED)
+        exchange(driver.CAPTURE_MODE_RELAXED)
         return True
-    from ..core import driver
-    libcuda = driver._load()
-    if libcuda is None:
-        return False
-    mode = ctypes.c_int(CAPTURE_RELAXED)
-    return libcuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+    return driver.exchange_stream_capture_mode(driver.CAPTURE_MODE_RELAXED) is not None

@@ -189,6 +189,9 @@ def test_cudnn_disabled_sends_cuda_calls_to_pytorchs_kernels_as_torch_nn(monkeyp
     assert not native.takes(Cuda(), weights)
     with torch.backends.cudnn.flags(enabled=False):
         assert native.takes(Cuda(), weights)
+        half = Cuda()
+        half.dtype = torch.float16  # PyTorch's CUDA kernels take 16-bit floats too
+        assert native.takes(half, [torch.zeros(1, dtype=torch.float16)])
 
 
 # --------------------------------------------------------------------------- GPU
@@ -333,13 +336,101 @@ def test_compiled_double_backward_is_refused_by_torch_compile_and_torch_nn_break
     assert "does not currently support double backward" in outcomes[1]
 
 
-def test_a_third_derivative_is_refused_not_taken_as_zero(monkeypatch):
+def test_a_third_derivative_and_autograd_functional_hvp_equal_torch_nn(monkeypatch):
+    """Under create_graph the second-order backward is differentiable in turn: a third
+    derivative, and ``torch.autograd.functional.hvp``/``jvp``, which differentiate a
+    backward with respect to its incoming gradient (they gave zeros before)."""
     monkeypatch.setattr(native._choice, "kernels", "numpy")
-    function, inputs = _call(CONFIGS[3])
-    (gx,) = torch.autograd.grad(function(*inputs)[0].sum(), inputs[0], create_graph=True)
-    (ggx,) = torch.autograd.grad(gx.square().sum(), inputs[0], create_graph=True)
-    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
-        ggx.sum().backward()
+    torch.manual_seed(0)
+    reference = torch.nn.GRU(I, H, 2, dtype=torch.float64)
+    ours = prt.GRU.from_torch(reference)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    v = torch.randn_like(x)
+    found = []
+    for module in (reference, ours):
+        f = lambda x: module(x)[0].square().sum()
+        xg = x.clone().requires_grad_()
+        (g1,) = torch.autograd.grad(f(xg), xg, create_graph=True)
+        (g2,) = torch.autograd.grad(g1.square().sum(), xg, create_graph=True)
+        (g3,) = torch.autograd.grad(g2.sin().sum(), xg)
+        hvp = torch.autograd.functional.hvp(f, x, v)[1]
+        jvp = torch.autograd.functional.jvp(lambda x: torch.func.grad(f)(x), x, v)[1]
+        found.append((g3, hvp, jvp))
+    for got, want in zip(*found):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_second_orders_of_the_weights_alone_or_the_data_alone(route):
+    """MAML differentiates the weights' gradient with an input that requires none; a
+    penalty on the input's gradient may leave the weights frozen. Each crashed: the
+    gradients not computed came back as empty tensors, taken for real ones."""
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(I, H, 2, dtype=torch.float64)
+    ours = prt.LSTM.from_torch(reference)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    found = []
+    for module in (reference, ours):
+        params = list(module.parameters())
+        grads = torch.autograd.grad(module(x)[0].square().sum(), params, create_graph=True)
+        found.append(torch.autograd.grad(sum(g.square().sum() for g in grads), params))
+    for got, want in zip(*found):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    # the flat buffer frozen, the input differentiated twice
+    function, (x, h, params) = _call(CONFIGS[3])
+    frozen = params.detach()
+    (gx,) = torch.autograd.grad(function(x, h, frozen)[0].sum(), x, create_graph=True)
+    (got,) = torch.autograd.grad(gx.square().sum(), x)
+    with native.cpu_kernels("torch"):
+        mode, input_mode, direction, L, P, time_major, lengths = CONFIGS[3]
+        y = native.rnn(x, h, None, [frozen], None, torch.tensor(lengths), mode, direction,
+                       time_major)[0]
+        (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+        (want,) = torch.autograd.grad(gx.square().sum(), x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_torch_func_maml_and_a_hessian_of_the_weights_equal_torch_nn():
+    from torch.func import functional_call, grad, hessian
+    torch.manual_seed(1)
+    reference = torch.nn.LSTM(I, H, 2, dtype=torch.float64)
+    ours = prt.LSTM.from_torch(reference)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    found = []
+    for module in (reference, ours):
+        params = {k: p.detach() for k, p in module.named_parameters()}
+        loss = lambda p: functional_call(module, p, (x,))[0].square().mean()
+        adapted = lambda p: loss({k: p[k] - 0.1 * g for k, g in grad(loss)(p).items()})
+        one = lambda w: loss({**params, "weight_hh_l1": w})
+        found.append((grad(adapted)(params), hessian(one)(params["weight_hh_l1"])))
+    torch.testing.assert_close(found[1], found[0], rtol=1e-10, atol=1e-12)
+
+
+def test_cudnn_is_switched_back_on_after_recomputations_on_several_threads():
+    """Backward runs on a thread per device: two recomputations overlapping turned
+    cuDNN's process-wide flag off and, nested as torch.backends.cudnn.flags nests, left
+    it off for the rest of the process."""
+    import threading
+
+    class Cuda:
+        is_cuda = True
+    entered, leave = threading.Barrier(2), threading.Event()
+
+    def recompute():
+        with second_order._without_cudnn(Cuda()):
+            entered.wait()
+            assert not torch.backends.cudnn.enabled
+            leave.wait()
+
+    first = threading.Thread(target=recompute)
+    second = threading.Thread(target=recompute)
+    before = torch.backends.cudnn.enabled
+    first.start()
+    second.start()
+    leave.set()
+    first.join()
+    second.join()
+    assert torch.backends.cudnn.enabled == before
 
 
 def test_cudnn_rnn_differentiates_twice_as_the_functional_call(route):
@@ -362,3 +453,21 @@ def test_cudnn_rnn_differentiates_twice_as_the_functional_call(route):
                                          direction="bidirectional"))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-14)
+
+
+def test_autograd_functional_takes_a_ragged_batch(route):
+    """``torch.autograd.functional``'s hvp and hessian on a ragged batch (torch.func's
+    transforms refuse PyTorch's kernels on packed rows; autograd takes them)."""
+    function, (x, h, params, c) = _call(CONFIGS[0])
+    loss = lambda x: function(x, h, params, c)[0].tanh().sum()
+    v = torch.randn_like(x)
+    got = (torch.autograd.functional.hvp(loss, x.detach(), v)[1],
+           torch.autograd.functional.hessian(loss, x.detach()))
+    with native.cpu_kernels("torch"):
+        mode, input_mode, direction, L, P, time_major, lengths = CONFIGS[0]
+        reference = lambda x: native.rnn(x, h, c, [params], None, torch.tensor(lengths), mode,
+                                         direction, time_major)[0].tanh().sum()
+        want = (torch.autograd.functional.hvp(reference, x.detach(), v)[1],
+                torch.autograd.functional.hessian(reference, x.detach()))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
+from jax.custom_derivatives import SymbolicZero
 
 from ..core import checks
 from . import scan, targets
@@ -417,22 +418,27 @@ def _forward(op: _Op, *operands):
     return tuple(_forward_call(op, *operands))
 
 
-@_forward.defjvp
 def _forward_jvp(op, primals, tangents):
     results = tuple(_forward_call(op, *primals))
     names = targets.operand_names(FORWARD, op.lstm, len(primals) == (5 if op.lstm else 4))
     a, t = _split_operands(names, primals), _split_operands(names, tangents)
+    keys = ("input", "input_h", "input_c", "params")
+    moving = _moving(a, t, keys)
+    if not moving:
+        return results, _symbolic_zeros(results)
     problem = op.problem(a["input"], a["input_h"], a["input_c"], a["params"])
     function = _differentiable(problem, a["sequence_lengths"])
-    keys = ("input", "input_h", "input_c", "params")
-    moving = [k for k in keys if a[k] is not None]
 
     def forward(*values):
-        given = dict(zip(moving, values))
-        return function(*(given.get(k) for k in keys))[:len(results) - 1]
+        given = {**a, **dict(zip(moving, values))}
+        return function(*(given[k] for k in keys))[:len(results) - 1]
     _, found = jax.jvp(forward, tuple(a[k] for k in moving), tuple(t[k] for k in moving))
-    reserve = results[-1]
-    return results, (*found, np.zeros(reserve.shape, jax.dtypes.float0))
+    # reserve_space (bytes) has no tangent: a symbolic zero, which carries its type (a
+    # float0 array made here would not vary over shard_map's axes as the bytes do)
+    return results, (*found, *_symbolic_zeros(results[-1:]))
+
+
+_forward.defjvp(_forward_jvp, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
@@ -441,27 +447,44 @@ def _backprop(op: _Op, has_lengths: bool, *operands):
     return tuple(_backprop_call(op, has_lengths, *operands))
 
 
-@_backprop.defjvp
 def _backprop_jvp(op, has_lengths, primals, tangents):
     results = tuple(_backprop_call(op, has_lengths, *primals))
     names = targets.operand_names(BACKPROP, op.lstm, has_lengths)
     a, t = _split_operands(names, primals), _split_operands(names, tangents)
-    problem = op.problem(a["input"], a["input_h"], a["input_c"], a["params"])
-    function = _differentiable(problem, a["sequence_lengths"])
     keys = ("input", "input_h", "input_c", "params")
     grads = ("output_backprop", "output_h_backprop", "output_c_backprop")
-    moving = [k for k in keys + grads if a.get(k) is not None]
+    moving = _moving(a, t, keys + grads)
+    if not moving:
+        return results, _symbolic_zeros(results)
+    problem = op.problem(a["input"], a["input_h"], a["input_c"], a["params"])
+    function = _differentiable(problem, a["sequence_lengths"])
 
     def gradient(*values):
-        given = dict(zip(moving, values))
-        inputs = [k for k in keys if given.get(k) is not None]
+        given = {**a, **dict(zip(moving, values))}
+        inputs = [k for k in keys if given[k] is not None]
         outputs, pullback = jax.vjp(
             lambda *v: function(*(dict(zip(inputs, v)).get(k) for k in keys)),
             *(given[k] for k in inputs))
-        cotangents = [given.get(g, jnp.zeros_like(o)) for g, o in zip(grads, outputs)]
+        cotangents = [jnp.zeros_like(o) if given.get(g) is None else given[g]
+                      for g, o in zip(grads, outputs)]
         return pullback(tuple(cotangents))
     _, found = jax.jvp(gradient, tuple(a[k] for k in moving), tuple(t[k] for k in moving))
     return results, tuple(found)
+
+
+_backprop.defjvp(_backprop_jvp, symbolic_zeros=True)
+
+
+def _moving(operands, tangents, keys):
+    """The `keys` whose operand is there and whose tangent is not a symbolic zero: what
+    a tangent rule differentiates (the others are constants to it)."""
+    return [k for k in keys if operands.get(k) is not None
+            and not isinstance(tangents.get(k), SymbolicZero)]
+
+
+def _symbolic_zeros(results):
+    """A symbolic zero tangent for each of `results`."""
+    return tuple(SymbolicZero(jax.typeof(r).to_tangent_aval()) for r in results)
 
 
 # --------------------------------------------------------------------------- the public op

@@ -75,15 +75,19 @@ def _backward_core(ctx, needs_data, needs_weights, d_output, d_output_h, d_outpu
                     input, input_h, input_c, weights[0], sequence_lengths, seed, out, out_h,
                     out_c, *grads, reserve, s.rnn_mode, s.input_mode, s.direction, s.dropout,
                     s.num_proj, s.time_major, gradients, True)
-                return [dx, dh, dc if lstm else None, dparams]
-            dx, dh, dc, dparams = backprop_weights(
-                input, input_h, input_c, weights, s.has_biases, sequence_lengths, seed, out,
-                out_h, out_c, *grads, reserve, s.rnn_mode, s.direction, s.dropout, s.num_proj,
-                s.time_major, gradients, True)
-        # Views of the one flat gradient, so that each weight's .grad is one too.
-        weight_grads = [dparams[o:o + math.prod(shape)].view(shape) for o, shape in s.slots] \
-            if needs_weights else [None] * s.num_weights
-        return [dx, dh, dc if lstm else None, *weight_grads]
+                weight_grads = [dparams if needs_weights else None]
+            else:
+                dx, dh, dc, dparams = backprop_weights(
+                    input, input_h, input_c, weights, s.has_biases, sequence_lengths, seed,
+                    out, out_h, out_c, *grads, reserve, s.rnn_mode, s.direction, s.dropout,
+                    s.num_proj, s.time_major, gradients, True)
+                # Views of the one flat gradient, so that each weight's .grad is one too.
+                weight_grads = [dparams[o:o + math.prod(shape)].view(shape)
+                                for o, shape in s.slots] if needs_weights \
+                    else [None] * s.num_weights
+        # The gradients not asked for are None (the ops give them empty).
+        data = [dx, dh, dc if lstm else None] if needs_data else [None] * 3
+        return [*data, *weight_grads]
 
     options = (s.rnn_mode, s.input_mode, s.direction, s.dropout, s.num_proj, s.time_major,
                s.has_biases, s.is_training)

@@ -16,8 +16,9 @@ against. What the op adds on top is done here:
   (sliced into torch.nn's weights, views, so the gradient reaches the buffer).
 
 What takes this route (``takes``): CPU tensors of float32 or float64 (one dtype), and CUDA
-ones while ``torch.backends.cudnn`` is disabled (as ``torch.nn``'s RNNs then leave cuDNN
-for PyTorch's kernels: their masks and their double backward), outside
+ones of any floating dtype while ``torch.backends.cudnn`` is disabled (as ``torch.nn``'s
+RNNs then leave cuDNN for PyTorch's kernels: their masks and their double backward),
+outside
 ``torch.compile``, ``torch.export`` and ONNX export (which see the op) and torch.func's
 transforms (the op has their rules: ``vmap``), without autocast, and with a linear input
 (``skip_input`` has no ``torch.nn`` weights). Dropout masks on this route are PyTorch's,
@@ -46,6 +47,7 @@ from ..core.checks import make_config
 _KERNELS = {"lstm": torch.lstm, "gru": torch.gru, "rnn_tanh": torch.rnn_tanh,
             "rnn_relu": torch.rnn_relu}
 DTYPES = (torch.float32, torch.float64)
+CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class _Choice(threading.local):
@@ -81,8 +83,9 @@ def takes(input, weights, input_mode="linear_input") -> bool:
     dtype = input.dtype
     # Cheapest first: this is asked at every call. (Either ONNX exporter traces: TorchScript's
     # with torch.jit, the other with torch.export.)
-    return (_choice.kernels == "torch" and dtype in DTYPES
-            and (input.is_cpu or (input.is_cuda and not torch.backends.cudnn.enabled))
+    return (_choice.kernels == "torch"
+            and (input.is_cpu and dtype in DTYPES
+                 or input.is_cuda and dtype in CUDA_DTYPES and not torch.backends.cudnn.enabled)
             and input.numel() > 0
             and input_mode == "linear_input" and all(w.dtype == dtype for w in weights)
             and torch._C._functorch.maybe_current_level() is None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 
 import torch
 
@@ -99,12 +100,15 @@ class _FirstOrder(torch.autograd.Function):
         tensors, _ = call.split(args)
         ctx.save_for_backward(*tensors)
         ctx.save_for_forward(*tensors)
+        # A result nothing differentiates gets None, not zeros: its first order is then
+        # not recomputed (``_by_autograd``).
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, *cotangents):
-        if torch._C._functorch.maybe_current_level() is None:
-            return _backward_once(ctx, *cotangents)
-        return _backward(ctx, cotangents, _by_functorch)
+        differentiate = _by_autograd if torch._C._functorch.maybe_current_level() is None \
+            else _by_functorch
+        return _backward(ctx, cotangents, differentiate)
 
     @staticmethod
     def jvp(ctx, _, *tangents):
@@ -132,14 +136,6 @@ def _backward(ctx, cotangents, differentiate):
     return (None, *grads) + (None,) * (len(wanted) - len(inputs))
 
 
-@torch.autograd.function.once_differentiable
-def _backward_once(ctx, *cotangents):
-    """By autograd, on leaves of its own: a third derivative (``create_graph=True`` here
-    too) is refused by PyTorch's error for it rather than taken as zero. torch.func's
-    transforms take ``_by_functorch``, which they differentiate to any order."""
-    return _backward(ctx, cotangents, _by_autograd)
-
-
 def _by_functorch(call, inputs, cotangents):
     """``gradient``'s vector-Jacobian product with `cotangents` (None for zero), one
     result per floating input, by torch.func (inside its transforms)."""
@@ -151,9 +147,20 @@ def _by_functorch(call, inputs, cotangents):
 
 def _by_autograd(call, inputs, cotangents):
     """``_by_functorch``'s product by autograd (outside torch.func's transforms), which
-    PyTorch's kernels on packed rows (a ragged batch) take and torch.func does not."""
+    PyTorch's kernels on packed rows (a ragged batch) take and torch.func does not.
+
+    With grad mode on (this backward under ``create_graph=True``: a third derivative, or
+    ``torch.autograd.functional.hvp``, which differentiates with respect to the
+    cotangents) the results are differentiable in turn: the inputs that require grad
+    take part through aliases (views) of them. Gradients are taken with respect to the
+    aliases, so each is a partial derivative: a path from one input back to another
+    (an output gradient computed from the outputs, and so from the input) does not
+    pass through the other's alias, and is not counted here as well as by autograd.
+    """
     refuse_dropout(call)
-    leaves = [t.detach().requires_grad_() if _floating(t) else t for t in inputs]
+    higher = torch.is_grad_enabled()
+    leaves = [t if not _floating(t) else t.view_as(t) if higher and t.requires_grad
+              else t.detach().requires_grad_() for t in inputs]
     n = call.num_weights
     data, weights, grads = leaves[:3], leaves[3:3 + n], leaves[3 + n:]
     primal = [t for t in (*data, *weights) if _floating(t)]
@@ -170,7 +177,8 @@ def _by_autograd(call, inputs, cotangents):
                  if f is not None and f.requires_grad]
         variables = [t for t in leaves if _floating(t)]
         found = torch.autograd.grad([f for f, _ in pairs], variables, [c for _, c in pairs],
-                                    allow_unused=True) if pairs else [None] * len(variables)
+                                    allow_unused=True, create_graph=higher) \
+            if pairs else [None] * len(variables)
     return [torch.zeros_like(v) if g is None else g for v, g in zip(variables, found)]
 
 
@@ -292,8 +300,33 @@ def refuse_dropout(call):
         "or on CUDA under torch.backends.cudnn.flags(enabled=False)")
 
 
+@contextlib.contextmanager
 def _without_cudnn(tensor):
-    """cuDNN off for PyTorch's kernels on a CUDA `tensor` (its RNNs have no second order)."""
-    if tensor.is_cuda:
-        return torch.backends.cudnn.flags(enabled=False)
-    return contextlib.nullcontext()
+    """cuDNN off for PyTorch's kernels on a CUDA `tensor` (its RNNs have no second order).
+
+    The switch is PyTorch's one process-wide flag, and backward may run on several
+    threads at once (one per device): the first to enter turns it off, the last to leave
+    sets it back as it found it (``torch.backends.cudnn.flags`` nested across threads
+    would leave it off).
+    """
+    if not tensor.is_cuda:
+        yield
+        return
+    global _cudnn_off_depth, _cudnn_was
+    with _cudnn_off_lock:
+        if _cudnn_off_depth == 0:
+            _cudnn_was = torch.backends.cudnn.enabled
+            torch.backends.cudnn.enabled = False
+        _cudnn_off_depth += 1
+    try:
+        yield
+    finally:
+        with _cudnn_off_lock:
+            _cudnn_off_depth -= 1
+            if _cudnn_off_depth == 0:
+                torch.backends.cudnn.enabled = _cudnn_was
+
+
+_cudnn_off_lock = threading.Lock()
+_cudnn_off_depth = 0  # how many threads are inside _without_cudnn
+_cudnn_was = True  # cuDNN's flag before the first of them entered

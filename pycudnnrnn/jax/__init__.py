@@ -381,12 +381,14 @@ _training.defvjp(_training_fwd, _training_bwd)
 # cuDNN (and the CPU handler) give a forward and a first-order backprop, no derivative of
 # either. Each custom call is a ``jax.custom_jvp`` whose primal is the call and whose
 # tangent comes from ``scan.rnn``, the same function in JAX's own operations: so the
-# first order stays the custom calls' (the tangent rules run only when something
-# differentiates the forward in forward mode, or the gradient again), and ``jvp`` of
-# ``grad``, ``grad`` of ``grad`` and ``jax.hessian`` work, reverse over reverse too (the
-# tangent rules are JAX operations, which JAX transposes). Backprop's tangent is taken
-# with respect to the forward's inputs and the output gradients alone: its other
-# operands (the forward's results, reserve_space) are functions of those inputs.
+# first order stays the custom calls' (the tangent rules run only when a gradient is
+# differentiated again), and ``jvp`` of ``grad``, ``grad`` of ``grad`` and
+# ``jax.hessian`` work, reverse over reverse too (the tangent rules are JAX operations,
+# which JAX transposes). Forward mode through the forward alone (``jax.jvp`` of ``rnn``)
+# stays refused: ``_training`` is a ``custom_vjp``. Backprop's tangent is taken with
+# respect to the forward's inputs and the output gradients alone: its other operands
+# (the forward's results, reserve_space) are functions of those inputs. Tangents that
+# are symbolic zeros stay so (what does not move is a constant to the rules).
 
 def _differentiable(problem, lengths):
     """``scan.rnn`` for `problem` as a function of ``(input, input_h, input_c, params)``

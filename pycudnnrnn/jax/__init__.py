@@ -390,10 +390,16 @@ _training.defvjp(_training_fwd, _training_bwd)
 # (the forward's results, reserve_space) are functions of those inputs. Tangents that
 # are symbolic zeros stay so (what does not move is a constant to the rules).
 
-def _differentiable(problem, lengths):
-    """``scan.rnn`` for `problem` as a function of ``(input, input_h, input_c, params)``
-    (input_c None unless LSTM): what the tangent rules differentiate. Refuses dropout
-    masks, which only the custom call draws."""
+#: The operands the tangent rules differentiate the forward with respect to.
+_DIFFERENTIABLE = ("input", "input_h", "input_c", "params")
+
+
+def _differentiable(op, operands):
+    """``scan.rnn`` for the problem of a custom call's `operands` (by name) as a function
+    of ``_DIFFERENTIABLE`` (input_c None unless LSTM): what the tangent rules
+    differentiate. Refuses dropout masks, which only the custom call draws."""
+    problem = op.problem(*(operands[k] for k in _DIFFERENTIABLE))
+    lengths = operands["sequence_lengths"]
     if problem.dropout_layers:
         raise NotImplementedError(
             "pycudnnrnn.jax: a second derivative (jax.hessian, jvp or grad of a gradient, a "
@@ -424,12 +430,11 @@ def _forward_jvp(op, primals, tangents):
     results = tuple(_forward_call(op, *primals))
     names = targets.operand_names(FORWARD, op.lstm, len(primals) == (5 if op.lstm else 4))
     a, t = _split_operands(names, primals), _split_operands(names, tangents)
-    keys = ("input", "input_h", "input_c", "params")
+    keys = _DIFFERENTIABLE
     moving = _moving(a, t, keys)
     if not moving:
         return results, _symbolic_zeros(results)
-    problem = op.problem(a["input"], a["input_h"], a["input_c"], a["params"])
-    function = _differentiable(problem, a["sequence_lengths"])
+    function = _differentiable(op, a)
 
     def forward(*values):
         given = {**a, **dict(zip(moving, values))}
@@ -453,13 +458,12 @@ def _backprop_jvp(op, has_lengths, primals, tangents):
     results = tuple(_backprop_call(op, has_lengths, *primals))
     names = targets.operand_names(BACKPROP, op.lstm, has_lengths)
     a, t = _split_operands(names, primals), _split_operands(names, tangents)
-    keys = ("input", "input_h", "input_c", "params")
+    keys = _DIFFERENTIABLE
     grads = ("output_backprop", "output_h_backprop", "output_c_backprop")
     moving = _moving(a, t, keys + grads)
     if not moving:
         return results, _symbolic_zeros(results)
-    problem = op.problem(a["input"], a["input_h"], a["input_c"], a["params"])
-    function = _differentiable(problem, a["sequence_lengths"])
+    function = _differentiable(op, a)
 
     def gradient(*values):
         given = {**a, **dict(zip(moving, values))}

@@ -52,6 +52,27 @@ def _call(config, seed=0):
     return function, (x, h, params) + ((c,) if c is not None else ())
 
 
+def _pair(cls, *args, seed=0, **kwargs):
+    """A ``torch.nn`` RNN of class `cls` (float64 unless `kwargs` say) and our drop-in
+    with its weights."""
+    torch.manual_seed(seed)
+    reference = cls(*args, **{"dtype": torch.float64, **kwargs})
+    return reference, getattr(prt, cls.__name__).from_torch(reference)
+
+
+def _reference(config):
+    """``_call``'s function for `config` on PyTorch's own kernels (``native.rnn``, twice
+    differentiable by autograd): the reference for the op's routes."""
+    mode, input_mode, direction, L, P, time_major, lengths = config
+    lengths = None if lengths is None else torch.tensor(lengths)
+
+    def function(x, h, params, *c):
+        y, hy, cy = native.rnn(x, h, c[0] if c else None, [params], None, lengths, mode,
+                               direction, time_major, input_mode=input_mode)
+        return (y, hy, cy) if mode == "lstm" else (y, hy)
+    return function
+
+
 @pytest.fixture(params=["numpy-kernels", "stand-in"])
 def route(request, monkeypatch):
     """The op on the CPU's NumPy kernels, or on the stand-in GPU (the CUDA code: cuDNN's
@@ -72,9 +93,7 @@ def test_a_gradient_penalty_equals_torch_nn(monkeypatch):
     """The drop-ins on the op (NumPy kernels) against torch.nn's LSTM, float64: the
     gradient of a penalty on the input's and the weights' gradients."""
     monkeypatch.setattr(native._choice, "kernels", "numpy")
-    torch.manual_seed(0)
-    reference = torch.nn.LSTM(I, H, 2, bidirectional=True, proj_size=1, dtype=torch.float64)
-    ours = prt.LSTM.from_torch(reference)
+    reference, ours = _pair(torch.nn.LSTM, I, H, 2, bidirectional=True, proj_size=1, seed=0)
     x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
     found = []
     for module in (reference, ours):
@@ -89,9 +108,7 @@ def test_a_gradient_penalty_equals_torch_nn(monkeypatch):
 def test_a_packed_batch_differentiates_twice_as_torch_nn(monkeypatch):
     monkeypatch.setattr(native._choice, "kernels", "numpy")
     from torch.nn.utils.rnn import pack_padded_sequence
-    torch.manual_seed(1)
-    reference = torch.nn.GRU(I, H, 2, dtype=torch.float64)
-    ours = prt.GRU.from_torch(reference)
+    reference, ours = _pair(torch.nn.GRU, I, H, 2, seed=1)
     x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
     found = []
     for module in (reference, ours):
@@ -116,10 +133,8 @@ TRANSFORMS = {
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_torch_func_transforms_equal_torch_nn(transform, mode):
     """torch.func sends the drop-ins to the op (its CPU kernels here)."""
-    torch.manual_seed(2)
     cls = torch.nn.LSTM if mode == "lstm" else torch.nn.GRU
-    reference = cls(I, H, 2, dtype=torch.float64)
-    ours = getattr(prt, cls.__name__).from_torch(reference)
+    reference, ours = _pair(cls, I, H, 2, seed=2)
     x = torch.randn(T, B, I, dtype=torch.float64)
     found = [TRANSFORMS[transform](lambda x: m(x)[0].square().sum() if transform != "jvp"
                                    else m(x)[0], x) for m in (reference, ours)]
@@ -160,19 +175,13 @@ def test_dropout_between_layers_refuses_a_second_derivative_clearly(route):
 def test_output_gradients_that_depend_on_the_outputs_differentiate_too(route):
     """A loss whose gradient with respect to the outputs depends on them (and so on the
     weights): the second derivative flows through those output gradients as well."""
-    function, inputs = _call(CONFIGS[3])
-    x, h, params = inputs
-    y = function(x, h, params)[0]
-    (gp,) = torch.autograd.grad((y.square() * y).sum(), params, create_graph=True)
-    (got,) = torch.autograd.grad(gp.square().sum(), x)
-
-    with native.cpu_kernels("torch"):  # PyTorch's own kernels, twice differentiable
-        mode, input_mode, direction, L, P, time_major, lengths = CONFIGS[3]
-        y = native.rnn(x, h, None, [params], None, torch.tensor(lengths), mode, direction,
-                       time_major)[0]
+    function, (x, h, params) = _call(CONFIGS[3])
+    found = []
+    for run in (function, _reference(CONFIGS[3])):
+        y = run(x, h, params)[0]
         (gp,) = torch.autograd.grad((y.square() * y).sum(), params, create_graph=True)
-        (want,) = torch.autograd.grad(gp.square().sum(), x)
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        found.append(torch.autograd.grad(gp.square().sum(), x)[0])
+    torch.testing.assert_close(found[0], found[1], rtol=1e-10, atol=1e-12)
 
 
 def test_cudnn_disabled_sends_cuda_calls_to_pytorchs_kernels_as_torch_nn(monkeypatch):
@@ -221,11 +230,10 @@ def test_gpu_gradient_penalty_equals_torch_nn_without_cudnn(mode, dtype):
     """cuDNN's forward and first order, the second order recomputed: against torch.nn's
     LSTM/GRU/RNN with cuDNN off (the only way PyTorch gives it), ragged and bidirectional."""
     _needs_cuda()
-    torch.manual_seed(0)
     cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[mode]
     extra = dict(proj_size=2) if mode == "lstm" else {}
-    reference = cls(I, H + 2, 2, bidirectional=True, dtype=dtype, device="cuda", **extra)
-    ours = getattr(prt, cls.__name__).from_torch(reference)
+    reference, ours = _pair(cls, I, H + 2, 2, bidirectional=True, dtype=dtype, device="cuda",
+                            **extra)
     x = torch.randn(T, B, I, dtype=dtype, device="cuda")
     got = _penalty_grads(ours, x, [4, 1, 3])
     with torch.backends.cudnn.flags(enabled=False):
@@ -249,9 +257,7 @@ def test_gpu_second_order_equals_finite_differences_of_cudnns_first_order():
 @pytest.mark.gpu
 def test_gpu_torch_func_hessian_and_jvp_equal_torch_nn_without_cudnn():
     _needs_cuda()
-    torch.manual_seed(3)
-    reference = torch.nn.GRU(I, H, 2, dtype=torch.float64, device="cuda")
-    ours = prt.GRU.from_torch(reference)
+    reference, ours = _pair(torch.nn.GRU, I, H, 2, device="cuda", seed=3)
     x = torch.randn(T, B, I, dtype=torch.float64, device="cuda")
     found = []
     for module, cudnn in ((ours, True), (reference, False)):
@@ -268,9 +274,7 @@ def test_gpu_dropout_with_cudnn_off_is_torch_nns_and_differentiates_twice():
     """Under torch.backends.cudnn.flags(enabled=False) the drop-in runs PyTorch's kernels,
     as torch.nn: the same masks from the same seed, and double backward through them."""
     _needs_cuda()
-    torch.manual_seed(0)
-    reference = torch.nn.LSTM(I, H, 3, dropout=0.5, dtype=torch.float64, device="cuda")
-    ours = prt.LSTM.from_torch(reference)
+    reference, ours = _pair(torch.nn.LSTM, I, H, 3, dropout=0.5, device="cuda", seed=0)
     x = torch.randn(T, B, I, dtype=torch.float64, device="cuda")
     found = []
     with torch.backends.cudnn.flags(enabled=False):
@@ -318,9 +322,7 @@ def test_the_penalty_benchmark_runs_each_side(monkeypatch, capsys):
 def test_compiled_double_backward_is_refused_by_torch_compile_and_torch_nn_breaks_out():
     """docs/pytorch.md's row: torch.compile refuses to differentiate a compiled backward;
     torch.nn's LSTM is never compiled (a graph break) and differentiates twice eagerly."""
-    torch.manual_seed(0)
-    reference = torch.nn.LSTM(I, H)
-    ours = prt.LSTM.from_torch(reference)
+    reference, ours = _pair(torch.nn.LSTM, I, H, dtype=torch.float32, seed=0)
     x = torch.randn(T, B, I, requires_grad=True)
     outcomes = []
     for module in (reference, ours):
@@ -341,9 +343,7 @@ def test_a_third_derivative_and_autograd_functional_hvp_equal_torch_nn(monkeypat
     derivative, and ``torch.autograd.functional.hvp``/``jvp``, which differentiate a
     backward with respect to its incoming gradient (they gave zeros before)."""
     monkeypatch.setattr(native._choice, "kernels", "numpy")
-    torch.manual_seed(0)
-    reference = torch.nn.GRU(I, H, 2, dtype=torch.float64)
-    ours = prt.GRU.from_torch(reference)
+    reference, ours = _pair(torch.nn.GRU, I, H, 2, seed=0)
     x = torch.randn(T, B, I, dtype=torch.float64)
     v = torch.randn_like(x)
     found = []
@@ -365,9 +365,7 @@ def test_second_orders_of_the_weights_alone_or_the_data_alone(route):
     """MAML differentiates the weights' gradient with an input that requires none; a
     penalty on the input's gradient may leave the weights frozen. Each crashed: the
     gradients not computed came back as empty tensors, taken for real ones."""
-    torch.manual_seed(0)
-    reference = torch.nn.LSTM(I, H, 2, dtype=torch.float64)
-    ours = prt.LSTM.from_torch(reference)
+    reference, ours = _pair(torch.nn.LSTM, I, H, 2, seed=0)
     x = torch.randn(T, B, I, dtype=torch.float64)
     found = []
     for module in (reference, ours):
@@ -379,22 +377,16 @@ def test_second_orders_of_the_weights_alone_or_the_data_alone(route):
     # the flat buffer frozen, the input differentiated twice
     function, (x, h, params) = _call(CONFIGS[3])
     frozen = params.detach()
-    (gx,) = torch.autograd.grad(function(x, h, frozen)[0].sum(), x, create_graph=True)
-    (got,) = torch.autograd.grad(gx.square().sum(), x)
-    with native.cpu_kernels("torch"):
-        mode, input_mode, direction, L, P, time_major, lengths = CONFIGS[3]
-        y = native.rnn(x, h, None, [frozen], None, torch.tensor(lengths), mode, direction,
-                       time_major)[0]
-        (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
-        (want,) = torch.autograd.grad(gx.square().sum(), x)
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    found = []
+    for run in (function, _reference(CONFIGS[3])):
+        (gx,) = torch.autograd.grad(run(x, h, frozen)[0].sum(), x, create_graph=True)
+        found.append(torch.autograd.grad(gx.square().sum(), x)[0])
+    torch.testing.assert_close(found[0], found[1], rtol=1e-10, atol=1e-12)
 
 
 def test_torch_func_maml_and_a_hessian_of_the_weights_equal_torch_nn():
     from torch.func import functional_call, grad, hessian
-    torch.manual_seed(1)
-    reference = torch.nn.LSTM(I, H, 2, dtype=torch.float64)
-    ours = prt.LSTM.from_torch(reference)
+    reference, ours = _pair(torch.nn.LSTM, I, H, 2, seed=1)
     x = torch.randn(T, B, I, dtype=torch.float64)
     found = []
     for module in (reference, ours):
@@ -459,15 +451,11 @@ def test_autograd_functional_takes_a_ragged_batch(route):
     """``torch.autograd.functional``'s hvp and hessian on a ragged batch (torch.func's
     transforms refuse PyTorch's kernels on packed rows; autograd takes them)."""
     function, (x, h, params, c) = _call(CONFIGS[0])
-    loss = lambda x: function(x, h, params, c)[0].tanh().sum()
     v = torch.randn_like(x)
-    got = (torch.autograd.functional.hvp(loss, x.detach(), v)[1],
-           torch.autograd.functional.hessian(loss, x.detach()))
-    with native.cpu_kernels("torch"):
-        mode, input_mode, direction, L, P, time_major, lengths = CONFIGS[0]
-        reference = lambda x: native.rnn(x, h, c, [params], None, torch.tensor(lengths), mode,
-                                         direction, time_major)[0].tanh().sum()
-        want = (torch.autograd.functional.hvp(reference, x.detach(), v)[1],
-                torch.autograd.functional.hessian(reference, x.detach()))
-    for g, w in zip(got, want):
+    found = []
+    for run in (function, _reference(CONFIGS[0])):
+        loss = lambda x: run(x, h, params, c)[0].tanh().sum()
+        found.append((torch.autograd.functional.hvp(loss, x.detach(), v)[1],
+                      torch.autograd.functional.hessian(loss, x.detach())))
+    for g, w in zip(*found):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)

@@ -7,7 +7,7 @@ autograd formulas of ``forward`` and ``forward_weights`` (what ``torch.compile``
 transforms (``grad``, ``vjp``, ``jacrev``) need one, a custom op's autograd formula does
 not compose with them, and Dynamo does not trace this kind of Function. ``apply`` picks
 the door. Where backward records a graph (``create_graph=True``, torch.func), its results
-are differentiable once more through ``second_order.tie``.
+are differentiable once more through ``second_order.first_order``.
 """
 
 from __future__ import annotations

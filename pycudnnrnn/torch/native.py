@@ -18,9 +18,9 @@ against. What the op adds on top is done here:
 What takes this route (``takes``): CPU tensors of float32 or float64 (one dtype), and CUDA
 ones of any floating dtype while ``torch.backends.cudnn`` is disabled (as ``torch.nn``'s
 RNNs then leave cuDNN for PyTorch's kernels: their masks and their double backward),
-outside
-``torch.compile``, ``torch.export`` and ONNX export (which see the op) and torch.func's
-transforms (the op has their rules: ``vmap``), without autocast, and with a linear input
+outside ``torch.compile``, ``torch.export`` and ONNX export (which see the op) and
+torch.func's transforms (the op has their rules: ``vmap``), without autocast, and with a
+linear input
 (``skip_input`` has no ``torch.nn`` weights). Dropout masks on this route are PyTorch's,
 drawn as ``torch.nn``'s RNNs draw them: the modules take it with dropout (their masks
 come from PyTorch's generator either way); ``rnn`` with a dropout seed keeps the op, whose

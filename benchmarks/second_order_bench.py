@@ -12,6 +12,9 @@ all of it (a second derivative) and an optimizer step. Rows, each side beside it
   recomputed on PyTorch's kernels) against ``torch.nn.LSTM`` under
   ``torch.backends.cudnn.flags(enabled=False)``, the only way PyTorch differentiates its
   RNNs twice on a GPU;
+* ``penalty + dropout``: the penalty step with dropout between the layers: the drop-in
+  under ``pycudnnrnn.torch.second_order_dropout()`` (a cuDNN call per layer, PyTorch's
+  masks between) against ``torch.nn.LSTM`` with cuDNN off and the same dropout;
 * ``first-order step``: the same critic trained without the penalty, the drop-in
   against ``torch.nn.LSTM`` with cuDNN: what the second order must not cost.
 
@@ -33,28 +36,36 @@ import time
 
 SIZES = dict(T=64, B=64, features=32, hidden=256, layers=2)
 SMALL = dict(T=12, B=8, features=4, hidden=16, layers=2)
-SIDES = {  # name: (row, library, cuDNN on for torch.nn, penalty)
-    "ours-penalty": ("penalty step", "pycudnnrnn", True, True),
-    "torch-penalty": ("penalty step", "torch.nn (cuDNN off)", False, True),
-    "ours-first": ("first-order step", "pycudnnrnn", True, False),
-    "torch-first": ("first-order step", "torch.nn (cuDNN)", True, False),
+SIDES = {  # name: (row, library, cuDNN on for torch.nn, penalty, dropout between layers)
+    "ours-penalty": ("penalty step", "pycudnnrnn", True, True, 0.0),
+    "torch-penalty": ("penalty step", "torch.nn (cuDNN off)", False, True, 0.0),
+    "ours-dropout": ("penalty + dropout", "pycudnnrnn", True, True, 0.2),
+    "torch-dropout": ("penalty + dropout", "torch.nn (cuDNN off)", False, True, 0.2),
+    "ours-first": ("first-order step", "pycudnnrnn", True, False, 0.0),
+    "torch-first": ("first-order step", "torch.nn (cuDNN)", True, False, 0.0),
 }
 PENALTY_WEIGHT = 10.0
 
 
-def _critic(torch, size, ours, device):
+def _critic(torch, size, ours, device, dropout):
     import pycudnnrnn.torch as prt
     torch.manual_seed(0)
     cls = prt.LSTM if ours else torch.nn.LSTM
-    rnn = cls(size["features"], size["hidden"], size["layers"], device=device)
+    rnn = cls(size["features"], size["hidden"], size["layers"], dropout=dropout, device=device)
     head = torch.nn.Linear(size["hidden"], 1, device=device)
     return rnn, head
 
 
 def _step(torch, size, side, device):
     """One training step of the critic for `side`, as a function of nothing."""
-    _, library, cudnn, penalty = SIDES[side]
-    rnn, head = _critic(torch, size, library == "pycudnnrnn", device)
+    import contextlib
+
+    import pycudnnrnn.torch as prt
+    _, library, cudnn, penalty, dropout = SIDES[side]
+    ours = library == "pycudnnrnn"
+    rnn, head = _critic(torch, size, ours, device, dropout)
+    # The drop-in's masks must be PyTorch's to be differentiated twice
+    masks = prt.second_order_dropout if ours and dropout else contextlib.nullcontext
     params = list(rnn.parameters()) + list(head.parameters())
     optimizer = torch.optim.Adam(params, lr=1e-4)
     g = torch.Generator().manual_seed(1)
@@ -65,7 +76,7 @@ def _step(torch, size, side, device):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with torch.backends.cudnn.flags(enabled=cudnn):
+        with torch.backends.cudnn.flags(enabled=cudnn), masks():
             loss = score(fake).mean() - score(real).mean()
             if penalty:
                 between = (alpha * real + (1 - alpha) * fake).requires_grad_()

@@ -58,6 +58,30 @@ def test_pieces_tile_the_buffer_matrices_first(attrs):
     assert kinds == sorted(kinds, key=lambda k: k == "bias"), "all matrices precede all biases"
 
 
+@pytest.mark.parametrize("attrs", CONFIGS)
+def test_each_layer_alone_is_its_slices_of_the_buffer(attrs):
+    """A layer's two slices, concatenated, are its one-layer network's buffer: each
+    piece there is the same piece (role, gate, shape) of the whole network's."""
+    config = make_config(**attrs)
+    D = config.num_dirs
+    params = np.arange(pycudnnrnn.params_size(**attrs))
+    taken = []
+    for index in range(config.num_layers):
+        alone, matrices, biases = layout.layer(config, index)
+        assert (alone.num_layers, alone.dropout) == (1, 0.0)
+        assert alone.input_size == (config.input_size if index == 0 else D * config.state_size)
+        own = np.concatenate([params[matrices], params[biases]])
+        assert own.size == layout.params_size(alone)
+        whole = [p for p in layout.pieces(config) if p.pseudo_layer // D == index]
+        for piece, original in zip(layout.pieces(alone), whole, strict=True):
+            assert (piece.kind, piece.role, piece.gate, piece.shape) == \
+                (original.kind, original.role, original.gate, original.shape)
+            np.testing.assert_array_equal(own[piece.offset:piece.stop],
+                                          params[original.offset:original.stop])
+        taken += [own]
+    np.testing.assert_array_equal(np.sort(np.concatenate(taken)), params)
+
+
 def test_canonical_order_and_shapes_by_hand():
     """Bidirectional 2-layer LSTM, input 3, units 4, projection 2 (H=4, P=2, D=2)."""
     attrs = dict(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3,

@@ -29,7 +29,7 @@ CONFIGS = [
 ]
 
 
-def _call(config, seed=0):
+def _call(config, seed=0, dropout=0.0):
     """``(function, inputs)``: ``prt.rnn`` for `config` as a function of its tensors."""
     mode, input_mode, direction, L, P, time_major, lengths = config
     torch.manual_seed(seed)
@@ -47,7 +47,7 @@ def _call(config, seed=0):
     def function(x, h, params, *c):
         y, hy, cy = prt.rnn(x, h, c[0] if c else None, params, lengths, rnn_mode=mode,
                             input_mode=input_mode, direction=direction, num_proj=P,
-                            time_major=time_major)
+                            time_major=time_major, dropout=dropout)
         return (y, hy, cy) if mode == "lstm" else (y, hy)
     return function, (x, h, params) + ((c,) if c is not None else ())
 
@@ -162,7 +162,8 @@ def test_dropout_between_layers_refuses_a_second_derivative_clearly(route):
         model = prt.LSTM(I, H, 2, dropout=0.5, dtype=torch.float64)
         x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
         (gx,) = torch.autograd.grad(model(x)[0].sum(), x, create_graph=True)
-        with pytest.raises(NotImplementedError, match="through dropout between layers"):
+        with pytest.raises(NotImplementedError, match="through dropout between layers(.|\n)*"
+                           "pycudnnrnn.torch.second_order_dropout"):
             gx.square().sum().backward()
         one_layer = prt.LSTM(I, H, 1, dropout=0.0, dtype=torch.float64)
         (gx,) = torch.autograd.grad(one_layer(x)[0].sum(), x, create_graph=True)
@@ -170,6 +171,123 @@ def test_dropout_between_layers_refuses_a_second_derivative_clearly(route):
         model.eval()  # no mask either
         (gx,) = torch.autograd.grad(model(x)[0].sum(), x, create_graph=True)
         gx.square().sum().backward()
+
+
+def _same_masks(function, seed=3):
+    """`function`, drawing the same dropout masks at every call (gradgradcheck calls it
+    many times, and its finite differences need one function)."""
+    def seeded(*args):
+        torch.manual_seed(seed)
+        return function(*args)
+    return seeded
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c[:5])))
+def test_second_order_dropout_differentiates_twice_through_the_forwards_masks(config, route):
+    """Inside ``second_order_dropout()`` the op runs a layer at a time with PyTorch's masks
+    between: gradgradcheck's analytical second order (the masks autograd kept from the
+    forward) equals finite differences of the first order (forwards drawing the same
+    masks again). Masks from another draw would not."""
+    function, inputs = _call(config, dropout=0.4)
+    with prt.second_order_dropout():
+        assert torch.autograd.gradgradcheck(_same_masks(function), inputs, fast_mode=True,
+                                            rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c[:5])))
+def test_second_order_dropout_runs_the_same_network_layer_by_layer(config, route,
+                                                                   monkeypatch):
+    """With masks of ones the layer-by-layer calls give the multi-layer call's results:
+    each layer's slices of the flat buffer, its states, skip_input on layer 0 only."""
+    from pycudnnrnn.torch import layerwise
+    drawn = []
+    monkeypatch.setattr(layerwise.torch.nn.functional, "dropout",
+                        lambda x, p, training: drawn.append(p) or x)
+    with_dropout, inputs = _call(config, dropout=0.4)
+    without, _ = _call(config)
+    with prt.second_order_dropout():
+        got = with_dropout(*inputs)
+    assert drawn == [0.4] * (config[3] - 1)
+    for g, w in zip(got, without(*inputs), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("module", ["LSTM-projection", "GRU"])
+def test_second_order_dropout_draws_torch_nns_masks(module, route):
+    """The drop-ins on the op's routes inside ``second_order_dropout()`` draw the masks
+    torch.nn's own kernels draw from the same generator state (dropout on each layer's
+    output but the last): outputs and a gradient penalty's gradients equal torch.nn's,
+    float64, bidirectional, three layers."""
+    cls, extra = (torch.nn.LSTM, dict(proj_size=1)) if module.startswith("LSTM") \
+        else (torch.nn.GRU, {})
+    reference, ours = _pair(cls, I, H, 3, dropout=0.4, bidirectional=True, seed=0, **extra)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    found = []
+    with native.cpu_kernels("numpy"):
+        for model in (ours, reference):
+            with prt.second_order_dropout():
+                torch.manual_seed(5)
+                output = model(x.requires_grad_())[0]
+            params = list(model.parameters())
+            grads = torch.autograd.grad(output.tanh().sum(), [x, *params], create_graph=True)
+            penalty = sum(g.square().sum() for g in grads)
+            found.append([output, *torch.autograd.grad(penalty, [x, *params])])
+    for got, want in zip(*found):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_second_order_dropout_takes_packed_batches_cudnn_rnn_and_torch_func(route):
+    """A packed batch through the drop-in, ``CudnnRNN``'s flat buffer, and torch.func's
+    ``grad`` of ``grad`` (as torch.nn: its ``hessian`` refuses the masks under vmap)."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    torch.manual_seed(1)
+    gru = prt.GRU(I, H, 2, dropout=0.3, batch_first=True, dtype=torch.float64)
+    flat = prt.CudnnRNN(I, H, 3, rnn_mode="rnn_tanh", dropout=0.5, time_major=False,
+                        dtype=torch.float64)
+    x = torch.randn(B, T, I, dtype=torch.float64, requires_grad=True)
+
+    def packed(x):
+        out, h = gru(pack_padded_sequence(x, [2, 4, 3], batch_first=True,
+                                          enforce_sorted=False))
+        return pad_packed_sequence(out, batch_first=True)[0], h
+
+    with native.cpu_kernels("numpy"), prt.second_order_dropout():
+        for function in (packed, lambda x: flat(x, sequence_lengths=[4, 1, 3])):
+            assert torch.autograd.gradgradcheck(_same_masks(function), (x,), fast_mode=True,
+                                                rtol=1e-5, atol=1e-8)
+        loss = lambda x: flat(x)[0].square().sum()
+        torch.manual_seed(2)
+        twice = torch.func.grad(lambda x: torch.func.grad(loss)(x).square().sum())(x.detach())
+        torch.manual_seed(2)
+        (g,) = torch.autograd.grad(loss(x), x, create_graph=True)
+        torch.testing.assert_close(twice, torch.autograd.grad(g.square().sum(), x)[0],
+                                   rtol=1e-12, atol=1e-14)
+        with pytest.raises(RuntimeError, match="randomness"):
+            torch.func.hessian(loss)(x.detach())
+
+
+def test_second_order_dropout_changes_nothing_outside_it_or_without_masks(route):
+    """Outside the context, and inside it for a forward that draws no mask (eval mode, one
+    layer), the call is the one multi-layer op call it always was."""
+    from pycudnnrnn.torch import autograd
+    calls = []
+    real = autograd._differentiable_op
+    with native.cpu_kernels("numpy"), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(autograd, "_differentiable_op", lambda *a: calls.append(1) or real(*a))
+        model = prt.LSTM(I, H, 3, dropout=0.5, dtype=torch.float64)
+        x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+
+        def op_calls():
+            calls.clear()
+            model(x)
+            return len(calls)
+        assert op_calls() == 1
+        with prt.second_order_dropout():
+            assert op_calls() == 3  # a layer at a time
+            model.eval()
+            assert op_calls() == 1
+            model.train()
+        assert op_calls() == 1
 
 
 def test_output_gradients_that_depend_on_the_outputs_differentiate_too(route):
@@ -290,6 +408,26 @@ def test_gpu_dropout_with_cudnn_off_is_torch_nns_and_differentiates_twice():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gpu_second_order_dropout_is_torch_nns_without_cudnn(dtype):
+    """Under ``second_order_dropout()``: cuDNN a layer at a time, PyTorch's masks between,
+    the masks torch.nn draws with cuDNN off from the same seed; its penalty gradients."""
+    _needs_cuda()
+    reference, ours = _pair(torch.nn.LSTM, I, H + 2, 3, dropout=0.5, bidirectional=True,
+                            proj_size=2, dtype=dtype, device="cuda", seed=0)
+    x = torch.randn(T, B, I, dtype=dtype, device="cuda")
+    torch.manual_seed(5)
+    with prt.second_order_dropout():
+        got = _penalty_grads(ours, x)
+    torch.manual_seed(5)
+    with torch.backends.cudnn.flags(enabled=False):
+        want = _penalty_grads(reference, x)
+    tol = dict(rtol=1e-9, atol=1e-11) if dtype == torch.float64 else dict(rtol=2e-3, atol=2e-5)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **tol)
+
+
+@pytest.mark.gpu
 def test_gpu_first_order_steps_never_recompute(monkeypatch):
     _needs_cuda()
     calls = []
@@ -315,7 +453,8 @@ def test_the_penalty_benchmark_runs_each_side(monkeypatch, capsys):
     assert all(0 < low <= median for [(median, low)] in found.values())
     bench._print_rows(found)
     rows = capsys.readouterr().out.splitlines()
-    assert [r.split()[0] for r in rows] == ["penalty", "first-order"]
+    assert [r[:17].strip() for r in rows] == ["penalty step", "penalty + dropout",
+                                              "first-order step"]
     assert all("pycudnnrnn / peer" in r for r in rows)
 
 

@@ -227,6 +227,24 @@ def pseudo_layer_blocks(config: RNNConfig) -> tuple[PseudoLayerBlocks, ...]:
     ) for k in range(config.num_pseudo_layers))
 
 
+def layer(config: RNNConfig, index: int) -> tuple[RNNConfig, slice, slice]:
+    """Layer `index` of `config` as a network of its own (one layer, no dropout), and the
+    slices of the params buffer that hold its matrices and its biases.
+
+    Concatenated, the two slices are that one-layer network's params buffer: a layer's
+    pseudo-layers are consecutive in both halves of the buffer.
+    """
+    D = config.num_dirs
+    own = [p for p in pieces(config) if index * D <= p.pseudo_layer < (index + 1) * D]
+    matrices = [p for p in own if p.kind == "weight"]
+    biases = [p for p in own if p.kind == "bias"]
+    alone = dataclasses.replace(config, num_layers=1, input_size=config.layer_input_size(index),
+                                skip_input=config.skip_input and index == 0, dropout=0.0,
+                                seed=0)
+    return (alone, slice(matrices[0].offset, matrices[-1].stop),
+            slice(biases[0].offset, biases[-1].stop))
+
+
 def split(params, config: RNNConfig):
     """Canonical ``(weights, biases)`` lists as views of a 1-D `params` array."""
     weights, biases = [], []

@@ -406,7 +406,8 @@ def _differentiable(op, operands):
             "gradient penalty) through dropout between layers is not available: the masks "
             "are drawn inside the custom call (by cuDNN, or the NumPy backend on the CPU) "
             "and cannot be read back, and other masks would differentiate another function. "
-            "Differentiate twice a call with dropout=0.0")
+            "Differentiate twice a call with dropout=0.0, or one-layer calls with masks drawn "
+            "between them by JAX (what pycudnnrnn.flax's modules do)")
     lengths = None if lengths is None else lengths.astype(jnp.int32)
     return lambda input, input_h, input_c, params: scan.rnn(
         problem, input, input_h, input_c, params, lengths)

@@ -23,8 +23,9 @@ _require("pycudnnrnn.torch", "torch", "torch")  # missing: an ImportError naming
 
 from .cudnn_rnn import CudnnRNN, CudnnRNNFunction
 from .functional import InputTypeError, InputValueError, rnn
+from .layerwise import second_order_dropout
 from .modules import GRU, LSTM, RNN
 from .native import cpu_kernels, set_cpu_kernels
 
 __all__ = ["LSTM", "GRU", "RNN", "CudnnRNN", "CudnnRNNFunction", "rnn", "InputValueError",
-           "InputTypeError", "set_cpu_kernels", "cpu_kernels"]
+           "InputTypeError", "set_cpu_kernels", "cpu_kernels", "second_order_dropout"]

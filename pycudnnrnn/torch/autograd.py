@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from . import flat_weights, onnx_export, second_order
+from . import flat_weights, layerwise, onnx_export, second_order
 from .ops import (autocast, autocast_dtype, backprop, backprop_weights, forward, forward_weights,
                   import_dynamo)
 
@@ -203,6 +203,15 @@ def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_b
                has_biases, bool(is_training))
     if onnx_export.exporting():  # ONNX's own recurrent operators, which any runtime runs
         return onnx_export.rnn(input, input_h, input_c, weights, sequence_lengths, options)
+    if layerwise.takes(options, input_h):  # dropout masks of PyTorch's, between layers
+        return layerwise.rnn(_differentiable_op, input, input_h, input_c, weights,
+                             sequence_lengths, options)
+    return _differentiable_op(input, input_h, input_c, weights, sequence_lengths, seed, options)
+
+
+def _differentiable_op(input, input_h, input_c, weights, sequence_lengths, seed, options):
+    """The forward op through the door for the caller: its own autograd formula when
+    Dynamo traces, else ``_RNN``."""
     if torch.compiler.is_compiling():  # the ops' own autograd formulas: Dynamo traces them
         output, output_h, output_c, _ = _call_op(options, input, input_h, input_c,
                                                  sequence_lengths, seed, weights)

@@ -18,9 +18,11 @@ Dropout seeds: on the CPU every training call with dropout draws its seed from P
 default generator, so each step has a fresh mask and ``torch.manual_seed`` reproduces a
 run; a call without dropout draws nothing. On CUDA each module keeps one seed (given, or
 made from ``torch.manual_seed``'s seed and the module's place in the process when it is
-built, drawing nothing: ``_module_seed``): cuDNN keeps one dropout state per (device, seed), initialises it once and
-advances it at every training call, as PyTorch's own RNNs do, instead of re-seeding
-(6 MiB of state and a slow initialisation) per step. Either way a forward run again from
+built, drawing nothing: ``_module_seed``): cuDNN keeps one dropout state per (device,
+seed), initialises it once and advances it at every training call, as PyTorch's own RNNs
+do, instead of re-seeding (6 MiB of state and a slow initialisation) per step. Under
+``second_order_dropout()`` no seed is drawn: PyTorch's dropout draws the masks
+(``layerwise``). Either way a forward run again from
 the same PyTorch generator state (``torch.utils.checkpoint``'s recomputation) draws the
 same masks: on the CPU the seed comes from the generator, on CUDA the op names each
 forward by the generator's state (``kernels.dropout_key``).
@@ -37,7 +39,7 @@ import torch
 
 from ..core import layout
 from ..core.checks import make_config
-from . import kernels, native
+from . import kernels, layerwise, native
 from .autograd import apply
 from .functional import check_devices, lengths_tensor
 
@@ -146,7 +148,7 @@ class SeededRNN:
         """The op's seed: a 0-d int64 CPU tensor (a graph input: a fresh one per step does
         not recompile), or None when no mask is drawn (eval mode, one layer, no dropout):
         then the call holds no CPU tensor for the seed, and CUDA graphs can take it."""
-        if dropout == 0:
+        if dropout == 0 or layerwise.active():  # no mask, or PyTorch's (layerwise)
             return None
         if not kernels.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
             return _draw_seed()

@@ -108,7 +108,8 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
         The dropout seed, as for ``pycudnnrnn.forward``; or `seed` a 0-d int64 tensor
         holding the combined 64-bit seed (what the modules pass: a traced graph then
         takes a new seed per call without recompiling). The op is given no seed (None)
-        when no mask is drawn: not training, no dropout, or one layer.
+        when no mask is drawn: not training, no dropout, or one layer. Under
+        ``second_order_dropout()`` the masks come from PyTorch's generator instead.
     is_training : bool
         False runs inference: no reserve space, and no backward.
     num_layers, num_units, input_size : int, optional

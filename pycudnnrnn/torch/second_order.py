@@ -20,9 +20,11 @@ their backward: about what PyTorch's path with cuDNN off spends on that call.
 The forward's own forward-mode rule (``jvp``, for torch.func's ``jvp``, ``jacfwd`` and
 ``hessian``) is recomputed the same way (``forward_jvp``).
 
-Dropout between layers is refused there: its masks were drawn by cuDNN (or the NumPy
-backend) inside the forward and cannot be read back, and a second derivative with other
-masks would be the derivative of another function.
+Dropout between layers is refused there: a multi-layer call draws its masks inside (cuDNN,
+or the NumPy backend) and they cannot be read back, and a second derivative with other
+masks would be the derivative of another function. Under ``second_order_dropout()`` the
+forward runs a layer at a time with PyTorch's masks between (``layerwise``): each call
+has no dropout, and autograd keeps the masks.
 """
 
 from __future__ import annotations
@@ -291,13 +293,12 @@ def refuse_dropout(call):
     raise NotImplementedError(
         "pycudnnrnn: a second derivative (double backward: a gradient penalty, a "
         "Hessian-vector product) or a forward-mode one (torch.func.jvp, jacfwd, hessian) "
-        "through dropout between layers is not available on the "
-        "op's routes (CUDA, compiled, torch.func, the NumPy kernels): the masks were drawn "
-        "inside the forward (by cuDNN) and cannot be read back, and other masks would "
-        "differentiate another function. Run the forward that is differentiated twice "
-        "with dropout=0 (model.eval() or a copy of the module), or, as torch.nn's users "
-        "do, eagerly on PyTorch's kernels, which draw the masks themselves: on the CPU, "
-        "or on CUDA under torch.backends.cudnn.flags(enabled=False)")
+        "through dropout between layers needs the forward's dropout masks, and this "
+        "forward drew them inside one multi-layer call (cuDNN's, or the NumPy kernels'), "
+        "where they cannot be read back. Run the forward that is differentiated twice "
+        "under pycudnnrnn.torch.second_order_dropout(): one call per layer, PyTorch's "
+        "masks between, which autograd keeps. Or run it with dropout=0 (model.eval()), or "
+        "on PyTorch's own kernels (on CUDA: under torch.backends.cudnn.flags(enabled=False))")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,119 @@
+"""Dropout between layers that can be differentiated twice: one op call per layer.
+
+A multi-layer cuDNN call draws its dropout masks inside and keeps them where nothing can
+read them, so a second derivative through them cannot be taken (``second_order``).
+Inside ``second_order_dropout()`` a training forward with dropout between layers runs
+instead as one op call per layer, each without dropout, with
+``torch.nn.functional.dropout`` on every layer's output but the last: where torch.nn's
+own kernels put it, with PyTorch's generator. Autograd keeps those masks, so the first,
+second and higher derivatives all use the forward's masks.
+
+What it costs: a multi-layer cuDNN call overlaps its layers, and here they run one after
+another; the dropped outputs are kept for backward. Outside the context nothing changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+from ..core import layout
+from . import kernels
+from .ops import op_attrs
+
+_lock = threading.Lock()
+_depth = 0  # how many second_order_dropout() contexts are open, on any thread
+
+
+@contextlib.contextmanager
+def second_order_dropout():
+    """Run RNN forwards with dropout between layers so that they can be differentiated
+    twice (a gradient penalty, a Hessian-vector product, MAML).
+
+    Inside, a training forward of ``pycudnnrnn.torch``'s modules and ``rnn`` with dropout
+    between layers runs one cuDNN call per layer, and draws the masks between them with
+    ``torch.nn.functional.dropout`` (PyTorch's generator: ``torch.manual_seed`` repeats
+    them). The layers then do not overlap on the GPU. Forwards without dropout between
+    layers are unchanged. Process-wide, as ``torch.backends.cudnn.flags``; usable as a
+    decorator too.
+
+    Examples
+    --------
+    >>> import torch, pycudnnrnn.torch as prt
+    >>> lstm = prt.LSTM(3, 4, num_layers=2, dropout=0.2)
+    >>> x = torch.randn(5, 2, 3, requires_grad=True)
+    >>> with prt.second_order_dropout():
+    ...     y, _ = lstm(x)
+    >>> (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    >>> g.square().sum().backward()
+    """
+    global _depth
+    with _lock:
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+
+
+def active() -> bool:
+    """Whether a ``second_order_dropout()`` context is open."""
+    return _depth > 0
+
+
+def takes(options, input_h) -> bool:
+    """Whether a forward with `options` (``autograd.apply``'s) runs layer by layer: inside
+    ``second_order_dropout()``, in training, with dropout between layers."""
+    dropout, time_major, is_training = options[3], options[5], options[7]
+    if not (_depth and is_training and dropout > 0):
+        return False
+    return input_h.shape[0 if time_major else 1] > _directions(options)
+
+
+def rnn(run, input, input_h, input_c, weights, sequence_lengths, options):
+    """``(output, output_h, output_c)`` of a forward, layer by layer: ``run(input,
+    input_h, input_c, weights, sequence_lengths, seed, options)`` runs each layer alone,
+    and dropout is drawn on its output before the next one. Arguments as for
+    ``autograd.apply`` (`weights` ``[params]`` or torch.nn's list)."""
+    (rnn_mode, input_mode, direction, dropout, num_proj, time_major, has_biases,
+     is_training) = options
+    D = _directions(options)
+    axis = 0 if time_major else 1
+    num_layers = input_h.shape[axis] // D
+    layers = _layer_weights(input, input_h, input_c, weights, options, num_layers)
+    output, states_h, states_c = input, [], []
+    for index, layer_weights in enumerate(layers):
+        if index:
+            output = torch.nn.functional.dropout(output, dropout, training=True)
+        alone = (rnn_mode, input_mode if index == 0 else "linear_input", direction, 0.0,
+                 num_proj, time_major, has_biases, is_training)
+        h, c = (None if s is None else s.narrow(axis, index * D, D) for s in (input_h, input_c))
+        output, output_h, output_c = run(output, h, c, layer_weights, sequence_lengths, None,
+                                         alone)
+        states_h.append(output_h)
+        states_c.append(output_c)
+    output_c = torch.cat(states_c, axis) if input_c is not None else output_c
+    return output, torch.cat(states_h, axis), output_c
+
+
+def _directions(options) -> int:
+    return 2 if options[2] == "bidirectional" else 1
+
+
+def _layer_weights(input, input_h, input_c, weights, options, num_layers):
+    """Each layer's weights, in the form the call took them: ``[params]`` (its slices of
+    the cuDNN-layout buffer) or its share of torch.nn's list."""
+    if options[6] is not None:  # torch.nn's list: a layer's weights, direction by direction
+        share = len(weights) // num_layers
+        return [weights[k * share:(k + 1) * share] for k in range(num_layers)]
+    (params,) = weights
+    attrs = op_attrs(*options[:6])
+    config = kernels.problem(input, input_h, input_c, params, attrs, True).config
+    pieces = []
+    for index in range(num_layers):
+        _, matrices, biases = layout.layer(config, index)
+        pieces.append([torch.cat([params[matrices], params[biases]])])
+    return pieces

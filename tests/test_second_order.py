@@ -321,6 +321,98 @@ def test_cudnn_disabled_sends_cuda_calls_to_pytorchs_kernels_as_torch_nn(monkeyp
         assert native.takes(half, [torch.zeros(1, dtype=torch.float16)])
 
 
+def test_second_order_dropout_is_a_reusable_context_for_checkpoint(route):
+    """``torch.utils.checkpoint`` recomputes the forward in backward, twice under double
+    backward: the context given as its recompute context (``context_fn``) is entered
+    each time, and the gradients equal those without checkpoint (the same masks)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from pycudnnrnn.torch import layerwise
+    torch.manual_seed(0)
+    model = prt.LSTM(I, H, 3, dropout=0.5, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    context = prt.second_order_dropout()
+
+    def penalty_grads(forward):
+        torch.manual_seed(6)
+        (gx,) = torch.autograd.grad(forward(x)[0].tanh().sum(), x, create_graph=True)
+        return torch.autograd.grad(gx.square().sum(), [x, *model.parameters()])
+
+    with native.cpu_kernels("numpy"):
+        with context:
+            want = penalty_grads(model)
+        got = penalty_grads(lambda x: checkpoint(model, x, use_reentrant=False,
+                                                 context_fn=lambda: (context, context)))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-14)
+    assert not layerwise.active()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_second_order_dropout_compiles_a_flat_buffer_in_one_graph(dynamic, monkeypatch):
+    """``CudnnRNN`` (one flat buffer, cut into layers) compiled with ``fullgraph=True``
+    inside the context; with masks of ones it computes the multi-layer call. The layers'
+    slices are sizes alone: symbolic ones too (``dynamic=True``)."""
+    from pycudnnrnn.torch import layerwise
+    monkeypatch.setattr(layerwise.torch.nn.functional, "dropout",
+                        lambda x, p, training: x * 1)
+    torch.manual_seed(0)
+    model = prt.CudnnRNN(I, H, 3, rnn_mode="lstm", input_mode="auto_select",
+                         bidirectional=True, dropout=0.5, time_major=False)
+    x = torch.randn(B, T, I, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=dynamic)
+    lengths = torch.tensor([4, 1, 3])
+    with prt.second_order_dropout():
+        got = compiled(x, sequence_lengths=lengths)
+    model.eval()  # the same network without dropout: one multi-layer call
+    want = model(x, sequence_lengths=lengths)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+
+
+def test_second_order_dropout_compiles_once_whatever_its_nesting():
+    """A trace guards on whether the context is open, not on how deeply it is nested
+    (a graph per depth, and threads holding it, would exhaust recompilations)."""
+    from torch._dynamo.testing import CompileCounter
+    torch.manual_seed(0)
+    model = prt.GRU(I, H, 2, dropout=0.5)
+    x = torch.randn(T, B, I)
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counter)
+    with prt.second_order_dropout():
+        compiled(x)
+        with prt.second_order_dropout():
+            compiled(x)
+    assert counter.frame_count == 1
+
+
+def test_second_order_dropout_keeps_the_ops_errors_and_reads_the_switch_once(monkeypatch):
+    """A malformed input_h gets the op's ValueError inside the context, as outside; and
+    a module reads the switch once per forward: the masks' route and the seed agree even
+    if another thread closes the context meanwhile."""
+    from pycudnnrnn.torch import autograd, layerwise
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    params = torch.zeros(pycudnnrnn.params_size(rnn_mode="gru", num_layers=2, num_units=H,
+                                                input_size=I), dtype=torch.float64)
+    for h in (torch.zeros(4, dtype=torch.float64), torch.zeros((), dtype=torch.float64)):
+        with pytest.raises(ValueError, match="input_h: expected a 3-D"), \
+                prt.second_order_dropout():
+            prt.rnn(x, h, None, params, rnn_mode="gru", dropout=0.5, time_major=False)
+    calls = []
+    real = autograd._differentiable_op
+    monkeypatch.setattr(autograd, "_differentiable_op",
+                        lambda *a: calls.append((a[5], a[6][3])) or real(*a))
+    reads = iter([True])  # open at the first read, closed after
+    monkeypatch.setattr(layerwise, "active", lambda: next(reads, False))
+    model = prt.LSTM(I, H, 2, dropout=0.5, dtype=torch.float64)
+    with native.cpu_kernels("numpy"):
+        model(x)
+    assert calls and all(seed is not None or dropout == 0 for seed, dropout in calls)
+
+
+# --------------------------------------------------------------------------- GPU
 # --------------------------------------------------------------------------- GPU
 
 def _needs_cuda():

@@ -232,17 +232,24 @@ def layer(config: RNNConfig, index: int) -> tuple[RNNConfig, slice, slice]:
     slices of the params buffer that hold its matrices and its biases.
 
     Concatenated, the two slices are that one-layer network's params buffer: a layer's
-    pseudo-layers are consecutive in both halves of the buffer.
+    pseudo-layers are consecutive in both halves of the buffer. Sizes alone, as
+    ``params_size``: they may be symbolic (a ``torch.compile`` trace's).
     """
-    D = config.num_dirs
-    own = [p for p in pieces(config) if index * D <= p.pseudo_layer < (index + 1) * D]
-    matrices = [p for p in own if p.kind == "weight"]
-    biases = [p for p in own if p.kind == "bias"]
+    G, H, P, D = config.num_gates, config.num_units, config.state_size, config.num_dirs
+
+    def matrices(layer):  # elements of one pseudo-layer's matrices
+        inputs = G * H * config.layer_input_size(layer) if config.has_input_matrices(layer) \
+            else 0
+        return inputs + G * H * P + (P * H if config.num_proj else 0)
+
+    before = D * (matrices(0) + (index - 1) * matrices(1)) if index else 0
+    all_matrices = D * (matrices(0) + (config.num_layers - 1) * matrices(1))
+    biases = D * 2 * G * H  # one layer's
     alone = dataclasses.replace(config, num_layers=1, input_size=config.layer_input_size(index),
                                 skip_input=config.skip_input and index == 0, dropout=0.0,
                                 seed=0)
-    return (alone, slice(matrices[0].offset, matrices[-1].stop),
-            slice(biases[0].offset, biases[-1].stop))
+    return (alone, slice(before, before + D * matrices(index)),
+            slice(all_matrices + index * biases, all_matrices + (index + 1) * biases))
 
 
 def split(params, config: RNNConfig):

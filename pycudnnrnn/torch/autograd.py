@@ -187,12 +187,14 @@ def _call_op(options, input, input_h, input_c, sequence_lengths, seed, weights):
 
 
 def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_biases,
-          is_training):
+          is_training, by_layer=None):
     """The differentiable forward on checked arguments: ``(output, output_h, output_c)``.
 
     What ``rnn`` and the modules call: under autocast every floating argument is cast to
     autocast's dtype first (the casts are differentiable, so gradients reach float32
-    weights), then ``_RNN`` runs the op. `weights` as for ``_RNN``.
+    weights), then ``_RNN`` runs the op. `weights` as for ``_RNN``. `by_layer`: whether
+    ``second_order_dropout()`` is open, as the caller read it when it chose the seed
+    (None: read here); its masks are then PyTorch's, between one op call per layer.
     """
     dtype = autocast_dtype(input.device.type)
     if dtype is not None:
@@ -203,7 +205,8 @@ def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_b
                has_biases, bool(is_training))
     if onnx_export.exporting():  # ONNX's own recurrent operators, which any runtime runs
         return onnx_export.rnn(input, input_h, input_c, weights, sequence_lengths, options)
-    if layerwise.takes(options, input_h):  # dropout masks of PyTorch's, between layers
+    by_layer = layerwise.active() if by_layer is None else by_layer
+    if by_layer and layerwise.draws_masks(options, input_h):  # PyTorch's masks between
         return layerwise.rnn(_differentiable_op, input, input_h, input_c, weights,
                              sequence_lengths, options)
     return _differentiable_op(input, input_h, input_c, weights, sequence_lengths, seed, options)

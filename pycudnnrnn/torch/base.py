@@ -20,12 +20,13 @@ run; a call without dropout draws nothing. On CUDA each module keeps one seed (g
 made from ``torch.manual_seed``'s seed and the module's place in the process when it is
 built, drawing nothing: ``_module_seed``): cuDNN keeps one dropout state per (device,
 seed), initialises it once and advances it at every training call, as PyTorch's own RNNs
-do, instead of re-seeding (6 MiB of state and a slow initialisation) per step. Under
-``second_order_dropout()`` no seed is drawn: PyTorch's dropout draws the masks
-(``layerwise``). Either way a forward run again from
-the same PyTorch generator state (``torch.utils.checkpoint``'s recomputation) draws the
-same masks: on the CPU the seed comes from the generator, on CUDA the op names each
-forward by the generator's state (``kernels.dropout_key``).
+do, instead of re-seeding (6 MiB of state and a slow initialisation) per step. Either
+way a forward run again from the same PyTorch generator state (``torch.utils.checkpoint``'s
+recomputation) draws the same masks: on the CPU the seed comes from the generator, on
+CUDA the op names each forward by the generator's state (``kernels.dropout_key``).
+Under ``second_order_dropout()`` no seed is drawn: ``torch.nn.functional.dropout`` draws
+the masks between one op call per layer (``layerwise``), again from the generator (so a
+recomputation inside the context draws them again too).
 """
 
 from __future__ import annotations
@@ -136,9 +137,10 @@ class SeededRNN:
         grad = torch.jit.is_tracing() or torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
         attrs = dict(attrs, dropout=dropout)
-        output, h_n, c_n = apply(input, h0, c0, weights, sequence_lengths,
-                                 self._seed(input, dropout), attrs, has_biases,
-                                 self.training or grad)
+        by_layer = layerwise.active()  # read once: the seed and the route must agree
+        seed = None if by_layer else self._seed(input, dropout)
+        output, h_n, c_n = apply(input, h0, c0, weights, sequence_lengths, seed, attrs,
+                                 has_biases, self.training or grad, by_layer)
         if transpose:
             h_n = h_n.transpose(0, 1).contiguous()
             c_n = c_n.transpose(0, 1).contiguous() if c0 is not None else c_n
@@ -148,7 +150,7 @@ class SeededRNN:
         """The op's seed: a 0-d int64 CPU tensor (a graph input: a fresh one per step does
         not recompile), or None when no mask is drawn (eval mode, one layer, no dropout):
         then the call holds no CPU tensor for the seed, and CUDA graphs can take it."""
-        if dropout == 0 or layerwise.active():  # no mask, or PyTorch's (layerwise)
+        if dropout == 0:
             return None
         if not kernels.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
             return _draw_seed()

@@ -20,15 +20,16 @@ import threading
 import torch
 
 from ..core import layout
+from ..core.config import RNNConfig
 from . import kernels
 from .ops import op_attrs
 
 _lock = threading.Lock()
 _depth = 0  # how many second_order_dropout() contexts are open, on any thread
+_on = False  # _depth > 0: what forwards read (a torch.compile trace guards on its value)
 
 
-@contextlib.contextmanager
-def second_order_dropout():
+class second_order_dropout(contextlib.ContextDecorator):
     """Run RNN forwards with dropout between layers so that they can be differentiated
     twice (a gradient penalty, a Hessian-vector product, MAML).
 
@@ -36,8 +37,11 @@ def second_order_dropout():
     between layers runs one cuDNN call per layer, and draws the masks between them with
     ``torch.nn.functional.dropout`` (PyTorch's generator: ``torch.manual_seed`` repeats
     them). The layers then do not overlap on the GPU. Forwards without dropout between
-    layers are unchanged. Process-wide, as ``torch.backends.cudnn.flags``; usable as a
-    decorator too.
+    layers are unchanged.
+
+    Keep the backward inside too where it recomputes forwards (``torch.utils.checkpoint``):
+    a recomputation outside would draw other masks. Process-wide, as
+    ``torch.backends.cudnn.flags``; reentrant, and usable as a decorator.
 
     Examples
     --------
@@ -45,30 +49,37 @@ def second_order_dropout():
     >>> lstm = prt.LSTM(3, 4, num_layers=2, dropout=0.2)
     >>> x = torch.randn(5, 2, 3, requires_grad=True)
     >>> with prt.second_order_dropout():
-    ...     y, _ = lstm(x)
-    >>> (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
-    >>> g.square().sum().backward()
+    ...     (g,) = torch.autograd.grad(lstm(x)[0].sum(), x, create_graph=True)
+    ...     g.square().sum().backward()
     """
-    global _depth
-    with _lock:
-        _depth += 1
-    try:
-        yield
-    finally:
+
+    def __enter__(self):
+        global _depth, _on
+        with _lock:
+            _depth += 1
+            _on = True
+        return self
+
+    def __exit__(self, *exc):
+        global _depth, _on
         with _lock:
             _depth -= 1
+            _on = _depth > 0
+        return False
 
 
 def active() -> bool:
     """Whether a ``second_order_dropout()`` context is open."""
-    return _depth > 0
+    return _on
 
 
-def takes(options, input_h) -> bool:
-    """Whether a forward with `options` (``autograd.apply``'s) runs layer by layer: inside
-    ``second_order_dropout()``, in training, with dropout between layers."""
+def draws_masks(options, input_h) -> bool:
+    """Whether a forward with `options` (``autograd.apply``'s) draws dropout masks: in
+    training, with dropout, between layers. A malformed `input_h` counts as not (the op
+    then names what is wrong)."""
     dropout, time_major, is_training = options[3], options[5], options[7]
-    if not (_depth and is_training and dropout > 0):
+    if not (is_training and dropout > 0 and isinstance(input_h, torch.Tensor)
+            and input_h.dim() == 3):
         return False
     return input_h.shape[0 if time_major else 1] > _directions(options)
 
@@ -110,10 +121,25 @@ def _layer_weights(input, input_h, input_c, weights, options, num_layers):
         share = len(weights) // num_layers
         return [weights[k * share:(k + 1) * share] for k in range(num_layers)]
     (params,) = weights
-    attrs = op_attrs(*options[:6])
-    config = kernels.problem(input, input_h, input_c, params, attrs, True).config
+    config = _config(input, input_h, input_c, params, options, num_layers)
     pieces = []
     for index in range(num_layers):
         _, matrices, biases = layout.layer(config, index)
         pieces.append([torch.cat([params[matrices], params[biases]])])
     return pieces
+
+
+def _config(input, input_h, input_c, params, options, num_layers):
+    """The ``RNNConfig`` of a call on a flat `params` buffer."""
+    if not torch.compiler.is_compiling():  # checked, and remembered for these sizes
+        attrs = op_attrs(*options[:6])
+        return kernels.problem(input, input_h, input_c, params, attrs, True).config
+    # Under a trace, from the sizes alone (which may be symbolic, and which the problem's
+    # cache and checks do not take); each layer's own call checks its sizes.
+    rnn_mode, input_mode, direction, _, num_proj = options[:5]
+    num_units = (input_c if rnn_mode == "lstm" else input_h).shape[-1]
+    input_size = input.shape[-1]
+    skip = input_size == num_units if input_mode == "auto_select" else \
+        input_mode == "skip_input"
+    return RNNConfig(rnn_mode, skip, direction == "bidirectional", num_layers, num_units,
+                     input_size, num_proj)

@@ -80,6 +80,9 @@ def test_each_layer_alone_is_its_slices_of_the_buffer(attrs):
                                           params[original.offset:original.stop])
         taken += [own]
     np.testing.assert_array_equal(np.sort(np.concatenate(taken)), params)
+    for index in (-1, config.num_layers):
+        with pytest.raises(IndexError):
+            layout.layer(config, index)
 
 
 def test_canonical_order_and_shapes_by_hand():

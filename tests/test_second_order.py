@@ -371,6 +371,26 @@ def test_second_order_dropout_compiles_a_flat_buffer_in_one_graph(dynamic, monke
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
 
 
+def test_second_order_dropout_compiled_refuses_a_buffer_its_layers_do_not_fill():
+    """Compiled inside the context, the layers' slices come from sizes alone: a buffer
+    with a tail no layer reads, or one for more layers than the states have, is still
+    refused, as the op refuses it (each layer's own check would pass)."""
+    torch.manual_seed(0)
+    n = pycudnnrnn.params_size(rnn_mode="gru", num_layers=3, num_units=H, input_size=I)
+    x = torch.randn(T, B, I)
+    cases = [(torch.zeros(3, B, H), torch.zeros(n + 7)),  # a tail
+             (torch.zeros(2, B, H), torch.zeros(n))]  # a third layer's weights
+    for h, params in cases:
+        call = lambda x, h, params: prt.rnn(x, h, None, params, rnn_mode="gru", dropout=0.5)
+        torch._dynamo.reset()
+        with pytest.raises(ValueError, match="(params|input_h): expected"):
+            with prt.second_order_dropout():
+                call(x, h, params)  # eager: the op's checks of the whole call
+        with pytest.raises(Exception, match="params: expected"):
+            with prt.second_order_dropout():
+                torch.compile(call, backend="aot_eager", fullgraph=True)(x, h, params)
+
+
 def test_second_order_dropout_compiles_once_whatever_its_nesting():
     """A trace guards on whether the context is open, not on how deeply it is nested
     (a graph per depth, and threads holding it, would exhaust recompilations)."""
@@ -410,9 +430,10 @@ def test_second_order_dropout_keeps_the_ops_errors_and_reads_the_switch_once(mon
     with native.cpu_kernels("numpy"):
         model(x)
     assert calls and all(seed is not None or dropout == 0 for seed, dropout in calls)
+    with pytest.raises(RuntimeError, match="exited more often than entered"):
+        prt.second_order_dropout().__exit__(None, None, None)
 
 
-# --------------------------------------------------------------------------- GPU
 # --------------------------------------------------------------------------- GPU
 
 def _needs_cuda():

@@ -235,6 +235,8 @@ def layer(config: RNNConfig, index: int) -> tuple[RNNConfig, slice, slice]:
     pseudo-layers are consecutive in both halves of the buffer. Sizes alone, as
     ``params_size``: they may be symbolic (a ``torch.compile`` trace's).
     """
+    if not 0 <= index < config.num_layers:
+        raise IndexError(f"layer {index} of a {config.num_layers}-layer network")
     G, H, P, D = config.num_gates, config.num_units, config.state_size, config.num_dirs
 
     def matrices(layer):  # elements of one pseudo-layer's matrices

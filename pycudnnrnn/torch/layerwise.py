@@ -63,6 +63,8 @@ class second_order_dropout(contextlib.ContextDecorator):
     def __exit__(self, *exc):
         global _depth, _on
         with _lock:
+            if _depth == 0:
+                raise RuntimeError("second_order_dropout: exited more often than entered")
             _depth -= 1
             _on = _depth > 0
         return False
@@ -141,5 +143,24 @@ def _config(input, input_h, input_c, params, options, num_layers):
     input_size = input.shape[-1]
     skip = input_size == num_units if input_mode == "auto_select" else \
         input_mode == "skip_input"
-    return RNNConfig(rnn_mode, skip, direction == "bidirectional", num_layers, num_units,
-                     input_size, num_proj)
+    config = RNNConfig(rnn_mode, skip, direction == "bidirectional", num_layers, num_units,
+                       input_size, num_proj)
+    # A buffer with a tail no layer reads, or one for more layers than input_h has,
+    # passes every layer's own check: refused here, as the op refuses it.
+    L = input_h.shape[0 if options[5] else 1]
+    _check_size("params", "elements", params.shape[0], layout.params_size(config))
+    if input_c is not None:
+        _check_size("input_c", "layers and directions", input_c.shape[0 if options[5] else 1],
+                    L)
+    return config
+
+
+def _check_size(name, what, got, expected):
+    """A ValueError where `got` is not `expected` (sizes under a trace: a symbolic one is
+    checked when the graph runs, with a message that names no value)."""
+    if isinstance(got, int) and isinstance(expected, int):
+        if got != expected:
+            raise ValueError(f"{name}: expected {expected} {what} (input_h's network), "
+                             f"got {got}")
+        return
+    torch._check(got == expected, lambda: f"{name}: {what} do not match input_h's network")

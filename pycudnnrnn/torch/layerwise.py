@@ -39,9 +39,10 @@ class second_order_dropout(contextlib.ContextDecorator):
     them). The layers then do not overlap on the GPU. Forwards without dropout between
     layers are unchanged.
 
-    Keep the backward inside too where it recomputes forwards (``torch.utils.checkpoint``):
-    a recomputation outside would draw other masks. Process-wide, as
-    ``torch.backends.cudnn.flags``; reentrant, and usable as a decorator.
+    A forward that ``torch.utils.checkpoint`` runs again in backward must run inside too
+    (pass the context as its ``context_fn``, or keep the backward inside): outside, it
+    would draw other masks. Process-wide, as ``torch.backends.cudnn.flags``; reentrant;
+    ``@second_order_dropout()`` decorates a function.
 
     Examples
     --------

@@ -64,7 +64,7 @@ def _step(torch, size, side, device):
     _, library, cudnn, penalty, dropout = SIDES[side]
     ours = library == "pycudnnrnn"
     rnn, head = _critic(torch, size, ours, device, dropout)
-    # The drop-in's masks must be PyTorch's to be differentiated twice
+    # The drop-in's masks must be PyTorch's where they are differentiated twice
     masks = prt.second_order_dropout if ours and dropout else contextlib.nullcontext
     params = list(rnn.parameters()) + list(head.parameters())
     optimizer = torch.optim.Adam(params, lr=1e-4)
@@ -76,12 +76,13 @@ def _step(torch, size, side, device):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with torch.backends.cudnn.flags(enabled=cudnn), masks():
+        with torch.backends.cudnn.flags(enabled=cudnn):
             loss = score(fake).mean() - score(real).mean()
             if penalty:
                 between = (alpha * real + (1 - alpha) * fake).requires_grad_()
-                (grad,) = torch.autograd.grad(score(between).sum(), between,
-                                              create_graph=True)
+                with masks():  # only the forward differentiated twice (docs/pytorch.md)
+                    scores = score(between)
+                (grad,) = torch.autograd.grad(scores.sum(), between, create_graph=True)
                 norms = grad.square().sum((0, 2)).sqrt()
                 loss = loss + PENALTY_WEIGHT * ((norms - 1) ** 2).mean()
             loss.backward()

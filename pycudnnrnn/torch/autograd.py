@@ -206,7 +206,8 @@ def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_b
     if onnx_export.exporting():  # ONNX's own recurrent operators, which any runtime runs
         return onnx_export.rnn(input, input_h, input_c, weights, sequence_lengths, options)
     by_layer = layerwise.active() if by_layer is None else by_layer
-    if by_layer and layerwise.draws_masks(options, input_h):  # PyTorch's masks between
+    if by_layer and layerwise.draws_masks(input_h, options[3], options[2], options[5],
+                                          options[7]):  # PyTorch's masks between layers
         return layerwise.rnn(_differentiable_op, input, input_h, input_c, weights,
                              sequence_lengths, options)
     return _differentiable_op(input, input_h, input_c, weights, sequence_lengths, seed, options)

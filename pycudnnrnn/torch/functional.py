@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..core.checks import dropout_seed
-from . import kernels, native
+from . import kernels, layerwise, native
 from .autograd import apply
 from .ops import op_attrs
 
@@ -139,7 +139,8 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     if sizes:
         kernels.problem(input, input_h, input_c, params, {**attrs, **sizes}, is_training)
     lengths, seed = lengths_tensor(sequence_lengths), seed_tensor(seed, seed2)
-    if not _draws_masks(input_h, attrs, is_training):
+    if not layerwise.draws_masks(input_h, attrs["dropout"], attrs["direction"],
+                                 attrs["time_major"], is_training, malformed=True):
         seed = None  # no CPU tensor for a seed nothing uses (CUDA graphs can take the call)
         if native.takes(input, [input_h, params] + ([input_c] if lstm else []), input_mode):
             # The op's checks of the shapes first (native.rnn checks the lengths)
@@ -150,15 +151,3 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
                               is_training=bool(is_training))
     return apply(input, input_h, input_c if lstm else None, [params], lengths, seed, attrs,
                  None, bool(is_training))
-
-
-def _draws_masks(input_h, attrs, is_training):
-    """Whether a forward draws dropout masks: in training, with dropout, between layers
-    (so with more than one: input_h's L·D above D). A malformed input_h counts as drawing
-    them (the op then names what is wrong)."""
-    if not (is_training and attrs["dropout"] > 0):
-        return False
-    if not isinstance(input_h, torch.Tensor) or input_h.dim() != 3:
-        return True
-    layers_dirs = input_h.shape[0 if attrs["time_major"] else 1]
-    return layers_dirs > (2 if attrs["direction"] == "bidirectional" else 1)

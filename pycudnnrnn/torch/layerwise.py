@@ -76,15 +76,15 @@ def active() -> bool:
     return _on
 
 
-def draws_masks(options, input_h) -> bool:
-    """Whether a forward with `options` (``autograd.apply``'s) draws dropout masks: in
-    training, with dropout, between layers. A malformed `input_h` counts as not (the op
-    then names what is wrong)."""
-    dropout, time_major, is_training = options[3], options[5], options[7]
-    if not (is_training and dropout > 0 and isinstance(input_h, torch.Tensor)
-            and input_h.dim() == 3):
+def draws_masks(input_h, dropout, direction, time_major, is_training, malformed=False) -> bool:
+    """Whether a forward draws dropout masks: in training, with dropout, between layers
+    (so with more than one: input_h's L·D above D). `malformed`: what an input_h that is
+    not a 3-D tensor counts as (the op then names what is wrong)."""
+    if not (is_training and dropout > 0):
         return False
-    return input_h.shape[0 if time_major else 1] > _directions(options)
+    if not isinstance(input_h, torch.Tensor) or input_h.dim() != 3:
+        return malformed
+    return input_h.shape[0 if time_major else 1] > (2 if direction == "bidirectional" else 1)
 
 
 def rnn(run, input, input_h, input_c, weights, sequence_lengths, options):
@@ -94,7 +94,7 @@ def rnn(run, input, input_h, input_c, weights, sequence_lengths, options):
     ``autograd.apply`` (`weights` ``[params]`` or torch.nn's list)."""
     (rnn_mode, input_mode, direction, dropout, num_proj, time_major, has_biases,
      is_training) = options
-    D = _directions(options)
+    D = 2 if direction == "bidirectional" else 1
     axis = 0 if time_major else 1
     num_layers = input_h.shape[axis] // D
     layers = _layer_weights(input, input_h, input_c, weights, options, num_layers)
@@ -111,10 +111,6 @@ def rnn(run, input, input_h, input_c, weights, sequence_lengths, options):
         states_c.append(output_c)
     output_c = torch.cat(states_c, axis) if input_c is not None else output_c
     return output, torch.cat(states_h, axis), output_c
-
-
-def _directions(options) -> int:
-    return 2 if options[2] == "bidirectional" else 1
 
 
 def _layer_weights(input, input_h, input_c, weights, options, num_layers):
@@ -139,7 +135,7 @@ def _config(input, input_h, input_c, params, options, num_layers):
         return kernels.problem(input, input_h, input_c, params, attrs, True).config
     # Under a trace, from the sizes alone (which may be symbolic, and which the problem's
     # cache and checks do not take); each layer's own call checks its sizes.
-    rnn_mode, input_mode, direction, _, num_proj = options[:5]
+    rnn_mode, input_mode, direction, _, num_proj, time_major = options[:6]
     num_units = (input_c if rnn_mode == "lstm" else input_h).shape[-1]
     input_size = input.shape[-1]
     skip = input_size == num_units if input_mode == "auto_select" else \
@@ -148,11 +144,11 @@ def _config(input, input_h, input_c, params, options, num_layers):
                        input_size, num_proj)
     # A buffer with a tail no layer reads, or one for more layers than input_h has,
     # passes every layer's own check: refused here, as the op refuses it.
-    L = input_h.shape[0 if options[5] else 1]
+    axis = 0 if time_major else 1
     _check_size("params", "elements", params.shape[0], layout.params_size(config))
     if input_c is not None:
-        _check_size("input_c", "layers and directions", input_c.shape[0 if options[5] else 1],
-                    L)
+        _check_size("input_c", "layers and directions", input_c.shape[axis],
+                    input_h.shape[axis])
     return config
 
 

@@ -55,6 +55,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "benchmark
 
 import fake_cuda  # noqa: E402
 import pycudnnrnn  # noqa: E402
+from pycudnnrnn.core.config import Attributes
 import pycudnnrnn.plan  # noqa: E402
 from gpu_bench import format_rows, interleaved  # noqa: E402
 
@@ -70,12 +71,12 @@ def _xla_forward_frame(x, h, c, w):
     from pycudnnrnn import jax as rnn_jax
     from pycudnnrnn.jax import targets, xla_ffi
     host = [np.asarray(a).view(np.ndarray).copy() for a in (x, h, c, w)]
-    op = rnn_jax._Op(seed=0, seed2=0, is_training=False, **ATTRS)
-    problem = op.problem(*host)
+    op = Attributes(seed=0, seed2=0, is_training=False, **ATTRS)
+    problem = rnn_jax._problem(op, *host)
     reserve, workspace = targets.buffer_sizes(problem, cuda=True)
     results = [np.empty_like(host[0]), np.empty_like(host[1]), np.empty_like(host[2]),
                np.zeros(max(reserve, 1), np.uint8), np.zeros(max(workspace, 1), np.uint8)]
-    frame = FakeCallFrame(host, results, op.attributes(False))
+    frame = FakeCallFrame(host, results, rnn_jax._ffi_attributes(op, False))
     return frame, xla_ffi.make_handler(targets.cuda_forward)
 
 
@@ -86,16 +87,16 @@ def _xla_step(x, h, c, w):
     from pycudnnrnn import jax as rnn_jax
     from pycudnnrnn.jax import targets, xla_ffi
     host = [np.asarray(a).view(np.ndarray).copy() for a in (x, h, c, w)]
-    op = rnn_jax._Op(seed=0, seed2=0, is_training=True, **ATTRS)
-    reserve, workspace = targets.buffer_sizes(op.problem(*host), cuda=True)
+    op = Attributes(seed=0, seed2=0, is_training=True, **ATTRS)
+    reserve, workspace = targets.buffer_sizes(rnn_jax._problem(op, *host), cuda=True)
     outputs = [np.empty_like(a) for a in host[:3]]
     reserve = np.zeros(reserve, np.uint8)
     forward = FakeCallFrame(host, outputs + [reserve, np.zeros(workspace, np.uint8)],
-                            op.attributes(False))
+                            rnn_jax._ffi_attributes(op, False))
     grads = [np.ones_like(a) for a in outputs]
     backward = FakeCallFrame(host + outputs + grads + [reserve],
                              [np.empty_like(a) for a in host] + [np.zeros(workspace, np.uint8)],
-                             op.attributes(False))
+                             rnn_jax._ffi_attributes(op, False))
     handlers = [xla_ffi.make_handler(targets.cuda_forward),
                 xla_ffi.make_handler(targets.cuda_backprop)]
 

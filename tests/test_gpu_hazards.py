@@ -15,6 +15,7 @@ import pytest
 
 import fake_cuda
 import pycudnnrnn
+from pycudnnrnn.core.config import Attributes
 from conftest import make_case
 from pycudnnrnn import plan as plans
 
@@ -265,11 +266,11 @@ def test_a_recomputed_xla_forward_draws_the_same_dropout_masks(xla_stand_in):
     from pycudnnrnn.jax import targets
     case = make_case("lstm", "bidirectional", num_layers=2, num_units=8, dropout=0.5,
                      dtype=np.float32)
-    op = rnn_jax._Op(**{"seed": 3, "seed2": 4, "is_training": True, **case.attrs})
-    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    op = Attributes(**{"seed": 3, "seed2": 4, "is_training": True, **case.attrs})
+    problem = rnn_jax._problem(op, case.input, case.input_h, case.input_c, case.params)
     sizes = targets.buffer_sizes(problem, cuda=True)
-    first = _xla_forward(case, op.attributes(False), sizes)
-    again = _xla_forward(case, op.attributes(False), sizes)
+    first = _xla_forward(case, rnn_jax._ffi_attributes(op, False), sizes)
+    again = _xla_forward(case, rnn_jax._ffi_attributes(op, False), sizes)
     plain = case.forward(dropout=0.0)[0]
     assert not np.allclose(first[0], plain)  # dropout did act
     for a, b in zip(first[:3], again[:3]):
@@ -401,8 +402,8 @@ def test_jax_buffers_are_sized_for_the_platform(fake_gpu):
     case = make_case("lstm", num_layers=4, num_units=32, input_size=32, T=16, B=8,
                      dtype=np.float16)
     from pycudnnrnn import jax as rnn_jax
-    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
-    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    op = Attributes(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    problem = rnn_jax._problem(op, case.input, case.input_h, case.input_c, case.params)
     cuda = plans.RNNPlan.from_problem(problem, 0)
     cpu = plans.RNNPlan.from_problem(problem, None)
     assert cpu.reserve_nbytes > cuda.reserve_nbytes  # the case that over-allocated
@@ -426,15 +427,15 @@ def test_xla_temporaries_are_xlas_and_freed_behind_their_queued_work(xla_stand_i
     handler = xla_ffi.make_handler(targets.cuda_forward)
 
     def frame_of(case):
-        op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
-        reserve = targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+        op = Attributes(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+        reserve = targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
                                                   case.params), cuda=True)[0]
         want = [a for a in case.forward()[:3] if a.size]
         results = [np.full(a.shape, np.nan, a.dtype) for a in want]
         results += [np.zeros(reserve, np.uint8), np.zeros(1, np.uint8)]  # workspace: 1 byte
         operands = [a for a in (case.input, case.input_h, case.input_c, case.params)
                     if a is not None]
-        return FakeCallFrame(operands, results, op.attributes(False)), results, want
+        return FakeCallFrame(operands, results, rnn_jax._ffi_attributes(op, False)), results, want
 
     cases = [make_case("lstm", "bidirectional", num_units=8, time_major=False,
                        dtype=np.float32),
@@ -531,10 +532,10 @@ def test_gpu_jax_reserve_is_the_plans():
     n = pycudnnrnn.params_size(num_layers=L, num_units=H, input_size=H)
     arrays = [jax.ShapeDtypeStruct(s, jnp.float16) for s in shapes.values()]
     params = jax.ShapeDtypeStruct((n,), jnp.float16)
-    op = rnn_jax._Op(rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
+    op = Attributes(rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
                      dropout=0.0, seed=0, seed2=0, num_proj=0, time_major=True,
                      is_training=True)
-    problem = op.problem(*arrays, params)
+    problem = rnn_jax._problem(op, *arrays, params)
     with jax.default_device(cuda):
         reserve, workspace = rnn_jax._buffer_sizes(problem)
     plan = plans.RNNPlan.from_problem(problem, 0)

@@ -18,6 +18,7 @@ import pytest
 
 import fake_cuda
 import pycudnnrnn
+from pycudnnrnn.core.config import Attributes
 from conftest import make_case
 from pycudnnrnn import plan as plans
 
@@ -397,8 +398,8 @@ def test_the_forward_calls_workspace_is_sized_by_forward_workspace_nbytes(fake_g
     case = make_case("lstm", num_layers=4, num_units=32, input_size=32, T=16, B=8,
                      dtype=np.float16)
     from pycudnnrnn import jax as rnn_jax
-    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
-    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    op = Attributes(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    problem = rnn_jax._problem(op, case.input, case.input_h, case.input_c, case.params)
     cuda = plans.RNNPlan.from_problem(problem, 0)
     assert cuda.forward_workspace_nbytes < cuda.workspace_nbytes
     assert targets.buffer_sizes(problem, cuda=True, forward=True) == (
@@ -421,8 +422,8 @@ def test_the_forward_custom_call_allocates_forwards_workspace(fake_gpu, monkeypa
     jaxpr = jax.make_jaxpr(lambda *a: rnn_jax.rnn(*a, is_training=True))(*args)
     (call,) = [e for e in _equations(jaxpr.jaxpr)
                if e.params.get("target_name") == rnn_jax.FORWARD]
-    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
-    plan = plans.RNNPlan.from_problem(op.problem(*args), 0)
+    op = Attributes(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    plan = plans.RNNPlan.from_problem(rnn_jax._problem(op, *args), 0)
     assert plan.forward_workspace_nbytes < plan.workspace_nbytes
     assert call.params["result_avals"][-1].shape == (plan.forward_workspace_nbytes,)
 
@@ -464,8 +465,8 @@ def test_trace_time_sizes_are_the_default_devices(fake_gpu, monkeypatch):
     jax, rnn_jax = _jax_on_cuda(monkeypatch)
     case = make_case("lstm", num_layers=2, num_units=8, input_size=4, T=5, B=3,
                      dtype=np.float32)
-    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
-    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    op = Attributes(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    problem = rnn_jax._problem(op, case.input, case.input_h, case.input_c, case.params)
     on_0, on_1 = _sizes_on(problem, 0), _sizes_on(problem, 1)
     assert on_0[0] < on_1[0] and on_0[1] < on_1[1]  # the stand-in's GPUs differ
     with jax.default_device(_CudaDevice(1)):
@@ -485,8 +486,8 @@ def test_trace_time_sizes_without_a_default_device_are_the_first_local_ones(fake
     monkeypatch.setattr(jax, "local_devices", lambda backend=None: [_CudaDevice(1, id=3)])
     case = make_case("gru", "bidirectional", num_units=6, input_size=3, T=4, B=2,
                      dtype=np.float32)
-    op = rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
-    problem = op.problem(case.input, case.input_h, None, case.params)
+    op = Attributes(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs})
+    problem = rnn_jax._problem(op, case.input, case.input_h, None, case.params)
     assert jax.config.jax_default_device is None
     assert rnn_jax._buffer_sizes(problem) == _sizes_on(problem, 1) != _sizes_on(problem, 0)
 

@@ -25,6 +25,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import pycudnnrnn  # noqa: E402
+from pycudnnrnn.core.config import Attributes
 from conftest import assert_ulp_close, benchmark_script  # noqa: E402
 from pycudnnrnn import jax as rnn_jax  # noqa: E402
 from pycudnnrnn.jax import xla_ffi  # noqa: E402
@@ -719,7 +720,7 @@ def stand_in_gpu(monkeypatch):
 
 
 def _op(case, **overrides):
-    return rnn_jax._Op(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs,
+    return Attributes(**{"seed": 0, "seed2": 0, "is_training": True, **case.attrs,
                           **overrides})
 
 
@@ -732,7 +733,7 @@ def _forward_frame(case, op, sizes, lengths=None):
     expected = case.forward()
     results = [np.full(e.shape, np.nan, e.dtype) for e in expected[:3] if e.size]
     results += [np.zeros(n, np.uint8) for n in sizes]
-    return FakeCallFrame(operands, results, op.attributes(lengths is not None)), expected, results
+    return FakeCallFrame(operands, results, rnn_jax._ffi_attributes(op, lengths is not None)), expected, results
 
 
 def _backprop_frame(case, op, sizes, expected, outputs, reserve):
@@ -748,7 +749,7 @@ def _backprop_frame(case, op, sizes, expected, outputs, reserve):
                                                            case.input_c, case.params)
              if a is not None]
     frame = FakeCallFrame(operands, grads + [np.zeros(sizes[1], np.uint8)],
-                          op.attributes(case.sequence_lengths is not None))
+                          rnn_jax._ffi_attributes(op, case.sequence_lengths is not None))
     reference = case.backprop(expected, dy, dh, dc if lstm else np.zeros((0,), np.float32))
     return frame, grads, [r for r in reference if r.size]
 
@@ -763,7 +764,7 @@ def test_cuda_handlers_on_the_stand_in_gpu(stand_in_gpu, name, lengths):
     from pycudnnrnn.jax import targets as ffi_targets
     case = _case(name, lengths=lengths)
     op = _op(case)
-    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    problem = rnn_jax._problem(op, case.input, case.input_h, case.input_c, case.params)
     sizes = ffi_targets.buffer_sizes(problem, cuda=True)
     stand_in_gpu.clear()  # buffer_sizes ran on the default stream, as at trace time
     frame, expected, results = _forward_frame(case, op, sizes)
@@ -817,7 +818,7 @@ def test_cuda_handler_temporaries_come_from_xla(stand_in_gpu, name, lengths, xla
     from pycudnnrnn.jax import targets as ffi_targets
     case = _case(name, lengths=lengths)
     op = _op(case)
-    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+    sizes = ffi_targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
                                                 case.params), cuda=True)
     if xla_workspace == "too small":
         sizes = (sizes[0], 1)
@@ -857,7 +858,7 @@ def test_cuda_handlers_on_a_plan_that_runs_in_place_take_xlas_addresses(
     from pycudnnrnn.jax import targets as ffi_targets
     case = _case(name, lengths=None)
     op = _op(case)
-    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+    sizes = ffi_targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
                                                 case.params), cuda=True)
     views, runs = [], []
     array, at = ffi_targets._Device.array, ffi_targets._at_addresses
@@ -891,7 +892,7 @@ def test_what_the_cuda_handlers_cannot_take_on_trust_goes_through_the_checks(sta
     from pycudnnrnn.jax import targets as ffi_targets
     case = _case("lstm-projection-bi", lengths=None)
     op = _op(case)
-    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+    sizes = ffi_targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
                                                 case.params), cuda=True)
     handler = xla_ffi.make_handler(ffi_targets.cuda_forward)
     frame, _, _ = _forward_frame(case, op, (sizes[0] - 1, sizes[1]))
@@ -902,7 +903,7 @@ def test_what_the_cuda_handlers_cannot_take_on_trust_goes_through_the_checks(sta
     results[0] = np.full(results[0].shape[:2] + (results[0].shape[2] + 1,), np.nan,
                          results[0].dtype)
     operands = [case.input, case.input_h, case.input_c, case.params]
-    frame = FakeCallFrame(operands, results, op.attributes(False))
+    frame = FakeCallFrame(operands, results, rnn_jax._ffi_attributes(op, False))
     assert frame.call(handler) == frame.ERROR
     assert "out output: expected shape" in frame.errors[0][0], frame.errors
 
@@ -913,7 +914,7 @@ def test_xla_out_of_memory_is_an_xla_error_and_nothing_leaks(stand_in_gpu):
     from pycudnnrnn.jax import targets as ffi_targets
     case = _case("rnn_relu-batch-major", lengths="ragged")
     op = _op(case)
-    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+    sizes = ffi_targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
                                                 case.params), cuda=True)
     forward = xla_ffi.make_handler(ffi_targets.cuda_forward)
     frame, _, _ = _forward_frame(case, op, sizes)
@@ -939,7 +940,7 @@ def test_trace_time_buffer_sizes_are_remembered(stand_in_gpu, monkeypatch):
                         classmethod(lambda cls, *a: builds.append(a[1]) or original(cls, *a)))
     case = _case("lstm-bi-2layer-zero-lengths")
     op = _op(case, dropout=0.5)
-    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    problem = rnn_jax._problem(op, case.input, case.input_h, case.input_c, case.params)
     sizes = ffi_targets.buffer_sizes(problem, cuda=True)
     assert builds == [0]  # the platform's plan only (issue 17: not the larger of both)
     expected = [original(plans.RNNPlan, problem, d) for d in (None, 0)]
@@ -967,7 +968,7 @@ def test_cuda_handlers_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_versio
     bf16 = np.dtype(ml_dtypes.bfloat16)
     case = _case("lstm-bi-2layer-zero-lengths", dtype=bf16)
     op = _op(case)
-    sizes = ffi_targets.buffer_sizes(op.problem(case.input, case.input_h, case.input_c,
+    sizes = ffi_targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
                                                 case.params), cuda=True)
     frame, expected, results = _forward_frame(case, op, sizes)
     assert frame.call(xla_ffi.make_handler(ffi_targets.cuda_forward)) is None, frame.errors
@@ -978,7 +979,7 @@ def test_cuda_handlers_in_bfloat16_on_the_stand_in_gpu(stand_in_gpu, cupy_versio
     operands = [case.input, case.input_h, case.input_c, case.params, _lengths(case)]
     grads = [np.full(a.shape, np.nan, bf16) for a in operands[:4]]
     backward = FakeCallFrame(operands + outputs + seeds + [reserve],
-                             grads + [np.zeros(sizes[1], np.uint8)], op.attributes(True))
+                             grads + [np.zeros(sizes[1], np.uint8)], rnn_jax._ffi_attributes(op, True))
     assert backward.call(xla_ffi.make_handler(ffi_targets.cuda_backprop)) is None, \
         backward.errors
     for ours, want in zip(grads, case.backprop(expected, *seeds)):
@@ -990,7 +991,7 @@ def test_handler_errors_and_metadata_without_xla():
     case = _case("lstm-bi-2layer-zero-lengths")
     op = _op(case)
     handler = xla_ffi.make_handler(ffi_targets.cpu_forward)
-    problem = op.problem(case.input, case.input_h, case.input_c, case.params)
+    problem = rnn_jax._problem(op, case.input, case.input_h, case.input_c, case.params)
     sizes = ffi_targets.buffer_sizes(problem, cuda=False)
 
     frame, _, results = _forward_frame(case, op, sizes, lengths=np.array([1, 9, 0], np.int32))

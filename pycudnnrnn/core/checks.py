@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from . import dtypes, layout
-from .config import DIRECTIONS, INPUT_MODES, RNN_MODES, Problem, RNNConfig
+from .config import DIRECTIONS, INPUT_MODES, RNN_MODES, Attributes, Problem, RNNConfig
 
 _DTYPE_NAMES = f"{', '.join(dtypes.NAMES[:-1])} or {dtypes.NAMES[-1]}"
 
@@ -95,6 +95,36 @@ def dropout_seed(seed, seed2) -> int:
     return ((seed << 32) | (seed2 & 0xFFFFFFFF)) & 0xFFFFFFFFFFFFFFFF
 
 
+def check_attributes(attributes: Attributes) -> Attributes:
+    """Validate the op's attributes alone (no sizes); the same with plain Python values.
+
+    What a framework checks once, when it traces or builds a call: the sizes that
+    ``num_proj`` and ``skip_input`` must fit are checked with the arrays, by
+    ``check_forward``.
+    """
+    a = attributes
+    _choice("rnn_mode", a.rnn_mode, RNN_MODES)
+    _choice("input_mode", a.input_mode, INPUT_MODES)
+    _choice("direction", a.direction, DIRECTIONS)
+    dropout = _dropout(a.dropout)
+    seed, seed2 = _integer("seed", a.seed), _integer("seed2", a.seed2)
+    num_proj = _size("num_proj", a.num_proj, 0)
+    if num_proj and a.rnn_mode != "lstm":
+        raise ValueError(f"num_proj: a projection needs rnn_mode='lstm', got num_proj={num_proj} "
+                         f"with rnn_mode={a.rnn_mode!r}")
+    return Attributes(a.rnn_mode, a.input_mode, a.direction, dropout, seed, seed2, num_proj,
+                      _boolean("time_major", a.time_major),
+                      _boolean("is_training", a.is_training))
+
+
+def _dropout(dropout) -> float:
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+        raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__} {dropout!r}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout: expected a float in [0, 1), got {dropout!r}")
+    return float(dropout)
+
+
 def make_config(*, rnn_mode, num_layers, num_units, input_size, input_mode, direction,
                 num_proj, dropout=0.0, seed=0, seed2=0) -> RNNConfig:
     """Validate the op's attributes and sizes and build an ``RNNConfig``."""
@@ -105,10 +135,7 @@ def make_config(*, rnn_mode, num_layers, num_units, input_size, input_mode, dire
     num_units = _size("num_units", num_units)
     input_size = _size("input_size", input_size)
     num_proj = _size("num_proj", num_proj, 0)
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
-        raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__} {dropout!r}")
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"dropout: expected a float in [0, 1), got {dropout!r}")
+    dropout = _dropout(dropout)
     if num_proj and rnn_mode != "lstm":
         raise ValueError(f"num_proj: a projection needs rnn_mode='lstm', got num_proj={num_proj} "
                          f"with rnn_mode={rnn_mode!r}")
@@ -123,7 +150,7 @@ def make_config(*, rnn_mode, num_layers, num_units, input_size, input_mode, dire
                              f"input_size={input_size} and num_units={num_units}")
     return RNNConfig(rnn_mode=rnn_mode, skip_input=skip, bidirectional=direction == "bidirectional",
                      num_layers=num_layers, num_units=num_units, input_size=input_size,
-                     num_proj=num_proj, dropout=float(dropout), seed=dropout_seed(seed, seed2))
+                     num_proj=num_proj, dropout=dropout, seed=dropout_seed(seed, seed2))
 
 
 def _dtype(name, array, expected=None, reference="input"):

@@ -1,9 +1,12 @@
 """The static description of one RNN: what the op's attributes and shapes determine.
 
-`RNNConfig` is built only by ``pycudnnrnn.core.checks`` (which validates it) and read by
-everything else: the params layout, both backends and the descriptor cache, for which
-it is the hashable key. `Problem` adds the data's shapes, dtype and lengths: what a
-validated call (or a plan) hands a backend.
+`Attributes` are the op's nine attributes as a caller gives them, one hashable object
+that the adapters pass whole (``checks.check_attributes`` validates one and
+``checks.check_forward`` turns it and the arrays into a `Problem`). `RNNConfig` is built
+only by ``pycudnnrnn.core.checks`` (which validates it) and read by everything else:
+the params layout, both backends and the descriptor cache, for which it is the hashable
+key. `Problem` adds the data's shapes, dtype and lengths: what a validated call (or a
+plan) hands a backend.
 """
 
 from __future__ import annotations
@@ -23,6 +26,53 @@ GATES = {
     "rnn_tanh": ("h",),
     "rnn_relu": ("h",),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Attributes:
+    """The op's attributes, with TensorFlow's names and the library's defaults.
+
+    Hashable: the static part of a call, what a framework's trace or cache is keyed by.
+    Made as the caller gives them; ``checks.check_attributes`` gives a validated copy.
+
+    Attributes
+    ----------
+    rnn_mode, input_mode, direction : str
+    dropout : float
+    seed, seed2 : int
+        TensorFlow's two dropout seeds (``checks.dropout_seed`` combines them).
+    num_proj : int
+    time_major, is_training : bool
+    """
+
+    rnn_mode: str = "lstm"
+    input_mode: str = "linear_input"
+    direction: str = "unidirectional"
+    dropout: float = 0.0
+    seed: int = 0
+    seed2: int = 0
+    num_proj: int = 0
+    time_major: bool = True
+    is_training: bool = True
+
+    @property
+    def lstm(self) -> bool:
+        return self.rnn_mode == "lstm"
+
+    @property
+    def num_dirs(self) -> int:
+        return 2 if self.direction == "bidirectional" else 1
+
+    def keywords(self) -> dict:
+        """The attributes as keyword arguments of ``pycudnnrnn.forward``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes) -> "Attributes":
+        return dataclasses.replace(self, **changes)
+
+    def without_dropout(self) -> "Attributes":
+        """The same call with no masks to draw: what inference and a single layer run."""
+        return dataclasses.replace(self, dropout=0.0, seed=0, seed2=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,6 @@ raises an ``ImportError`` naming the extra, ``pip install 'pycudnnrnn[jax]'``.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 
 from ..core.extras import require as _require
@@ -48,6 +47,7 @@ from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import SymbolicZero
 
 from ..core import checks
+from ..core.config import Attributes
 from . import scan, targets
 from ..errors import CudnnUnavailableError
 from .targets import BACKPROP, CHECK_LENGTHS, FORWARD
@@ -72,43 +72,23 @@ def _has_cuda() -> bool:
         return False
 
 
-@dataclasses.dataclass(frozen=True)
-class _Op:
-    """The op's attributes, hashable: the static part of a call."""
+def _ffi_attributes(op: Attributes, has_lengths: bool) -> dict:
+    """The custom call's attributes, typed as the handlers read them.
 
-    rnn_mode: str
-    input_mode: str
-    direction: str
-    dropout: float
-    seed: int
-    seed2: int
-    num_proj: int
-    time_major: bool
-    is_training: bool
+    Only the low 32 bits of each seed reach the dropout seed
+    (``(seed << 32) | (seed2 & 0xffffffff)`` in 64 bits), so only they are passed:
+    any Python int fits an i64 attribute that way.
+    """
+    return dict(rnn_mode=op.rnn_mode, input_mode=op.input_mode,
+                direction=op.direction, dropout=np.float64(op.dropout),
+                seed=np.int64(op.seed & 0xFFFFFFFF), seed2=np.int64(op.seed2 & 0xFFFFFFFF),
+                num_proj=np.int64(op.num_proj), time_major=np.bool_(op.time_major),
+                is_training=np.bool_(op.is_training), has_lengths=np.bool_(has_lengths))
 
-    @property
-    def lstm(self) -> bool:
-        return self.rnn_mode == "lstm"
 
-    def attributes(self, has_lengths: bool) -> dict:
-        """The custom call's attributes, typed as the handlers read them.
-
-        Only the low 32 bits of each seed reach the dropout seed
-        (``(seed << 32) | (seed2 & 0xffffffff)`` in 64 bits), so only they are passed:
-        any Python int fits an i64 attribute that way.
-        """
-        return dict(rnn_mode=self.rnn_mode, input_mode=self.input_mode,
-                    direction=self.direction, dropout=np.float64(self.dropout),
-                    seed=np.int64(self.seed & 0xFFFFFFFF),
-                    seed2=np.int64(self.seed2 & 0xFFFFFFFF),
-                    num_proj=np.int64(self.num_proj), time_major=np.bool_(self.time_major),
-                    is_training=np.bool_(self.is_training), has_lengths=np.bool_(has_lengths))
-
-    def problem(self, input, input_h, input_c, params):
-        """Check shapes, dtypes and attributes (lengths apart); the ``Problem``."""
-        return checks.check_forward(input, input_h, input_c, params, None,
-                                    **{f.name: getattr(self, f.name)
-                                       for f in dataclasses.fields(self)})
+def _problem(op: Attributes, input, input_h, input_c, params):
+    """Check shapes, dtypes and attributes (lengths apart); the ``Problem``."""
+    return checks.check_forward(input, input_h, input_c, params, None, **op.keywords())
 
 
 def _default_platform() -> str:
@@ -160,7 +140,7 @@ def _check_lengths(sequence_lengths, batch_size, max_time):
 
 # --------------------------------------------------------------------------- the two calls
 
-def _forward_call(op: _Op, *operands):
+def _forward_call(op: Attributes, *operands):
     """The forward custom call on operands in ``targets.operand_names`` order.
 
     Under ``vmap`` XLA makes one call per element (see ``_inference`` for the fold).
@@ -169,7 +149,7 @@ def _forward_call(op: _Op, *operands):
     input_c = operands[2] if op.lstm else None
     params = operands[3 if op.lstm else 2]
     has_lengths = len(operands) == (5 if op.lstm else 4)
-    problem = op.problem(input, input_h, input_c, params)
+    problem = _problem(op, input, input_h, input_c, params)
     c = problem.config
     dtype = problem.dtype
     result = _result_type(operands)
@@ -181,21 +161,21 @@ def _forward_call(op: _Op, *operands):
     results += [result((reserve_nbytes,), jnp.uint8), result((workspace_nbytes,), jnp.uint8)]
     register()
     return jax.ffi.ffi_call(FORWARD, results, vmap_method="sequential")(
-        *operands, **op.attributes(has_lengths))[:-1]  # the workspace is scratch
+        *operands, **_ffi_attributes(op, has_lengths))[:-1]  # the workspace is scratch
 
 
-def _backprop_call(op: _Op, has_lengths: bool, *operands):
+def _backprop_call(op: Attributes, has_lengths: bool, *operands):
     """The backprop custom call on operands in ``targets.operand_names`` order."""
     names = targets.operand_names(BACKPROP, op.lstm, has_lengths)
     a = dict(zip(names, operands))
     result = _result_type(operands)
     results = [result(a[n].shape, a[n].dtype)
                for n in ("input", "input_h") + (("input_c",) if op.lstm else ()) + ("params",)]
-    problem = op.problem(a["input"], a["input_h"], a.get("input_c"), a["params"])
+    problem = _problem(op, a["input"], a["input_h"], a.get("input_c"), a["params"])
     results.append(result((_buffer_sizes(problem)[1],), jnp.uint8))
     register()
     return jax.ffi.ffi_call(BACKPROP, results, vmap_method="sequential")(
-        *operands, **dataclasses.replace(op, is_training=True).attributes(has_lengths))[:-1]
+        *operands, **_ffi_attributes(op.replace(is_training=True), has_lengths))[:-1]
 
 
 # --------------------------------------------------------------------------- shard_map
@@ -259,7 +239,7 @@ def _unfold(x, axis, n):
 
 
 @functools.lru_cache(maxsize=256)
-def _inference(op: _Op, has_lengths: bool):
+def _inference(op: Attributes, has_lengths: bool):
     """The inference forward of `op` as a ``custom_vmap`` function that folds."""
     names = targets.operand_names(FORWARD, op.lstm, has_lengths)
 
@@ -314,7 +294,7 @@ def _not_differentiable(function):
 
 # --------------------------------------------------------------------------- the CPU: scan
 
-def _on_the_cpu(op: _Op, problem, input, input_h, input_c, params, lengths, given,
+def _on_the_cpu(op: Attributes, problem, input, input_h, input_c, params, lengths, given,
                 check_lengths=True):
     """``rnn`` in JAX's own operations (``pycudnnrnn.jax.scan``), which XLA compiles for
     the CPU. `lengths` are as ``_check_lengths`` made them, `given` as the caller passed
@@ -339,7 +319,7 @@ def _on_the_cpu(op: _Op, problem, input, input_h, input_c, params, lengths, give
 # --------------------------------------------------------------------------- gradients
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _training(op: _Op, input, input_h, input_c, params, sequence_lengths):
+def _training(op: Attributes, input, input_h, input_c, params, sequence_lengths):
     return tuple(_forward(op, *_operands(input, input_h, input_c, params,
                                          sequence_lengths))[:-1])
 
@@ -398,7 +378,7 @@ def _differentiable(op, operands):
     """``scan.rnn`` for the problem of a custom call's `operands` (by name) as a function
     of ``_DIFFERENTIABLE`` (input_c None unless LSTM): what the tangent rules
     differentiate. Refuses dropout masks, which only the custom call draws."""
-    problem = op.problem(*(operands[k] for k in _DIFFERENTIABLE))
+    problem = _problem(op, *(operands[k] for k in _DIFFERENTIABLE))
     lengths = operands["sequence_lengths"]
     if problem.dropout_layers:
         raise NotImplementedError(
@@ -422,7 +402,7 @@ def _split_operands(names, operands):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _forward(op: _Op, *operands):
+def _forward(op: Attributes, *operands):
     """The forward custom call, differentiable in forward mode (see above)."""
     return tuple(_forward_call(op, *operands))
 
@@ -450,7 +430,7 @@ _forward.defjvp(_forward_jvp, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def _backprop(op: _Op, has_lengths: bool, *operands):
+def _backprop(op: Attributes, has_lengths: bool, *operands):
     """The backprop custom call, differentiable in forward mode (see above)."""
     return tuple(_backprop_call(op, has_lengths, *operands))
 
@@ -534,17 +514,14 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     output, output_h, output_c : jax.Array
         As ``pycudnnrnn.forward`` returns them; output_c is empty ``(0,)`` unless LSTM.
     """
-    op = _Op(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction, dropout=dropout,
-             seed=seed, seed2=seed2, num_proj=num_proj, time_major=time_major,
-             is_training=is_training)
+    op = Attributes(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
+                    time_major, is_training)
     lstm = rnn_mode == "lstm"
     input, input_h, params = (jnp.asarray(a) if a is not None else None
                               for a in (input, input_h, params))
     input_c = jnp.asarray(input_c) if lstm and input_c is not None else None
-    problem = op.problem(input, input_h, input_c, params)
-    op = dataclasses.replace(op, time_major=problem.time_major,
-                             is_training=problem.is_training, dropout=float(dropout),
-                             seed=int(seed), seed2=int(seed2), num_proj=int(num_proj))
+    problem = _problem(op, input, input_h, input_c, params)
+    op = checks.check_attributes(op)  # (valid by now: plain Python values, hashable)
     lengths = _check_lengths(sequence_lengths, problem.batch_size, problem.max_time)
     input, input_h, input_c, params, lengths = _vary_alike(input, input_h, input_c, params,
                                                            lengths)
@@ -555,7 +532,7 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     if op.is_training:
         results = _training(op, input, input_h, input_c, params, lengths)
     else:  # inference draws no masks: one cached function whatever the dropout and seeds
-        op = dataclasses.replace(op, dropout=0.0, seed=0, seed2=0)
+        op = op.without_dropout()
         results = _inference(op, lengths is not None)(
             *_operands(input, input_h, input_c, params, lengths))
     return tuple(results) if lstm else (results[0], results[1], empty_c)

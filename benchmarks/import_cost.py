@@ -35,10 +35,14 @@ FRAMEWORKS = {
     "flax": (("jax", "flax.nnx"), "pycudnnrnn.flax", {}),
     "keras-jax": (("keras",), "pycudnnrnn.keras", {"KERAS_BACKEND": "jax"}),
     "keras-torch": (("keras",), "pycudnnrnn.keras", {"KERAS_BACKEND": "torch"}),
+    "tensorflow": (("tensorflow",), "pycudnnrnn.tensorflow", {"TF_CPP_MIN_LOG_LEVEL": "3"}),
+    "keras-tensorflow": (("keras",), "pycudnnrnn.keras", {"KERAS_BACKEND": "tensorflow",
+                                                           "TF_CPP_MIN_LOG_LEVEL": "3"}),
 }
 SIDES = ("alone", "adapter")
 #: what each Keras backend needs besides Keras
-_BACKEND_NEEDS = {"keras-jax": ("jax",), "keras-torch": ("torch",)}
+_BACKEND_NEEDS = {"keras-jax": ("jax",), "keras-torch": ("torch",),
+                  "keras-tensorflow": ("tensorflow",)}
 
 
 def available(name):

@@ -16,6 +16,7 @@ Paths (ours ÷ theirs):
                    under ``nnx.jit``                               (``OptimizedLSTMCell``, …)
 ``keras-jax``      ``pycudnnrnn.keras.LSTM``/``GRU``               ``keras.layers``'
 ``keras-torch``    the same on Keras's PyTorch backend
+``keras-tensorflow`` the same on Keras's TensorFlow backend
 =================  ==============================================  ==========================
 
 Each row is one configuration (cell, direction, lengths full or ragged, size) and one
@@ -47,9 +48,11 @@ import time
 SIZES = {"small": dict(T=32, B=16, I=32, H=64), "medium": dict(T=64, B=32, I=128, H=256),
          "large": dict(T=128, B=64, I=512, H=512)}
 CELLS = ("lstm", "gru", "rnn_tanh")
-PATHS = ("torch", "torch-compile", "numpy", "flax", "keras-jax", "keras-torch")
+PATHS = ("torch", "torch-compile", "numpy", "flax", "keras-jax", "keras-torch",
+         "keras-tensorflow")
 KINDS = {"torch": ("step", "forward"), "torch-compile": ("step",), "numpy": ("step",),
-         "flax": ("step", "forward"), "keras-jax": ("step",), "keras-torch": ("step",)}
+         "flax": ("step", "forward"), "keras-jax": ("step",), "keras-torch": ("step",),
+         "keras-tensorflow": ("step",)}
 KERAS_CELLS = ("lstm", "gru")  # pycudnnrnn.keras has no SimpleRNN
 
 
@@ -259,6 +262,7 @@ def worker(path, size, kind, side, configs, seconds):
     size = SIZES[size]
     make = {"torch": _torch_calls, "numpy": _numpy_calls, "flax": _flax_calls,
             "keras-jax": _keras_calls, "keras-torch": _keras_calls,
+            "keras-tensorflow": _keras_calls,
             "torch-compile": lambda *a: _torch_calls(*a, compiled=True)}[path]
     results = []
     for cell, bidirectional, ragged in configs:

@@ -25,10 +25,12 @@ TITLES = {
     "flax": "Flax: pycudnnrnn.flax against nnx.RNN",
     "keras-jax": "Keras on JAX: pycudnnrnn.keras against keras.layers",
     "keras-torch": "Keras on PyTorch: pycudnnrnn.keras against keras.layers",
+    "keras-tensorflow": "Keras on TensorFlow: pycudnnrnn.keras against keras.layers",
     "numpy": "NumPy backend against torch.nn (forward + backward)",
 }
 SHORT = {"torch": "PyTorch eager", "torch-compile": "torch.compile", "flax": "Flax",
          "keras-jax": "Keras on JAX", "keras-torch": "Keras on PyTorch",
+         "keras-tensorflow": "Keras on TensorFlow",
          "numpy": "NumPy backend"}
 SIZES = ("small", "medium", "large")
 CELLS = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "tanh RNN"}

@@ -36,7 +36,7 @@ class _Route:
         kinds = {}
         for name, a in arrays.items():
             if a is not None:
-                arrays[name] = a = readable(a)
+                arrays[name] = a = readable(name, a)
                 kinds[name] = _device_kind(name, a)
         if len(set(kinds.values())) > 1:
             detail = ", ".join(f"{n} on {k}" for n, k in kinds.items())

@@ -379,7 +379,7 @@ class RNNPlan:
                 arrays[name] = None
                 continue
             if type(a) is not xp.ndarray and type(a) is not dtypes.Bfloat16Bits:
-                a = readable(a)
+                a = readable(name, a)
                 kind = device_kind(name, a)
                 if kind != ("cpu" if index is None else "cuda"):
                     raise TypeError(f"{name}: expected an array on {self.device} (the plan's "

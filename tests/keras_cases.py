@@ -1,7 +1,8 @@
 """pycudnnrnn.keras against Keras's own layers, on whichever backend KERAS_BACKEND names.
 
 Keras fixes its backend at import, so ``tests/test_keras.py`` runs this file under
-pytest once per backend, each in its own process (``KERAS_BACKEND=jax`` or ``torch``).
+pytest once per backend, each in its own process (``KERAS_BACKEND=jax``, ``torch`` or
+``tensorflow``).
 Run it directly the same way::
 
     KERAS_BACKEND=jax python -m pytest -q tests/keras_cases.py
@@ -23,7 +24,7 @@ from pycudnnrnn import keras as ours
 from pycudnnrnn.keras import loop
 
 BACKEND = keras.backend.backend()
-assert BACKEND in ("jax", "torch"), BACKEND
+assert BACKEND in ("jax", "torch", "tensorflow"), BACKEND
 KERAS = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}
 OURS = {"lstm": ours.LSTM, "gru": ours.GRU}
 MODES = ["lstm", "gru"]
@@ -70,7 +71,8 @@ def value_and_grads(layer, x, **call):
     The loss weights every output element differently, so a gradient that is wrong in
     any element, step or state shows.
     """
-    project = lambda outputs: sum((o * keras.ops.convert_to_tensor(_cotangent(i, o.shape))).sum()
+    project = lambda outputs: sum(keras.ops.sum(keras.ops.cast(o, "float32") *
+                                              keras.ops.convert_to_tensor(_cotangent(i, o.shape)))
                                   for i, o in enumerate(outputs))
     if BACKEND == "jax":
         import jax
@@ -86,6 +88,15 @@ def value_and_grads(layer, x, **call):
         (_, outputs), (dw, dx) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
             trainable, x)
         return numpy(outputs), numpy([dx] + list(dw))
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+        xt = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            outputs = flat(layer(xt, **call))
+            loss = project(outputs)
+        grads = tape.gradient(loss, [xt] + [v.value for v in layer.trainable_variables])
+        return numpy(outputs), numpy(list(grads))
     import torch
     xt = torch.tensor(x, requires_grad=True)
     outputs = flat(layer(xt, **call))
@@ -155,7 +166,7 @@ JAX_CASES = {("lstm", "right_padded_mask_with_empty"), ("gru", "right_padded_mas
              ("lstm", "go_backwards_mask_initial_state"), ("gru", "go_backwards_mask_initial_state"),
              ("gru", "bidirectional_mask_with_holes"),
              ("lstm", "bidirectional_holes_initial_state_unmerged"), ("lstm", "stacked")}
-CASES = [(m, c) for m in MODES for c in CONFIGS if BACKEND == "torch" or (m, c) in JAX_CASES]
+CASES = [(m, c) for m in MODES for c in CONFIGS if BACKEND != "jax" or (m, c) in JAX_CASES]
 
 
 @pytest.mark.parametrize("mode,config", CASES)
@@ -334,7 +345,7 @@ FALLBACKS = {
 
 
 # the choice is backend-independent code; JAX (slow in Keras's loop) checks two of them
-FALLBACK_CASES = [n for n in FALLBACKS if BACKEND == "torch" or n in ("relu", "gru_reset_before")]
+FALLBACK_CASES = [n for n in FALLBACKS if BACKEND != "jax" or n in ("relu", "gru_reset_before")]
 
 
 @pytest.mark.parametrize("name", FALLBACK_CASES)
@@ -475,6 +486,22 @@ def penalty_grads(layer):
                                 [v.value for v in layer.non_trainable_variables], x)
             return float(value), numpy(grads)
         return f
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        def f(x):
+            xt = tf.constant(x)
+            weights = [v.value for v in layer.trainable_variables]
+            with tf.GradientTape() as outer:
+                with tf.GradientTape() as inner:
+                    inner.watch(xt)
+                    scores = tf.reduce_sum(layer(xt), -1)
+                    total = tf.reduce_sum(scores)
+                g = inner.gradient(total, xt)
+                norms = tf.sqrt(tf.reduce_sum(g ** 2, axis=(1, 2)))
+                loss = tf.reduce_mean(scores) + tf.reduce_mean((norms - 1) ** 2)
+            return float(loss), numpy(outer.gradient(loss, weights))
+        return f
     import torch
 
     def f(x):
@@ -492,6 +519,8 @@ def route(request, monkeypatch):
     """Where the layer's call runs on the CPU by default (JAX's scan; PyTorch's kernels),
     or the op a GPU runs (the custom call; the op's NumPy kernels)."""
     if request.param == "op":
+        if BACKEND == "tensorflow":
+            pytest.skip("one route on TensorFlow: its own operations, on every device")
         if BACKEND == "jax":
             from pycudnnrnn.jax import scan
             monkeypatch.setattr(scan, "applies", lambda problem: False)

@@ -15,7 +15,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "pycudnnrnn"
 #: The public surface: what users import, and what the adapters build on.
 PUBLIC = {"pycudnnrnn", "pycudnnrnn.api", "pycudnnrnn.convert", "pycudnnrnn.graphs"}
 LEAVES = {"pycudnnrnn.errors", "pycudnnrnn.results"}
-ADAPTERS = ("torch", "jax", "flax", "keras")
+ADAPTERS = ("torch", "jax", "flax", "keras", "tensorflow")
 
 #: part -> the parts it may import (besides its own modules).
 ALLOWED = {

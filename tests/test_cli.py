@@ -266,13 +266,26 @@ def test_info_gives_the_frameworks_versions_and_keras_backend(tmp_path):
         except metadata.PackageNotFoundError:
             assert info[name].startswith("not installed (`pip install 'pycudnnrnn["), info[name]
     if not info["keras"].startswith("not installed"):
-        assert info["keras"].endswith("(backend jax, from KERAS_BACKEND)"), info["keras"]
+        assert info["keras"].endswith("(backend jax, from KERAS_BACKEND); pycudnnrnn.keras "
+                                      "runs the op on this backend (it does on jax, torch and "
+                                      "tensorflow)"), info["keras"]
         default = lines[""]["keras"]  # Keras's own default, TensorFlow
         assert "(backend tensorflow, from Keras's default" in default, default
         import importlib.util
         if importlib.util.find_spec("tensorflow") is None:
-            assert "set KERAS_BACKEND=jax or torch and install that extra" in default, default
-    assert set(environment.collect()) >= {"flax", "optax", "orbax", "keras"}
+            assert "set KERAS_BACKEND=jax, torch or tensorflow and install that extra" in \
+                default, default
+    for distribution in ("tensorflow", "tensorflow-cpu", None):
+        if distribution is None:
+            assert info["tensorflow"].startswith("not installed (`pip install"), info["tensorflow"]
+            break
+        try:
+            assert info["tensorflow"].startswith(metadata.version(distribution)), \
+                info["tensorflow"]
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    assert set(environment.collect()) >= {"flax", "optax", "orbax", "keras", "tensorflow"}
 
 
 def test_info_gives_the_gpu_extras_advice_once(monkeypatch):

@@ -68,6 +68,32 @@ def _torch_kind(array):
 _TORCH_TENSOR_MODULES = frozenset({"torch", "torch.nn.parameter"})
 
 
+def _tensorflow_readable(name, array):
+    """A TensorFlow tensor's value (a variable's too); a TypeError naming
+    ``pycudnnrnn.tensorflow`` for a tensor that a ``tf.function`` traces or that a
+    ``GradientTape`` watches. The functional API computes on values and records nothing:
+    a gradient would be None, silently."""
+    tf = sys.modules["tensorflow"]
+    if not tf.executing_eagerly() or not hasattr(array, "numpy"):
+        why = "a symbolic TensorFlow tensor (a tf.function or a Keras model is tracing)"
+    elif _tape_watches(array):
+        why = "a TensorFlow tensor that a GradientTape watches (it would record nothing)"
+    else:
+        return tf.convert_to_tensor(array)  # a variable's value; a tensor as it is
+    raise TypeError(f"{name}: got {why}; this function computes on values: call "
+                    f"pycudnnrnn.tensorflow.rnn (or its cudnn_rnn_v3), which TensorFlow "
+                    f"traces and differentiates")
+
+
+def _tape_watches(array) -> bool:
+    from tensorflow.python.eager import record  # (TensorFlow's own, what its ops ask)
+    if not record.could_possibly_record():
+        return False
+    if getattr(array, "trainable", False):  # a variable: a tape watches it when it is read
+        return True
+    return hasattr(array, "_id") and record.should_record_backprop([array])
+
+
 def refuse_masked(name, array):
     """A NumPy masked array is an ndarray whose mask every computation here would ignore:
     a TypeError, rather than a result computed from the masked values. (NumPy imports
@@ -85,14 +111,18 @@ def _on_device(array) -> str:
     return "" if device is None or callable(device) else f" on device {device}"
 
 
-def readable(array):
-    """A PyTorch tensor as DLPack can export it; anything else as it is.
+def readable(name, array):
+    """A PyTorch or TensorFlow tensor as DLPack can export it; anything else as it is.
 
     We only read the caller's arrays, so a tensor that requires grad is detached, and
     lazy conjugate or negative views are resolved (DLPack refuses the first and exports
-    the second's memory without its sign: silently wrong).
+    the second's memory without its sign: silently wrong). A TensorFlow variable gives
+    its value; a tensor that TensorFlow traces or a tape watches is refused.
     """
-    if type(array).__module__.split(".")[0] != "torch":
+    library = type(array).__module__.split(".")[0]
+    if library == "tensorflow":
+        return _tensorflow_readable(name, array)
+    if library != "torch":
         return array
     if array.requires_grad:
         array = array.detach()
@@ -107,7 +137,7 @@ def readable(array):
 def from_dlpack_like(template):
     """A function making arrays of `template`'s library from DLPack.
 
-    PyTorch and JAX are known; for anything else results stay the backend's own arrays
+    PyTorch, JAX and TensorFlow are known; for anything else results stay the backend's own arrays
     (NumPy or CuPy; bfloat16 that a CuPy older than 14 holds as its bits stays bits).
     """
     library = type(template).__module__.split(".")[0]
@@ -115,6 +145,8 @@ def from_dlpack_like(template):
         return dtypes.torch_from_dlpack  # bfloat16 too
     if library in ("jax", "jaxlib"):
         return dtypes.jax_from_dlpack  # bfloat16 too
+    if library == "tensorflow":
+        return dtypes.tensorflow_from_dlpack  # bfloat16 too
     return lambda array: dtypes.cupy_result(array, None)  # bfloat16 bits stay bits
 
 

@@ -53,8 +53,9 @@ def _is_bfloat16_other(dtype) -> bool:
     library's dtype), remembered: torch.float32 takes an exception to tell."""
     try:
         dtype = np.dtype(dtype)
-    except TypeError:  # e.g. torch.bfloat16 is not a NumPy dtype
-        return str(dtype).rpartition(".")[2] == "bfloat16"
+    except TypeError:  # e.g. torch.bfloat16 (or TensorFlow's) is not a NumPy dtype
+        return str(dtype).rpartition(".")[2] == "bfloat16" or \
+            getattr(dtype, "name", None) == "bfloat16"
     return dtype.name == "bfloat16" and dtype.itemsize == 2
 
 
@@ -127,6 +128,17 @@ def torch_from_dlpack(array):
     if is_bfloat16(array.dtype):
         return torch.from_dlpack(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_dlpack(array)
+
+
+def tensorflow_from_dlpack(array):
+    """A TensorFlow tensor of a NumPy or CuPy array, bfloat16 included."""
+    import tensorflow as tf
+    if type(array) is Bfloat16Bits:
+        return tf.bitcast(tf.experimental.dlpack.from_dlpack(array.bits.__dlpack__()),
+                          tf.bfloat16)
+    if isinstance(array, np.ndarray):
+        return tf.convert_to_tensor(array)  # (TensorFlow takes ml_dtypes' bfloat16 as its own)
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
 
 
 #: The first CuPy whose ``from_dlpack`` keeps bfloat16 (older ones refuse DLPack's kDLBfloat).

@@ -19,6 +19,7 @@ FRAMEWORKS = {
     "flax": ("flax", "flax", "Flax"),
     "orbax": ("orbax-checkpoint", "flax", "Orbax"),
     "keras": ("keras", "keras", "Keras"),
+    "tensorflow": ("tensorflow", "tensorflow", "TensorFlow"),
 }
 
 _KERAS_INSTALL = ("`pip install 'pycudnnrnn[keras,jax]'` or "

@@ -28,6 +28,9 @@ def _native(name):
     if backend.backend() == "torch":
         import torch
         return {"tanh": (torch.tanh,), "sigmoid": (torch.sigmoid,)}[name]
+    if backend.backend() == "tensorflow":
+        import tensorflow as tf
+        return {"tanh": (tf.tanh, tf.nn.tanh), "sigmoid": (tf.sigmoid, tf.nn.sigmoid)}[name]
     return ()
 
 
@@ -39,7 +42,7 @@ class _OnOurOp:
     def runs_on_our_op(self, training=False) -> bool:
         """Whether a call (in training or not) runs pycudnnrnn's op, not Keras's loop.
 
-        True on the JAX and PyTorch backends for what cuDNN computes: tanh and sigmoid,
+        True on the JAX, PyTorch and TensorFlow backends for what cuDNN computes: tanh and sigmoid,
         ``use_bias=True``, ``recurrent_dropout=0``, ``unroll=False``, a GRU with
         ``reset_after=True``, and not ``use_cudnn=False`` (Keras's way to ask for its own
         loop). Input dropout in training runs ours too (the cell's mask multiplies the
@@ -47,7 +50,7 @@ class _OnOurOp:
         masking is Keras's alone. Any mask runs ours (see ``pycudnnrnn.keras.loop``).
         """
         cell = self.cell
-        return (backend.backend() in ("jax", "torch")
+        return (backend.backend() in ("jax", "torch", "tensorflow")
                 and getattr(self, "use_cudnn", "auto") in ("auto", True)
                 and cell.activation in _TANH + _native("tanh")
                 and cell.recurrent_activation in _SIGMOID + _native("sigmoid")
@@ -81,7 +84,7 @@ class _OnOurOp:
 
 @keras.saving.register_keras_serializable(package="pycudnnrnn")
 class LSTM(_OnOurOp, keras.layers.LSTM):
-    """``keras.layers.LSTM`` on pycudnnrnn's op (JAX and PyTorch backends, CPU and CUDA).
+    """``keras.layers.LSTM`` on pycudnnrnn's op (JAX, PyTorch and TensorFlow backends).
 
     Takes exactly ``keras.layers.LSTM``'s arguments and has its weights (``kernel``
     [in, 4H], ``recurrent_kernel`` [H, 4H], ``bias`` [4H], gates i, f, c, o), so
@@ -94,7 +97,7 @@ class LSTM(_OnOurOp, keras.layers.LSTM):
 
 @keras.saving.register_keras_serializable(package="pycudnnrnn")
 class GRU(_OnOurOp, keras.layers.GRU):
-    """``keras.layers.GRU`` on pycudnnrnn's op (JAX and PyTorch backends, CPU and CUDA).
+    """``keras.layers.GRU`` on pycudnnrnn's op (JAX, PyTorch and TensorFlow backends).
 
     Takes exactly ``keras.layers.GRU``'s arguments and has its weights (``kernel``
     [in, 3H], ``recurrent_kernel`` [H, 3H], ``bias`` [2, 3H], gates z, r, h). cuDNN's GRU

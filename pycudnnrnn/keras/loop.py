@@ -91,7 +91,14 @@ def _op(rnn_mode, x, h0, c0, params, lengths, direction="unidirectional"):
         from ..torch import rnn
         return rnn(x, h0, c0, params, lengths, rnn_mode=rnn_mode, direction=direction,
                    time_major=False, is_training=torch.is_grad_enabled())
-    raise NotImplementedError(f"pycudnnrnn.keras runs on the jax and torch backends, not {name}")
+    if name == "tensorflow":
+        from ..tensorflow import rnn
+        # is_training=True: the op's inference differs only by dropout, which a Keras
+        # layer's own masks replace (one layer per call: no masks between layers).
+        return rnn(x, h0, c0, params, lengths, rnn_mode=rnn_mode, direction=direction,
+                   time_major=False)
+    raise NotImplementedError(f"pycudnnrnn.keras runs on the jax, torch and tensorflow "
+                              f"backends, not {name}")
 
 
 def _compact(x, mask):
@@ -108,7 +115,7 @@ def _before_any(carried, h0):
     zeros = ops.zeros_like(carried)
     if backend.backend() == "jax":  # Keras's JAX loop carries the state there: h0
         return zeros + ops.expand_dims(h0, 1)
-    return zeros  # its PyTorch loop carries the previous output, zeros at first
+    return zeros  # its PyTorch and TensorFlow loops carry the previous output, zeros at first
 
 
 def _spread(y, mask, h0, zero_output_for_mask):

@@ -80,6 +80,7 @@ def collect() -> dict:
     info["jax"] = _jax()
     for name in ("flax", "optax", "orbax"):
         info[name] = _version(name)
+    info["tensorflow"] = _tensorflow()
     info["keras"] = _keras()
     usable, detail = gpu_status()
     info["backend for NumPy arrays"] = "NumPy (CPU)"
@@ -210,9 +211,22 @@ def _keras() -> str:
     module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}.get(backend)
     text = f"{version} (backend {backend}, from {source}"
     if module is not None and importlib.util.find_spec(module) is None:
-        text += f"; {backend} is not installed: set KERAS_BACKEND=jax or torch and install " \
-                "that extra"
-    return text + ")"
+        text += f"; {backend} is not installed: set KERAS_BACKEND=jax, torch or tensorflow " \
+                "and install that extra"
+    runs = "runs" if module is not None else "does not run"
+    return text + f"); pycudnnrnn.keras {runs} the op on this backend (it does on jax, " \
+        f"torch and tensorflow)"
+
+
+def _tensorflow() -> str:
+    """TensorFlow's version from package metadata (either wheel: tensorflow or
+    tensorflow-cpu); importing it would cost seconds."""
+    for distribution in ("tensorflow", "tensorflow-cpu"):
+        try:
+            return f"{metadata.version(distribution)} (pycudnnrnn.tensorflow)"
+        except metadata.PackageNotFoundError:
+            pass
+    return _not_installed("tensorflow")
 
 
 def _torch() -> str:

@@ -1,0 +1,322 @@
+"""pycudnnrnn.tensorflow: the op inside TensorFlow, against the NumPy backend.
+
+Forward and gradients (tape, raw pair) equal ``pycudnnrnn.forward`` / ``backprop`` over a
+grid of configurations; ``tf.function`` with unknown batch and time, XLA, second order,
+dropout, errors, the functional API on tf tensors, a SavedModel run in a process that
+cannot import pycudnnrnn, and ``MirroredStrategy`` over two CPU devices.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+tf = pytest.importorskip("tensorflow")
+
+import pycudnnrnn  # noqa: E402
+import pycudnnrnn.tensorflow as ptf  # noqa: E402
+from conftest import assert_ulp_close, make_case  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+GRID = [dict(rnn_mode=m, direction=d, time_major=tm, lengths=lengths, num_layers=2)
+        for m in ("lstm", "gru", "rnn_tanh", "rnn_relu")
+        for d in ("unidirectional", "bidirectional")
+        for tm, lengths in ((True, "zero"), (False, "ragged"), (True, "full"))]
+GRID += [dict(rnn_mode="lstm", num_proj=3, direction="bidirectional", lengths="zero",
+              num_layers=2),
+         dict(rnn_mode="gru", input_mode="skip_input", lengths="ragged"),
+         dict(rnn_mode="lstm", input_mode="auto_select", input_size=4, lengths="zero")]
+
+
+def _ids(case):
+    return "-".join(str(v) for v in case.values())
+
+
+def _tensors(case):
+    return [None if a is None else tf.constant(a)
+            for a in (case.input, case.input_h, case.input_c, case.params)]
+
+
+def _cotangents(results, seed=1):
+    rng = np.random.default_rng(seed)
+    shapes = [tuple(r.shape) for r in results]
+    return [rng.standard_normal(s) if np.prod(s) else np.zeros(s) for s in shapes]
+
+
+@pytest.mark.parametrize("config", GRID, ids=_ids)
+def test_forward_and_tape_gradients_are_the_numpy_backends(config):
+    case = make_case(**config)
+    want = case.forward()
+    dy, dh, dc = _cotangents(want[:3])
+    want_grads = case.backprop(want, dy, dh, dc if case.input_c is not None else None)
+    variables = [None if a is None else tf.Variable(a) for a in _tensors(case)]
+    with tf.GradientTape() as tape:
+        got = ptf.rnn(*variables, case.sequence_lengths, **case.attrs)
+        loss = tf.reduce_sum(got[0] * dy) + tf.reduce_sum(got[1] * dh)
+        if case.input_c is not None:
+            loss += tf.reduce_sum(got[2] * dc)
+    for g, w in zip(got, want[:3]):
+        assert isinstance(g, tf.Tensor)
+        assert_ulp_close(g.numpy(), w)
+    sources = [v for v in variables if v is not None]
+    grads = tape.gradient(loss, sources)
+    names = ["input_backprop", "input_h_backprop"] + \
+        (["input_c_backprop"] if case.input_c is not None else []) + ["params_backprop"]
+    wants = [want_grads.input_backprop, want_grads.input_h_backprop] + \
+        ([want_grads.input_c_backprop] if case.input_c is not None else []) + \
+        [want_grads.params_backprop]
+    order = [0, 1, 2, 3] if case.input_c is not None else [0, 1, 2]
+    for name, k, w in zip(names, order, wants):
+        assert grads[k] is not None, name
+        assert_ulp_close(grads[k].numpy(), w, ulps=64, err_msg=name)
+
+
+@pytest.mark.parametrize("config", GRID[:6] + GRID[-3:], ids=_ids)
+def test_the_raw_pair_is_the_ops(config):
+    """cudnn_rnn_v3 / cudnn_rnn_backprop_v3 with tf.raw_ops' arguments and results."""
+    case = make_case(**config)
+    want = case.forward()
+    dy, dh, dc = _cotangents(want[:3])
+    lstm = case.input_c is not None
+    want_grads = case.backprop(want, dy, dh, dc if lstm else None)
+    x, h, c, p = _tensors(case)
+    c = c if lstm else tf.zeros((0,), tf.float64)  # TensorFlow's op takes a dummy
+    output, output_h, output_c, reserve, host = ptf.cudnn_rnn_v3(
+        input=x, input_h=h, input_c=c, params=p, sequence_lengths=case.sequence_lengths,
+        **case.attrs)
+    assert reserve.dtype == tf.uint8 and host.dtype == tf.int8
+    for g, w in zip((output, output_h, output_c), want[:3]):
+        assert_ulp_close(g.numpy(), w)
+    got = ptf.cudnn_rnn_backprop_v3(
+        input=x, input_h=h, input_c=c, params=p, sequence_lengths=case.sequence_lengths,
+        output=output, output_h=output_h, output_c=output_c, output_backprop=dy,
+        output_h_backprop=dh, output_c_backprop=dc if lstm else np.zeros((0,)),
+        reserve_space=reserve, host_reserved=host, **case.attrs)
+    for g, w in zip(got, want_grads):
+        assert_ulp_close(g.numpy(), w, ulps=64)
+
+
+def test_backprop_refuses_an_inference_or_foreign_reserve():
+    case = make_case("lstm", num_layers=2, dropout=0.5)
+    x, h, c, p = _tensors(case)
+    args = dict(input=x, input_h=h, input_c=c, params=p, **case.attrs)
+    results = ptf.cudnn_rnn_v3(**args, is_training=False)
+    grads = dict(output_backprop=results[0], output_h_backprop=results[1],
+                 output_c_backprop=results[2])
+    with pytest.raises(ValueError, match="reserve_space: empty.*is_training=False"):
+        ptf.cudnn_rnn_backprop_v3(**args, sequence_lengths=None, output=None, output_h=None,
+                                  output_c=None, **grads, reserve_space=results[3])
+    other = ptf.cudnn_rnn_v3(**{**args, "dropout": 0.25})[3]  # another call, the same size
+    with pytest.raises(tf.errors.InvalidArgumentError, match="reserve_space: made by another"):
+        ptf.cudnn_rnn_backprop_v3(**args, sequence_lengths=None, output=None, output_h=None,
+                                  output_c=None, **grads, reserve_space=other)
+    with pytest.raises(ValueError, match="reserve_space: expected .* bytes"):
+        ptf.cudnn_rnn_backprop_v3(**args, sequence_lengths=None, output=None, output_h=None,
+                                  output_c=None, **grads,
+                                  reserve_space=ptf.cudnn_rnn_v3(**args)[3][:-1])
+
+
+def test_dropout_is_seeded_and_backprop_uses_the_forwards_masks():
+    case = make_case("lstm", "bidirectional", num_layers=3, dropout=0.5, lengths="zero")
+    x, h, c, p = _tensors(case)
+    attrs = dict(case.attrs, dropout=0.5)
+    first = ptf.rnn(x, h, c, p, case.sequence_lengths, seed=7, **attrs)
+    again = ptf.rnn(x, h, c, p, case.sequence_lengths, seed=7, **attrs)
+    other = ptf.rnn(x, h, c, p, case.sequence_lengths, seed=8, **attrs)
+    plain = ptf.rnn(x, h, c, p, case.sequence_lengths, **dict(attrs, dropout=0.0))
+    inference = ptf.rnn(x, h, c, p, case.sequence_lengths, seed=7, is_training=False, **attrs)
+    np.testing.assert_array_equal(first[0], again[0])
+    assert not np.allclose(first[0], other[0]) and not np.allclose(first[0], plain[0])
+    np.testing.assert_array_equal(inference[0], plain[0])
+    # a seed tensor: the same masks as the same int, no new trace
+    seeded = ptf.rnn(x, h, c, p, case.sequence_lengths, seed=tf.constant(7 << 32, tf.int64),
+                     **attrs)
+    np.testing.assert_array_equal(seeded[0], first[0])
+    # the raw pair's backprop equals the tape's gradient of the same seeded forward
+    dy, dh, dc = _cotangents(first)
+    forward = ptf.cudnn_rnn_v3(x, h, c, p, case.sequence_lengths, seed=7, **attrs)
+    np.testing.assert_array_equal(forward[0], first[0])
+    raw = ptf.cudnn_rnn_backprop_v3(x, h, c, p, case.sequence_lengths, *forward[:3], dy, dh,
+                                    dc, forward[3], seed=7, **attrs)
+    with tf.GradientTape() as tape:
+        tape.watch([x, h, c, p])
+        y = ptf.rnn(x, h, c, p, case.sequence_lengths, seed=7, **attrs)
+        loss = sum(tf.reduce_sum(a * g) for a, g in zip(y, (dy, dh, dc)))
+    for got, want in zip(raw, tape.gradient(loss, [x, h, c, p])):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_tf_function_with_unknown_batch_and_time_and_xla():
+    case = make_case("gru", "bidirectional", num_layers=2, time_major=False, lengths=None)
+    x, h, _, p = _tensors(case)
+    spec = lambda *shape: tf.TensorSpec(shape, tf.float64)
+    traced = tf.function(lambda x, h, p, n: ptf.rnn(x, h, None, p, n, **case.attrs),
+                         input_signature=[spec(None, None, 3), spec(None, 4, 4), spec(None),
+                                          tf.TensorSpec([None], tf.int32)])
+    compiled = tf.function(lambda x, h, p: ptf.rnn(x, h, None, p, [3, 0, 2], **case.attrs),
+                           jit_compile=True)
+    for B, T in ((3, 4), (5, 2)):
+        sub = make_case("gru", "bidirectional", num_layers=2, time_major=False, B=B, T=T,
+                        lengths=[T, 0, 1, 2, T][:B])
+        want = sub.forward()
+        got = traced(*(tf.constant(a) for a in (sub.input, sub.input_h, sub.params)),
+                     tf.constant(sub.sequence_lengths, tf.int32))
+        for g, w in zip(got[:2], want[:2]):
+            assert_ulp_close(g.numpy(), w)
+    sub = make_case("gru", "bidirectional", num_layers=2, time_major=False, lengths=[3, 0, 2])
+    for g, w in zip(compiled(*(tf.constant(a) for a in (sub.input, sub.input_h, sub.params))),
+                    sub.forward()[:2]):
+        assert_ulp_close(g.numpy(), w, ulps=64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sequence_lengths"):
+        traced(x, h, p, tf.constant([1, 9, 2], tf.int32))
+
+
+def test_second_order_equals_differences_of_the_first():
+    """A gradient penalty's gradient: d/dp of |dL/dx|², against central differences of
+    the NumPy backend's first-order gradient."""
+    case = make_case("lstm", "bidirectional", num_layers=2, num_proj=2, lengths="zero")
+    x, h, c, p = _tensors(case)
+    dy = _cotangents(case.forward()[:1])[0]
+    v = np.random.default_rng(3).standard_normal(case.params.shape)
+
+    def penalty_numpy(params):
+        fwd = pycudnnrnn.forward(case.input, case.input_h, case.input_c, params,
+                                 case.sequence_lengths, **case.attrs)
+        g = pycudnnrnn.backprop(case.input, case.input_h, case.input_c, params,
+                                case.sequence_lengths, *fwd[:3], dy, np.zeros_like(fwd[1]),
+                                np.zeros_like(fwd[2]), fwd[3], **case.attrs)
+        return float((g.input_backprop ** 2).sum())
+
+    with tf.GradientTape() as outer:
+        outer.watch(p)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            loss = tf.reduce_sum(ptf.rnn(x, h, c, p, case.sequence_lengths,
+                                         **case.attrs)[0] * dy)
+        penalty = tf.reduce_sum(inner.gradient(loss, x) ** 2)
+    got = float(tf.reduce_sum(outer.gradient(penalty, p) * v))
+    eps = 1e-6
+    want = (penalty_numpy(case.params + eps * v) - penalty_numpy(case.params - eps * v)) / (2 * eps)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_dtypes_are_the_numpy_backends(dtype):
+    np_dtype = tf.as_dtype(dtype).as_numpy_dtype
+    case = make_case("lstm", "bidirectional", num_layers=2, num_proj=2, lengths="zero",
+                     dtype=np_dtype)
+    got = ptf.rnn(*_tensors(case), case.sequence_lengths, **case.attrs)
+    for g, w in zip(got, case.forward()[:3]):
+        assert g.dtype == tf.as_dtype(dtype)
+        np.testing.assert_allclose(g.numpy().astype(np.float64), w.astype(np.float64),
+                                   rtol=0, atol=2 * float(tf.as_dtype(dtype).as_numpy_dtype(
+                                       np.finfo(np.float32).eps) if dtype == "float32" else
+                                       {"float16": 1e-3, "bfloat16": 8e-3}[dtype]))
+
+
+def test_zero_length_rows_and_nan_padding_reach_no_gradient():
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="zero")
+    x = case.input.copy()
+    x[2:, 1] = np.nan  # padding of the row of length 0 and beyond
+    h = case.input_h.copy()
+    h[:, 1] = np.nan  # the state of a row that never runs
+    tensors = [tf.constant(a) for a in (x, h, case.input_c, case.params)]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        y, hy, cy = ptf.rnn(*tensors, case.sequence_lengths, **case.attrs)
+        loss = tf.reduce_sum(tf.where(tf.math.is_nan(y), tf.zeros_like(y), y)) + \
+            tf.reduce_sum(cy)
+    assert np.isfinite(tape.gradient(loss, tensors[3]).numpy()).all()
+    assert (y.numpy()[:, 1] == 0).all()
+    np.testing.assert_array_equal(np.isnan(hy.numpy()[:, 1]), True)  # given back as it came
+
+
+def test_bad_input_is_named_at_trace_time():
+    case = make_case("lstm", num_layers=1)
+    x, h, c, p = _tensors(case)
+    with pytest.raises(ValueError, match="rnn_mode"):
+        ptf.rnn(x, h, c, p, rnn_mode="lsmt")
+    with pytest.raises(ValueError, match="params: expected"):
+        ptf.rnn(x, h, c, p[:-1])
+    with pytest.raises(TypeError, match="input_h: expected dtype float64"):
+        ptf.rnn(x, tf.cast(h, tf.float32), c, p)
+    with pytest.raises(ValueError, match="sequence_lengths: expected values in"):
+        ptf.rnn(x, h, c, p, [1, 9, 2])
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, None], tf.float64)])
+    def unknown_features(x):
+        return ptf.rnn(x, h, c, p)
+    with pytest.raises(ValueError, match="input: dimension 2 must be known"):
+        unknown_features.get_concrete_function()
+
+
+def test_the_functional_api_gives_tf_tensors_and_refuses_what_it_cannot_record():
+    case = make_case("gru", num_layers=1)
+    x, h, _, p = _tensors(case)
+    result = pycudnnrnn.forward(x, h, None, p, rnn_mode="gru")
+    assert isinstance(result.output, tf.Tensor)
+    assert_ulp_close(result.output.numpy(), case.forward()[0])
+    variable = tf.Variable(p)
+    with tf.GradientTape():
+        with pytest.raises(TypeError, match="params: .*GradientTape.*pycudnnrnn.tensorflow"):
+            pycudnnrnn.forward(x, h, None, variable, rnn_mode="gru")
+    with pytest.raises(TypeError, match="input: .*symbolic.*pycudnnrnn.tensorflow"):
+        tf.function(lambda x: pycudnnrnn.forward(x, h, None, p, rnn_mode="gru").output)(x)
+
+
+def test_a_saved_model_runs_where_pycudnnrnn_cannot_be_imported(tmp_path):
+    """What TensorFlow Serving runs: TensorFlow's own operations, no Python callback."""
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", dtype=np.float32)
+
+    class Model(tf.Module):
+        def __init__(self):
+            self.params = tf.Variable(case.params)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.float32),
+                                      tf.TensorSpec([None], tf.int32)])
+        def __call__(self, x, lengths):
+            B = tf.shape(x)[1]
+            h = tf.zeros([4, B, 4])
+            return ptf.rnn(x, h, h, self.params, lengths, direction="bidirectional")[0]
+
+    tf.saved_model.save(Model(), str(tmp_path / "model"))
+    np.save(tmp_path / "x.npy", case.input)
+    np.save(tmp_path / "lengths.npy", np.asarray(case.sequence_lengths, np.int32))
+    script = textwrap.dedent("""
+        import sys
+        class Refuse:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "pycudnnrnn":
+                    raise ImportError("pycudnnrnn must not be imported here")
+        sys.meta_path.insert(0, Refuse())
+        import numpy as np, tensorflow as tf
+        model = tf.saved_model.load(sys.argv[1] + "/model")
+        y = model(np.load(sys.argv[1] + "/x.npy"), np.load(sys.argv[1] + "/lengths.npy"))
+        np.save(sys.argv[1] + "/y.npy", y.numpy())
+        assert not any(m.startswith("pycudnnrnn") for m in sys.modules)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, cwd=tmp_path,
+                   env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)
+    want = pycudnnrnn.forward(case.input, np.zeros((4, 3, 4), np.float32),
+                              np.zeros((4, 3, 4), np.float32), case.params,
+                              case.sequence_lengths, direction="bidirectional").output
+    assert_ulp_close(np.load(tmp_path / "y.npy"), want, ulps=64)
+
+
+def test_mirrored_strategy_trains_as_one_device():
+    """A Keras model with our layer under MirroredStrategy over two logical CPUs equals
+    the same steps on one device (a process of its own: the devices are set at start)."""
+    script = os.path.join(HERE, "tensorflow_mirrored_script.py")
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "same" in done.stdout

@@ -10,7 +10,7 @@ TESTED := $(VENV)/.installed-test
 # stand-in GPU make real cuDNN descriptors, which need no GPU.
 GPU_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo '[cuda12]')
 
-.PHONY: demo test bench docs gpu-check clean
+.PHONY: demo test bench docs notebooks personas gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,19 @@ bench: $(TESTED)
 
 docs: $(TESTED)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The example notebooks run top to bottom and stored with their outputs, as GitHub shows
+# them (about a minute on 2 cores); run it after changing a notebook.
+notebooks: $(TESTED)
+	$(PY) tools/run_notebooks.py
+
+# Slow, and not part of `make test`: for each page that names an install line, a fresh
+# virtual environment built with exactly that line, then the page's blocks in order, one
+# line per page. It installs each framework from the package index (minutes each; hours
+# in all). One page: `make personas PAGE=docs/jax.md`.
+PAGE ?=
+personas: $(STAMP)
+	$(PY) tools/personas.py $(if $(PAGE),--page $(PAGE))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache site

@@ -180,3 +180,33 @@ def test_compile_export_and_onnx_work_when_they_import_what_they_need_first():
         print("ok")
     """)
     assert out.strip().splitlines()[-1] == "ok"
+
+
+#: What ``import pycudnnrnn`` must leave out: the frameworks, CuPy, and the submodules read
+#: lazily as attributes.
+_NOT_ON_IMPORT = ("torch", "jax", "keras", "tensorflow", "flax", "cupy", "pycudnnrnn.convert",
+                  "pycudnnrnn.graphs")
+
+
+@pytest.mark.parametrize("spelling", ["pycudnnrnn.convert.from_torch",
+                                      "pycudnnrnn.convert.to_keras",
+                                      "pycudnnrnn.graphs.capture"])
+def test_a_submodule_reads_as_an_attribute_after_import_pycudnnrnn(spelling):
+    # The docs write pycudnnrnn.convert.from_keras after `import pycudnnrnn`: it must not
+    # raise AttributeError, and the import alone must stay as light as before.
+    out = _run(f"""
+        import sys
+        import pycudnnrnn
+        there = [m for m in {_NOT_ON_IMPORT!r} if m in sys.modules]
+        assert not there, f"import pycudnnrnn imported {{there}}"
+        assert callable({spelling}), {spelling!r}
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_an_unknown_attribute_still_raises_attribute_error_naming_it():
+    import pycudnnrnn
+    with pytest.raises(AttributeError, match="'pycudnnrnn' has no attribute 'nonesuch'"):
+        pycudnnrnn.nonesuch  # noqa: B018
+    assert "convert" in dir(pycudnnrnn)

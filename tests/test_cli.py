@@ -564,7 +564,7 @@ def test_a_cuda_array_without_cupy_names_the_extra_to_install(monkeypatch):
 
 def test_missing_cudnn_names_the_extra_to_install():
     from pycudnnrnn.cudnn import loader
-    assert "pip install 'pycudnnrnn[cuda12]'" in loader.INSTALL_HINT
+    assert "pip install '.[cuda12]'" in loader.INSTALL_HINT
 
 
 def test_make_installs_the_cuda_extra_only_where_an_nvidia_gpu_answers(tmp_path):

@@ -1,10 +1,14 @@
-"""The documentation builds in strict mode, running the notebook it shows with its outputs."""
+"""The documentation builds in strict mode, running the notebooks it shows with their
+outputs; the notebooks are stored run, so GitHub shows those outputs too."""
 
+import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
+
+import pytest
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,18 +25,13 @@ def test_docs_build_strict(tmp_path):
     api_page = (site / "api" / "index.html").read_text()
     assert "params_to_canonical" in api_page and "CudnnNotSupportedError" in api_page
     notebook = (site / "examples" / "quickstart" / "index.html").read_text()
-    # Outputs only a run can make (the notebook is kept without any): the printed
+    # Outputs only a run can make (the build runs the notebook again): the printed
     # gradient check and the plot.
-    import json
-    source = json.loads((ROOT_PATH / "docs" / "examples" / "quickstart.ipynb").read_text())
-    assert not [c for c in source["cells"] if c.get("outputs")], "keep the notebook unrun"
     assert re.search(r"backprop -?\d+\.\d{10}, finite difference -?\d+\.\d{10}", notebook)
     assert "data:image/png;base64," in notebook, "the gradient plot"
     assert 'href="examples/quickstart/"' in (site / "index.html").read_text()
     # The Flax and Keras notebook: trained, its curves compared and plotted, kept unrun.
     trained = (site / "examples" / "flax_keras" / "index.html").read_text()
-    source = json.loads((ROOT_PATH / "docs" / "examples" / "flax_keras.ipynb").read_text())
-    assert not [c for c in source["cells"] if c.get("outputs")], "keep the notebook unrun"
     rounding = r"(\d\.\de-0[5-9]|0\.0e\+00)"      # float32 rounding, grown over 60 steps
     assert re.search(r"one bias trained +largest distance from Flax.s curve: " + rounding,
                      trained), "ours, with Flax's one bias, on Flax's curve"
@@ -64,3 +63,23 @@ def test_pages_say_the_layout_was_checked_on_a_gpu():
                        ("layout.py", " ".join(layout.__doc__.split()))):
         assert "cuDNN 9.19" in text, name
         assert "to be checked" not in text and "this project's choice" not in text, name
+
+
+NOTEBOOKS = sorted((ROOT_PATH / "docs" / "examples").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_a_notebook_is_stored_run_once_in_order_with_small_clean_outputs(path):
+    """The README links to the notebooks "shown with their outputs": on GitHub that is what
+    is stored. One run, top to bottom (`make notebooks`): counts 1, 2, 3...; no error, no
+    stderr (a warning of the machine that ran it), no timings; a few hundred kB at most."""
+    cells = [c for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+             if c["cell_type"] == "code"]
+    assert [c["execution_count"] for c in cells] == list(range(1, len(cells) + 1)), \
+        f"{path.name}: store it run once, in order: make notebooks"
+    outputs = [o for c in cells for o in c["outputs"]]
+    assert outputs, f"{path.name}: stored without its outputs"
+    assert not [o for o in outputs if o["output_type"] == "error"], path.name
+    assert not [o for o in outputs if o.get("name") == "stderr"], f"{path.name}: stderr kept"
+    assert not [c for c in cells if "execution" in c["metadata"]], f"{path.name}: timings kept"
+    assert len(json.dumps(outputs)) < 300_000, f"{path.name}: outputs too large to store"

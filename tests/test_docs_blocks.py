@@ -26,24 +26,23 @@ the build and its test fail. They run in docs/examples/ rather than a fresh fold
 they read and write no file.
 """
 
-import dataclasses
 import functools
+import ast
+import builtins
 import os
 import pathlib
 import re
-import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-RUNS = {"python", "py"}                 # fence languages that run
-GPU_ONLY = "<!-- gpu-only -->"
+sys.path.insert(0, str(ROOT))
+from tools.docs_blocks import (PAGES, describe_failure, page_name,  # noqa: E402
+                               python_blocks, run_script, script_of, snippet_lines)
+
 TIMEOUT = 600                           # seconds per page
-FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 
 # Pages that must show runnable code, and what must hold after their blocks ran (kept from
 # test_quick_start_code_runs in test_docs.py, which this test replaces).
@@ -51,64 +50,9 @@ REQUIRED = ("README.md", "docs/index.md")
 CHECKS = {
     "README.md": "assert dparams.shape == params.shape, 'the gradient has the shape of params'",
     "docs/index.md": "assert dparams.shape == params.shape, 'the gradient has the shape of params'",
+    # the worked example's PyTorch and pycudnnrnn outputs agree (it was a test of its own)
+    "docs/interop.md": "assert float(np.abs(y[:, full] - reference.numpy()[:, full]).max()) < 1e-5",
 }
-
-
-def page_name(path):
-    return path.relative_to(ROOT).as_posix()
-
-
-SNIPPET = re.compile(r'^[ \t]*-+8<-+[ \t]+"(?P<path>[^"]+)"[ \t]*$')
-
-
-@dataclasses.dataclass
-class Block:
-    line: int           # line of the page where the code starts (after the fence)
-    code: str
-    gpu_only: bool
-    origins: list       # for each line of code, where it comes from: "page:line"
-
-
-def python_blocks(path):
-    """The ```python blocks of a Markdown page, in order, dedented to their fence.
-
-    A snippet line (``--8<-- "docs/examples/x.py"``, pymdownx.snippets with the repository
-    root as base path, as in mkdocs.yml) is replaced by that file, as the site shows it.
-    """
-    lines = path.read_text(encoding="utf-8").splitlines()
-    name = page_name(path)
-    blocks, i = [], 0
-    while i < len(lines):
-        match = FENCE.match(lines[i])
-        if not match or (match["fence"][0] == "`" and "`" in match["info"]):
-            i += 1
-            continue
-        indent, fence = len(match["indent"]), match["fence"]
-        words = match["info"].strip().lstrip("{").split()
-        language = words[0].lstrip(".").lower() if words else ""
-        previous = next((s.strip() for s in reversed(lines[:i]) if s.strip()), "")
-        start, i = i + 1, i + 1
-        closing = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
-        while i < len(lines) and not closing.match(lines[i]):
-            i += 1
-        if language in RUNS:
-            code, origins = [], []
-            for number, s in enumerate(lines[start:i], start + 1):
-                s = s[min(indent, len(s) - len(s.lstrip())):]
-                snippet = SNIPPET.match(s)
-                if snippet:
-                    included = (ROOT / snippet["path"]).read_text(encoding="utf-8")
-                    code += included.splitlines()
-                    origins += [f"{snippet['path']}:{n}"
-                                for n in range(1, len(included.splitlines()) + 1)]
-                else:
-                    code.append(s)
-                    origins.append(f"{name}:{number}")
-            blocks.append(Block(start + 1, "\n".join(code) + "\n", previous == GPU_ONLY,
-                                origins))
-        i += 1
-    return blocks
-
 
 RUN_PAGES = [p for p in PAGES if python_blocks(p)]
 
@@ -118,57 +62,6 @@ def gpu_reason():
     """Why the gpu-only blocks cannot run here, or None: the check of the ``gpu`` tests."""
     from conftest import _gpu_reason
     return _gpu_reason()
-
-
-def script_of(name, blocks):
-    """The script a reader would paste together, and where each block starts in it."""
-    lines = [f"# The python blocks of {name}, in order."]
-    spans = []
-    for number, block in blocks:
-        lines.append(f"# ---- block {number}, {name} line {block.line}")
-        spans.append((len(lines) + 1, number, block))
-        lines.extend(block.code.splitlines())
-    if name in CHECKS:
-        lines.append("# ---- after the blocks (tests/test_docs_blocks.py CHECKS)")
-        spans.append((len(lines) + 1, "check",
-                      Block(0, CHECKS[name] + "\n", False, ["tests/test_docs_blocks.py"])))
-        lines.append(CHECKS[name])
-    return "\n".join(lines) + "\n", spans
-
-
-def run(script, cwd):
-    """Run the script; on time-out interrupt it (a traceback says where it was), then kill."""
-    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    proc = subprocess.Popen([sys.executable, script.name], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-        return proc.returncode, out, err, False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        return proc.returncode, out, err, True
-
-
-def failing_block(err, script, spans):
-    """The block that was running: the outermost line of the script in the last traceback.
-
-    Returns (block number, block, where the failing line comes from) or None.
-    """
-    last = err.rsplit("Traceback (most recent call last):", 1)[-1]
-    lines = re.findall(rf'File "[^"]*{re.escape(script.name)}", line (\d+)', last)
-    if not lines:
-        return None
-    line, found = int(lines[0]), None
-    for start, number, block in spans:
-        if start <= line:
-            found = (number, block, block.origins[min(line - start, len(block.origins) - 1)])
-    return found
 
 
 def tail(text, chars=12000):
@@ -193,25 +86,89 @@ def test_page_blocks_run(page, tmp_path):
         print(f"{name}: gpu-only blocks left out ({', '.join(left_out)}): {gpu_reason()}")
         if not blocks:
             pytest.skip(f"{name}: every python block is gpu-only; {gpu_reason()}")
-    text, spans = script_of(name, blocks)
+    text, spans = script_of(name, blocks, CHECKS.get(name))
     script = tmp_path / ("paste_" + re.sub(r"\W", "_", page.stem) + ".py")
     script.write_text(text, encoding="utf-8")
     started = time.monotonic()
-    code, out, err, timed_out = run(script, tmp_path)
+    code, out, err, timed_out = run_script(sys.executable, script, tmp_path, TIMEOUT)
     print(f"{name}: {len(blocks)} blocks, {time.monotonic() - started:.1f} s")
     if code == 0 and not timed_out:
         return
-    where = failing_block(err, script, spans)
-    if where is None:
-        head = f"{name}: the script failed (exit status {code}) outside any block's lines"
-    else:
-        number, block, line = where
-        first = "\n".join("    " + s for s in block.code.splitlines()[:6])
-        label = ("the check after the blocks failed" if number == "check"
-                 else f"block {number} (line {block.line}) failed at {line}")
-        head = f"{name}: {label}; it begins:\n{first}"
+    head = describe_failure(name, err, script.name, spans, code)
     if timed_out:
         head = f"{name}: did not finish in {TIMEOUT} s, interrupted.\n{head}"
     pytest.fail(f"{head}\n\n--- stderr (the script is {script.name}; its lines are the "
                 f"page's blocks in order)\n{tail(err)}\n--- stdout\n{tail(out, 3000)}",
                 pytrace=False)
+
+
+def test_no_page_includes_a_file_that_github_shows_raw():
+    """A ``--8<--`` include is filled in by the site but shown as that line on GitHub,
+    where the README's links lead: write the code on the page."""
+    found = {page_name(p): snippet_lines(p) for p in PAGES if snippet_lines(p)}
+    assert not found, f"pages that include a file (line numbers): {found}"
+
+
+def _backend_set(code):
+    """The KERAS_BACKEND a block sets with ``os.environ[...] = "x"``, or None."""
+    for node in ast.walk(ast.parse(code)):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                and any(isinstance(t, ast.Subscript) and "KERAS_BACKEND" in ast.unparse(t)
+                        for t in node.targets)):
+            return node.value.value
+    return None
+
+
+@pytest.mark.parametrize("page", RUN_PAGES, ids=[p.name for p in RUN_PAGES])
+def test_a_block_that_names_a_keras_backend_has_it_from_its_install_line(page):
+    """A block that pins KERAS_BACKEND runs only where that framework is installed: every
+    install its page offers above it must bring it (a Keras and TensorFlow user has
+    neither)."""
+    for block in python_blocks(page):
+        backend = _backend_set(block.code)
+        if backend is None:
+            continue
+        assert block.offered, f"{page_name(page)} line {block.line}: no install line above"
+        for offer in block.offered:
+            extras = set(re.findall(r"[\w-]+", offer.partition("[")[2]))
+            assert backend in extras, (f"{page_name(page)} line {block.line} sets "
+                                       f"KERAS_BACKEND={backend!r}, but the install above it "
+                                       f"offers {offer}, which does not install it")
+
+
+def _unbound(code):
+    """Names a block reads that nothing in it binds (builtins aside)."""
+    tree = ast.parse(code)
+    bound, read = set(dir(builtins)), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return sorted(read - bound)
+
+
+#: pages whose sections are read one at a time: the first CPU block of each section
+#: imports and defines all it uses, so it runs pasted alone
+SELF_CONTAINED_SECTIONS = ("docs/distributed.md",)
+
+
+@pytest.mark.parametrize("name", SELF_CONTAINED_SECTIONS)
+def test_each_section_opens_with_a_block_that_runs_pasted_alone(name):
+    text = (ROOT / name).read_text(encoding="utf-8").splitlines()
+    sections = [n for n, s in enumerate(text, 1) if s.startswith("## ")]
+    opening = {}
+    for block in python_blocks(ROOT / name):
+        section = max((n for n in sections if n < block.line), default=0)
+        if not block.gpu_only and section not in opening:
+            opening[section] = block
+    assert opening, f"{name}: no CPU python block"
+    for block in opening.values():
+        assert not _unbound(block.code), (f"{name} line {block.line} uses "
+                                          f"{_unbound(block.code)}, which it does not define")

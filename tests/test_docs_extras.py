@@ -1,7 +1,7 @@
 """Each page's and notebook's code imports only what the extras it names install.
 
-A reader installs the extras a page names (``pip install 'pycudnnrnn[flax]'``, or
-``'.[flax]'`` from a checkout, or "the `cuda12` extra") and pastes its code. So every
+A reader installs the extras a page names (``pip install '.[flax]'`` from a checkout, or
+"the `cuda12` extra") and pastes its code. So every
 module a page's python blocks (or a notebook's code cells) import must come from the
 base dependencies, from one of those extras, or from what they bring with them. The
 extras are read from pyproject.toml; an import guarded by ``except ImportError`` is

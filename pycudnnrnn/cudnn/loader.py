@@ -23,8 +23,9 @@ _DEPENDENCIES = {  # wheel-relative candidates of what cuDNN's sub-libraries dlo
     "cuBLASLt": ("cu13/lib/libcublasLt.so.13", "cublas/lib/libcublasLt.so.12"),
     "NVRTC": ("cu13/lib/libnvrtc.so.13", "cuda_nvrtc/lib/libnvrtc.so.12"),
 }
-INSTALL_HINT = ("install the GPU extra, `pip install 'pycudnnrnn[cuda12]'` (CUDA 12 and 13 "
-                "drivers) or `pip install 'pycudnnrnn[cuda13]'` (CUDA 13), or cuDNN 9 alone with "
+INSTALL_HINT = ("install the GPU extra from the root of pycudnnrnn's checkout, "
+                "`pip install '.[cuda12]'` (CUDA 12 and 13 drivers) or "
+                "`pip install '.[cuda13]'` (CUDA 13), or cuDNN 9 alone with "
                 "`pip install nvidia-cudnn-cu12` (or -cu13), or set "
                 f"{ENV_VAR} to the path of {SONAME}")
 

@@ -7,7 +7,7 @@ operations (the NumPy backend's custom call when dropout draws masks). The weigh
 ``nnx.LSTMCell``, ``nnx.GRUCell``, ``nnx.SimpleCell``). See ``docs/flax.md``.
 
 ``import pycudnnrnn`` does not import this module (nor Flax). Without JAX or Flax,
-importing it raises an ``ImportError`` naming the extra, ``pip install 'pycudnnrnn[flax]'``.
+importing it raises an ``ImportError`` naming the extra to install, ``flax``.
 """
 
 from ..core.extras import require as _require

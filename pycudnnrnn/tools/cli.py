@@ -19,6 +19,7 @@ import traceback
 
 from ..core import dtypes
 from ..core.config import DIRECTIONS, GATES, INPUT_MODES, RNN_MODES
+from ..core.extras import install
 from .bench import SIDES
 
 DTYPES = dtypes.NAMES
@@ -331,7 +332,7 @@ def _bench(args, parser):
     sides = ["op"] if args.no_torch else args.sides or ["op"] + (["torch"] if has_torch else [])
     if not has_torch and set(sides) & {"drop-in", "torch"}:
         parser.error(f"--sides {','.join(sides)}: drop-in and torch need PyTorch, "
-                     "`pip install 'pycudnnrnn[torch]'`")
+                     f"{install('torch')}")
     devices = _devices(args.backend, parser, allow_all=True)
     itemsize = dtypes.by_name(args.dtype).itemsize
     needed = _library_refusal(parser, lambda: estimated_bytes(

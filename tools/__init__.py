@@ -1,0 +1,1 @@
+"""Maintainers' scripts run from the checkout (not installed with the package)."""

@@ -264,7 +264,7 @@ def test_info_gives_the_frameworks_versions_and_keras_backend(tmp_path):
         try:
             assert info[name].startswith(metadata.version(distribution)), info[name]
         except metadata.PackageNotFoundError:
-            assert info[name].startswith("not installed (`pip install 'pycudnnrnn["), info[name]
+            assert info[name].startswith("not installed (`pip install '.["), info[name]
     if not info["keras"].startswith("not installed"):
         assert info["keras"].endswith("(backend jax, from KERAS_BACKEND); pycudnnrnn.keras "
                                       "runs the op on this backend (it does on jax, torch and "
@@ -302,7 +302,7 @@ def test_info_gives_the_gpu_extras_advice_once(monkeypatch):
     monkeypatch.setattr(loader, "load", no_cudnn)
     info = environment.collect()
     text = "\n".join(info.values())
-    assert text.count("pycudnnrnn[cuda12]") == 1, text
+    assert text.count("'.[cuda12]'") == 1, text
     assert info["cupy"].startswith("not installed: CUDA arrays need the GPU extra")
     assert info["gpus"] == "unknown (no CuPy)"
     assert info["backend for CUDA arrays"] == "unavailable: CuPy is not installed (see above)"
@@ -558,8 +558,8 @@ def test_a_cuda_array_without_cupy_names_the_extra_to_install(monkeypatch):
     a = CudaArray()
     with pytest.raises(CudnnUnavailableError) as info:
         pycudnnrnn.forward(a, a, a, a)
-    assert "pip install 'pycudnnrnn[cuda12]'" in str(info.value)
-    assert "pip install 'pycudnnrnn[cuda13]'" in str(info.value)
+    assert "pip install '.[cuda12]'" in str(info.value)
+    assert "pip install '.[cuda13]'" in str(info.value)
 
 
 def test_missing_cudnn_names_the_extra_to_install():

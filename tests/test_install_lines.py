@@ -20,14 +20,7 @@ INDEX_FORM = re.compile(r"(?<![\w./-])pycudnnrnn\[[\w,\- ]*\]|pip install +(?:-\
 
 #: files others own on their branches: they still write the index form, until the change
 #: named here is made there (strict, so a fixed file must leave this list)
-PENDING = {
-    "pycudnnrnn/core/extras.py": "install() and _KERAS_INSTALL: the `'.[x]'` form (info's "
-                                 "advice and the adapters' ImportErrors come from here)",
-    "pycudnnrnn/core/gpu.py": "cupy()'s CudnnUnavailableError: the `'.[cuda12]'` form",
-    "pycudnnrnn/torch/__init__.py": "its docstring names the extra",
-    "pycudnnrnn/jax/__init__.py": "its docstring names the extra",
-    "docs/cli.md": "shows info's output, which core/extras.py's install() writes",
-}
+PENDING = {}
 
 
 def _files():

@@ -60,25 +60,26 @@ def _needs(*modules):
     ("pycudnnrnn.jax", ["jax", "jaxlib"], "jax", "JAX is not installed"),
     ("pycudnnrnn.flax", ["jax"], "flax", "JAX is not installed"),
     ("pycudnnrnn.flax", ["flax"], "flax", "Flax is not installed"),
+    ("pycudnnrnn.tensorflow", ["tensorflow"], "tensorflow", "TensorFlow is not installed"),
 ])
 def test_a_missing_framework_names_its_extra(adapter, refused, extra, named):
     if refused == ["flax"]:
         _needs("jax")
     line = _import_without(adapter, refused)
     assert line.startswith("ModuleNotFoundError: " + adapter + " needs"), line
-    assert named in line and f"pip install 'pycudnnrnn[{extra}]'" in line, line
+    assert named in line and f"pip install '.[{extra}]'" in line, line
 
 
 def test_a_framework_that_fails_to_import_names_its_extra_too():
     line = _import_without("pycudnnrnn.torch", ["torch"], broken=True)
     assert line.startswith("ImportError: pycudnnrnn.torch needs PyTorch, but importing "
                            "PyTorch failed"), line
-    assert "pip install 'pycudnnrnn[torch]'" in line and "libfake.so" in line, line
+    assert "pip install '.[torch]'" in line and "libfake.so" in line, line
 
 
 def test_keras_missing_names_the_keras_extra():
     line = _import_without("pycudnnrnn.keras", ["keras"])
-    assert "Keras is not installed" in line and "pip install 'pycudnnrnn[keras,jax]'" in line
+    assert "Keras is not installed" in line and "pip install '.[keras,jax]'" in line
     assert "KERAS_BACKEND=jax or torch" in line, line
 
 
@@ -93,7 +94,7 @@ def test_keras_without_a_usable_backend_says_to_set_keras_backend(env, refused, 
     _needs("keras")
     line = _import_without("pycudnnrnn.keras", refused, env, tmp_path=tmp_path)
     assert "set KERAS_BACKEND=jax or torch and install that extra" in line, line
-    assert "pip install 'pycudnnrnn[keras,jax]'" in line, line
+    assert "pip install '.[keras,jax]'" in line, line
     backend = env.get("KERAS_BACKEND", "tensorflow")
     name = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}[backend]
     assert f"Keras's backend is {name}" in line and f"{name} is not installed" in line, line

@@ -22,12 +22,12 @@ FRAMEWORKS = {
     "tensorflow": ("tensorflow", "tensorflow", "TensorFlow"),
 }
 
-_KERAS_INSTALL = ("`pip install 'pycudnnrnn[keras,jax]'` or "
-                  "`pip install 'pycudnnrnn[keras,torch]'`")
+_KERAS_INSTALL = ("`pip install '.[keras,jax]'` or `pip install '.[keras,torch]'` or "
+                  "`pip install '.[keras,tensorflow]'` (from the root of a checkout)")
 
 
 def install(extra: str) -> str:
-    return f"`pip install 'pycudnnrnn[{extra}]'`"
+    return f"`pip install '.[{extra}]'` (from the root of a checkout)"
 
 
 def _missing(exc: ImportError) -> str | None:

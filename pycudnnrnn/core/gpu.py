@@ -38,8 +38,9 @@ def cupy():
     except ImportError as exc:
         raise CudnnUnavailableError(
             "CuPy is not installed, so the cuDNN backend has no usable GPU: CUDA arrays need the "
-            "GPU extra (CuPy and cuDNN), `pip install 'pycudnnrnn[cuda12]'` (CUDA 12 and 13 "
-            f"drivers) or `pip install 'pycudnnrnn[cuda13]'` (CUDA 13) ({exc})") from exc
+            "GPU extra (CuPy and cuDNN), `pip install '.[cuda12]'` (CUDA 12 and 13 "
+            f"drivers) or `pip install '.[cuda13]'` (CUDA 13), from the root of a checkout "
+            f"({exc})") from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no driver (CUDA then calls it "insufficient"), or no device

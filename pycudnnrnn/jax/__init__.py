@@ -28,7 +28,7 @@ is about them. Nothing is compiled.
   the whole batch) cannot give. A mapped ``params`` is always mapped sequentially.
 
 ``import pycudnnrnn`` does not import this module (nor JAX). Without JAX, importing it
-raises an ``ImportError`` naming the extra, ``pip install 'pycudnnrnn[jax]'``.
+raises an ``ImportError`` naming the extra, ``pip install '.[jax]'``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ kernels run those same kernels for float32 and float64 without a dropout mask, a
 NumPy backend otherwise; ``set_cpu_kernels("numpy")`` sends every CPU call to the NumPy
 backend. CUDA tensors run on cuDNN, through DLPack without copies. Importing this package
 imports torch (``import pycudnnrnn`` does not); without PyTorch it raises an
-``ImportError`` naming the extra, ``pip install 'pycudnnrnn[torch]'``.
+``ImportError`` naming the extra, ``pip install '.[torch]'``.
 """
 
 from ..core.extras import require as _require

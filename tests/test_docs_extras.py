@@ -23,7 +23,7 @@ from test_docs_blocks import PAGES, ROOT, python_blocks
 DISTRIBUTIONS = {
     "numpy": ("numpy",), "ml_dtypes": ("ml_dtypes",), "threadpoolctl": ("threadpoolctl",),
     "torch": ("torch",), "jax": ("jax",), "jaxlib": ("jaxlib",), "optax": ("optax",),
-    "flax": ("flax",), "orbax": ("orbax-checkpoint",), "keras": ("keras",),
+    "flax": ("flax",), "orbax": ("orbax-checkpoint",), "keras": ("keras",), "tensorflow": ("tensorflow", "tensorflow-cpu"),
     "matplotlib": ("matplotlib",), "cupy": ("cupy-cuda12x", "cupy-cuda13x"),
     "IPython": ("ipython",), "ipywidgets": ("ipywidgets",),
 }
@@ -37,6 +37,8 @@ BRINGS = {
     "matplotlib": ("numpy",),
     "jupyter": ("ipython",),
     "keras": ("numpy",),
+    "tensorflow": ("keras", "numpy"),
+    "tensorflow-cpu": ("keras", "numpy"),
     "torch": (),
 }
 

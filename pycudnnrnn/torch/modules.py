@@ -316,8 +316,11 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         attrs = dict(rnn_mode=self.rnn_mode, input_mode="linear_input",
                      direction="bidirectional" if self.bidirectional else "unidirectional",
                      num_proj=self.proj_size, time_major=time_major)
+        # A packed batch's rows run in its own order, as torch.nn runs them: tied lengths
+        # summed into the weights' gradients in another order would round otherwise.
         return self._run(data, h0, c0, weights, bool(self.bias), lengths, attrs,
-                         self.num_layers, zero_states=hx is None, torch_states=True)
+                         self.num_layers, zero_states=hx is None, torch_states=True,
+                         order=None if packed is None else packed.sorted_indices)
 
     def _draws_masks(self) -> bool:
         """Whether a call draws dropout masks now (training, dropout, two layers or more)."""

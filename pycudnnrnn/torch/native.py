@@ -6,9 +6,10 @@ projection, packed lengths), with PyTorch's autograd and its oneDNN kernels, at 
 of one dispatch; the op's own CPU backend (NumPy) is what the tests hold this route
 against. What the op adds on top is done here:
 
-* sequence lengths in any order, a length 0 among them: the rows that run are sorted and
-  packed (so padding, NaN or not, is never read), and put back in the caller's order; a
-  row of length 0 outputs zeros and keeps its initial state, as cuDNN. A ragged call that
+* sequence lengths in any order, a length 0 among them: the rows that run are sorted
+  (ties in the caller's order; a PackedSequence's rows in its own) and packed (so
+  padding, NaN or not, is never read), and put back in the caller's order; a row of
+  length 0 outputs zeros and keeps its initial state, as cuDNN. A ragged call that
   records a gradient takes the full-length kernel where that is faster (``_ragged_route``:
   PyTorch's autograd of its kernel for packed rows is a per-step loop): a large LSTM as
   runs between consecutive lengths, a GRU or RNN on zeroed padding;
@@ -96,7 +97,7 @@ def takes(input, weights, input_mode="linear_input") -> bool:
 
 def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode, direction,
         time_major, dropout=0.0, train=False, is_training=True, zero_states=False,
-        torch_states=False, input_mode="linear_input"):
+        torch_states=False, input_mode="linear_input", order=None):
     """``(output, output_h, output_c)`` as the op gives them, on PyTorch's kernels.
 
     Arguments in the op's layout and convention; `weights` torch.nn's list (`has_biases`
@@ -107,12 +108,15 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
     ``[L·D, B, ·]`` even when batch-major, as torch.nn's (no transposes either way).
     `input_mode` "skip_input" (flat params only): layer 0 adds its input to every gate, as
     an input matrix of stacked identities would (what ``second_order`` recomputes with).
+    `order`: the rows' order for PyTorch's kernel on packed rows (a PackedSequence's
+    ``sorted_indices``: torch.nn's kernel runs them so); by default by length, longest
+    first, ties in the caller's order.
     """
     if not is_training:
         with torch.no_grad():
             results = rnn(input, input_h, input_c, weights, has_biases, sequence_lengths,
                           rnn_mode, direction, time_major, zero_states=zero_states,
-                          torch_states=torch_states)
+                          torch_states=torch_states, order=order)
         sources = [t for t in (input, input_h, input_c, *weights)
                    if t is not None and t.requires_grad]
         if not (sources and torch.is_grad_enabled()):
@@ -152,7 +156,7 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
     else:
         output, states = _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout,
                                  train, bidirectional, time_major, sequence_lengths, lstm,
-                                 zero_states, empty)
+                                 zero_states, empty, order)
     output_h = states[0]
     output_c = states[1] if lstm else output.new_empty((0,))
     if transpose:
@@ -192,29 +196,36 @@ def _ragged_lengths(lengths, input, time_major) -> tuple[bool, bool]:
 
 
 def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
-            bidirectional, time_major, lengths, lstm, zero_states, empty):
+            bidirectional, time_major, lengths, lstm, zero_states, empty, order=None):
     """The kernel on packed rows, results in the caller's order (``torch.nn``'s recipe for
     a PackedSequence of unsorted lengths); rows of length 0, which packing refuses, are
-    left out of it and keep their state."""
+    left out of it and keep their state.
+
+    The rows run in `order` (see ``rnn``), by default sorted stably: the weights'
+    gradients sum over the rows in the order they run, so tied rows taken in another
+    order than torch.nn's (an unstable sort's) give other roundings."""
     batch_axis, T = (1, input.shape[0]) if time_major else (0, input.shape[1])
     states = hx if lstm else [hx]
+    order = torch.sort(lengths, descending=True, stable=True).indices if order is None \
+        else order.cpu()
     if empty:  # run the others; their results go back among the empty rows' below
-        rows = (lengths > 0).nonzero().squeeze(1)
-        input, lengths = input.index_select(batch_axis, rows), lengths[rows]
-    packed = pack_padded_sequence(input, lengths, batch_first=not time_major,
-                                  enforce_sorted=False)
-    order = packed.sorted_indices
-    sorted_states = [s[:, :len(order)] if zero_states else
-                     s.index_select(1, rows[order] if empty else order) for s in states]
+        order = order[lengths[order] > 0]
+    rows = order.to(input.device)
+    packed = pack_padded_sequence(input.index_select(batch_axis, rows), lengths[order],
+                                  batch_first=not time_major, enforce_sorted=True)
+    sorted_states = [s[:, :len(order)] if zero_states else s.index_select(1, rows)
+                     for s in states]
     data, *finals = kernel(packed.data, packed.batch_sizes,
                            sorted_states if lstm else sorted_states[0], weights, has_biases,
                            num_layers, dropout, train, bidirectional)
-    output, _ = pad_packed_sequence(
-        PackedSequence(data, packed.batch_sizes, order, packed.unsorted_indices),
-        batch_first=not time_major, total_length=T)
-    finals = [f.index_select(1, packed.unsorted_indices) for f in finals]
     if not empty:
-        return output, finals
+        unsorted = torch.argsort(rows)
+        output, _ = pad_packed_sequence(
+            PackedSequence(data, packed.batch_sizes, rows, unsorted),
+            batch_first=not time_major, total_length=T)
+        return output, [f.index_select(1, unsorted) for f in finals]
+    output, _ = pad_packed_sequence(PackedSequence(data, packed.batch_sizes),  # in `rows`' order
+                                    batch_first=not time_major, total_length=T)
     shape = list(output.shape)
     shape[batch_axis] = states[0].shape[1]
     return (output.new_zeros(shape).index_copy(batch_axis, rows, output),

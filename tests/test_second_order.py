@@ -83,6 +83,17 @@ def route(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["torch-kernels", "numpy-kernels", "stand-in"])
+def every_route(request, monkeypatch):
+    """``route``'s two, and the CPU's default: PyTorch's kernels (a transform's calls take
+    the op there too, on PyTorch's kernels inside)."""
+    if request.param != "torch-kernels":
+        monkeypatch.setattr(native._choice, "kernels", "numpy")
+    if request.param == "stand-in":
+        request.getfixturevalue("torch_on_stand_in")
+    return request.param
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c[:5])))
 def test_second_order_equals_finite_differences_of_the_first(config, route):
     function, inputs = _call(config)
@@ -139,6 +150,30 @@ def test_torch_func_transforms_equal_torch_nn(transform, mode):
     found = [TRANSFORMS[transform](lambda x: m(x)[0].square().sum() if transform != "jvp"
                                    else m(x)[0], x) for m in (reference, ours)]
     torch.testing.assert_close(found[1], found[0], rtol=1e-10, atol=1e-12)
+
+
+def test_a_pullback_of_a_gradient_called_after_its_transform_equals_torch_nn(every_route):
+    """``torch.func.vjp(torch.func.grad(f), x)``'s pullback called outside any transform:
+    with grad mode on (the pullback then records a graph: a third derivative, where `x`
+    requires grad) and off. It saw the transform's tensors, wrappers of a level gone, and
+    raised "One of the differentiated Tensors does not require grad"."""
+    reference, ours = _pair(torch.nn.LSTM, I, H, 2, seed=0)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    v = torch.randn_like(x)
+    found = []
+    for module in (reference, ours):
+        loss = lambda x: module(x)[0].square().sum()
+        _, pullback = torch.func.vjp(torch.func.grad(loss), x)
+        (recorded,) = pullback(v)
+        with torch.no_grad():
+            (plain,) = pullback(v)
+        leaf = x.clone().requires_grad_()
+        _, pullback = torch.func.vjp(torch.func.grad(loss), leaf)
+        (third,) = torch.autograd.grad(pullback(v)[0].sin().sum(), leaf)
+        found.append((recorded, plain, third))
+    for got, want in zip(*found, strict=True):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 def test_the_second_order_is_computed_only_when_asked_for(route, monkeypatch):

@@ -160,6 +160,11 @@ def _by_autograd(call, inputs, cotangents):
     pass through the other's alias, and is not counted here as well as by autograd.
     """
     refuse_dropout(call)
+    # A pullback of torch.func.vjp called after its transform returned runs this on its
+    # saved tensors, wrappers of a level now gone: their values, as autograd knows them
+    # here (a wrapper's requires_grad is its gone level's; its view would not be).
+    inputs = [_unwrap_if_dead(t) for t in inputs]
+    cotangents = [_unwrap_if_dead(c) for c in cotangents]
     higher = torch.is_grad_enabled()
     leaves = [t if not _floating(t) else t.view_as(t) if higher and t.requires_grad
               else t.detach().requires_grad_() for t in inputs]
@@ -263,6 +268,13 @@ def _spread_results(found, inputs, call):
     n = call.num_weights
     it = iter(found)
     return [next(it) if _floating(t) else None for t in inputs[:3 + n]]
+
+
+def _unwrap_if_dead(t):
+    """`t`, or the tensor it wraps where it is a wrapper of a torch.func level gone."""
+    if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return torch._C._functorch.unwrap_if_dead(t)
+    return t
 
 
 def _floating(t) -> bool:

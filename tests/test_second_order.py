@@ -176,6 +176,42 @@ def test_a_pullback_of_a_gradient_called_after_its_transform_equals_torch_nn(eve
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+def test_torch_autograds_own_batching_equals_torch_nn(every_route):
+    """``vectorize=True`` of ``torch.autograd.functional.hessian`` and ``jacobian``, and
+    ``torch.autograd.grad(is_grads_batched=True)`` (first order, and with a graph, then
+    differentiated again) batch their tensors as torch.func does not, with a fallback that
+    takes no list of tensors: the op's route raised "Batching rule not implemented for
+    pycudnnrnn::backprop_weights". That vmap runs a forward on the op's route too; on
+    PyTorch's kernels it refuses, as for torch.nn."""
+    from torch._vmap_internals import _vmap
+    reference, ours = _pair(torch.nn.GRU, I, H, 2, bidirectional=True, seed=0)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    vectors = torch.randn(5, T, B, 2 * H, dtype=torch.float64)
+    found = []
+    for module in (reference, ours):
+        loss = lambda x: module(x)[0].square().sum()
+        run = lambda x: module(x)[0]
+        leaf = x.clone().requires_grad_()
+        (batched,) = torch.autograd.grad(run(leaf), leaf, vectors, is_grads_batched=True,
+                                         create_graph=True)
+        (again,) = torch.autograd.grad(batched.square().sum(), leaf)
+        found.append((torch.autograd.functional.hessian(loss, x, vectorize=True),
+                      torch.autograd.functional.jacobian(run, x, vectorize=True),
+                      batched, again))
+    for got, want in zip(*found, strict=True):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    xs = torch.stack([x, x.flip(0)])
+    if every_route == "torch-kernels":
+        for module in (reference, ours):
+            with pytest.raises(RuntimeError, match="Batching rule not implemented for aten::gru"):
+                _vmap(lambda x: module(x)[0])(xs)
+    else:
+        torch.testing.assert_close(_vmap(lambda x: ours(x)[0])(xs),
+                                   torch.stack([reference(x)[0] for x in xs]),
+                                   rtol=1e-10, atol=1e-12)
+
+
 def test_the_second_order_is_computed_only_when_asked_for(route, monkeypatch):
     """First-order steps, with or without create_graph, never recompute; the second
     derivative recomputes once."""

@@ -54,9 +54,41 @@ def first_order(run, options, data, weights, grads, extras):
             isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)):
         return run(*data, weights, *grads, extras)
     call = _Call(run, options, len(weights), extras[0], data[1])
+    if not transformed and any(_legacy_batched(t) for t in inputs):
+        return _recorded(call, data, weights, grads)
     results = _FirstOrder.apply(call, *inputs, *extras)
     results = iter(results if isinstance(results, tuple) else (results,))
     return [next(results) if p else None for p in call.present]
+
+
+def _legacy_batched(t) -> bool:
+    """Whether `t` is batched by torch.autograd's own vmap (``is_grads_batched=True``,
+    ``vectorize=True``), which is not torch.func's."""
+    return isinstance(t, torch.Tensor) and torch._C._functorch.is_legacy_batchedtensor(t)
+
+
+def _recorded(call, data, weights, grads):
+    """``first_order``'s results ``[dx, dh, dc, *weight_grads]`` (all of them), by
+    autograd with a graph on PyTorch's kernels, recomputed.
+
+    For tensors batched by torch.autograd's own vmap: its batched tensors keep a graph of
+    the operators it dispatches, not of an ``autograd.Function`` (``_FirstOrder``'s node
+    is lost when the batch is taken out). The inputs that require grad take part through
+    aliases, so each result is a partial derivative (as in ``_by_autograd``).
+    """
+    refuse_dropout(call)
+    inputs = [*data, *weights]
+    aliases = [t.view_as(t) if _floating(t) and t.requires_grad else
+               t.detach().requires_grad_() if _floating(t) else t for t in inputs]
+    variables = [a for a in aliases if _floating(a)]
+    with torch.enable_grad(), _without_cudnn(data[0]):
+        outputs = recompute(call, aliases[:3], aliases[3:])
+        used = [(o, g) for o, g in zip(outputs, grads) if _floating(g) and o.requires_grad]
+        found = torch.autograd.grad([o for o, _ in used], variables, [g for _, g in used],
+                                    create_graph=True, allow_unused=True) if used else \
+            [None] * len(variables)
+    found = iter(torch.zeros_like(v) if f is None else f for v, f in zip(variables, found))
+    return [next(found) if _floating(t) else None for t in inputs]
 
 
 class _Call:

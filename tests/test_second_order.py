@@ -212,6 +212,43 @@ def test_torch_autograds_own_batching_equals_torch_nn(every_route):
                                    rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("transform", [t for t in TRANSFORMS if t != "jacrev(grad)"])
+@pytest.mark.parametrize("mapped", ["input", "input-beside-h_0", "h_0", "weights"])
+def test_vmap_of_second_orders_with_an_unmapped_state_equals_torch_nn_per_element(
+        transform, mapped, every_route):
+    """``vmap`` over ``jvp``, ``grad(grad)``, ``hessian`` with h_0 not mapped over (or not
+    given: zeros) while the input or the weights are, or the reverse: PyTorch's kernels,
+    on which they are recomputed, update the states in place, and failed there with "output
+    with shape [...] doesn't match the broadcast shape [...]" (torch.nn fails so too, even
+    for vmap of grad). Against torch.nn on each element in turn."""
+    from torch.func import functional_call
+    reference, ours = _pair(torch.nn.LSTM, I, H, 2, seed=0)
+    xs = torch.randn(2, T, B, I, dtype=torch.float64)
+    states = tuple(torch.randn(2, 2, B, H, dtype=torch.float64) for _ in range(2))
+    weights = {k: torch.stack([p.detach(), p.detach().flip(0)])
+               for k, p in reference.named_parameters()}
+    apply = TRANSFORMS[transform]
+    output = (lambda y: y) if transform == "jvp" else (lambda y: y.square().sum())
+
+    def element(module, x, state, params):
+        run = lambda x: output(functional_call(module, params, (x, state))[0])
+        return apply(run, x)
+
+    def at(k):  # element k's arguments: what is mapped taken at k (h_0 given or zeros)
+        return (xs[k] if mapped.startswith("input") else xs[0],
+                tuple(s[k] for s in states) if mapped == "h_0" else
+                tuple(s[0] for s in states) if mapped == "input-beside-h_0" else None,
+                {n: w[k] for n, w in weights.items()} if mapped == "weights"
+                else {n: w[0] for n, w in weights.items()})
+
+    dims = (0 if mapped.startswith("input") else None, 0 if mapped == "h_0" else None,
+            0 if mapped == "weights" else None)
+    got = torch.func.vmap(lambda *a: element(ours, *a), in_dims=dims)(*at(slice(None)))
+    want = torch.stack([element(reference, *at(k)) for k in range(2)])
+    assert want.abs().max() > 0
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_the_second_order_is_computed_only_when_asked_for(route, monkeypatch):
     """First-order steps, with or without create_graph, never recompute; the second
     derivative recomputes once."""

@@ -323,6 +323,15 @@ def recompute(call, data, weights):
     """The op's ``(output, output_h, output_c)`` on PyTorch's kernels, from `data`
     ``(input, input_h, input_c)`` and `weights`, as ``call`` ran it."""
     input, input_h, input_c = data
+    if torch._C._functorch.maybe_current_level() is not None:
+        # Under vmap PyTorch's kernels update the states in place: an unbatched state (an
+        # h_0 not mapped over, or zeros) meeting a batched input or weights there fails
+        # ("output with shape [...] doesn't match the broadcast shape"). Tied to them by a
+        # zero that depends on them, the states are batched where they are; values and
+        # derivatives are the same.
+        tie = native.zero_tie(input, *weights)
+        input_h = input_h + tie
+        input_c = None if input_c is None else input_c + tie
     has_biases = call.has_biases
     return native.rnn(input, input_h, input_c, list(weights), has_biases,
                       call.sequence_lengths, call.rnn_mode, call.direction, call.time_major,

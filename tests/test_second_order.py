@@ -249,6 +249,64 @@ def test_vmap_of_second_orders_with_an_unmapped_state_equals_torch_nn_per_elemen
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c[:5])))
+def test_torch_func_transforms_take_a_ragged_batch(config, every_route):
+    """torch.func's ``hessian``, ``jvp(grad)``, ``grad(grad)`` and ``jvp`` with sequence
+    lengths (zeros among them): their recomputation ran PyTorch's kernel for packed rows,
+    which fails under them ("Cannot access data pointer of Tensor that doesn't have
+    storage"). Against the same derivatives by ``torch.autograd`` of PyTorch's kernels."""
+    function, (x, *rest) = _call(config)
+    reference = _reference(config)
+    x, rest = x.detach(), [t.detach() for t in rest]
+    v = x.cos()
+    found = []
+    for run in (function, reference):
+        loss = lambda x: run(x, *rest)[0].tanh().sum()
+        output = lambda x: run(x, *rest)[0]
+        if run is function:
+            found.append((torch.func.hessian(loss)(x),
+                          torch.func.jvp(torch.func.grad(loss), (x,), (v,))[1],
+                          torch.func.grad(lambda x: torch.func.grad(loss)(x).square().sum())(x),
+                          torch.func.jvp(output, (x,), (v,))[1]))
+            continue
+        leaf = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(loss(leaf), leaf, create_graph=True)
+        found.append((torch.autograd.functional.hessian(loss, x),
+                      torch.autograd.functional.hvp(loss, x, v)[1],
+                      torch.autograd.grad(g.square().sum(), leaf)[0],
+                      torch.autograd.functional.jvp(output, x, v)[1]))
+    for got, want in zip(*found, strict=True):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_torch_func_hessian_of_a_drop_in_with_sequence_lengths_equals_torch_nn(kind):
+    """A drop-in on padded input with ``sequence_lengths`` under ``torch.func.hessian``,
+    against torch.nn's on the packed batch by ``torch.autograd.functional``. On a
+    PackedSequence both fail under torch.func (PyTorch's packing utilities do): ours with
+    torch.nn's words, then the way out."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    reference, ours = _pair(getattr(torch.nn, kind), I, H, 2, bidirectional=True, seed=0)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    lengths = [2, 4, 1]
+
+    def packed(module):
+        return lambda x: pad_packed_sequence(module(pack_padded_sequence(
+            x, lengths, enforce_sorted=False))[0])[0].tanh().sum()
+
+    want = torch.autograd.functional.hessian(packed(reference), x)
+    assert want.abs().max() > 0
+    got = torch.func.hessian(lambda x: ours(x, sequence_lengths=lengths)[0].tanh().sum())(x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    with pytest.raises(RuntimeError, match="Cannot access data pointer of Tensor"):
+        torch.func.grad(packed(reference))(x)
+    with pytest.raises(RuntimeError, match=f"^Cannot access data pointer of Tensor(.|\n)*"
+                       f"pycudnnrnn.torch.{kind} got a PackedSequence(.|\n)*"
+                       f"sequence_lengths=lengths"):
+        torch.func.grad(packed(ours))(x)
+
+
 def test_the_second_order_is_computed_only_when_asked_for(route, monkeypatch):
     """First-order steps, with or without create_graph, never recompute; the second
     derivative recomputes once."""

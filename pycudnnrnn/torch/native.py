@@ -148,8 +148,8 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
                                  bidirectional, not time_major)
     elif (route := _ragged_route(rnn_mode, input, hx, weights, time_major, sequence_lengths,
                                  bool(dropout) and train and num_layers > 1)) == "runs":
-        output, states = _lstm_runs(kernel, input, hx, weights, has_biases, bidirectional,
-                                    time_major, sequence_lengths)
+        output, states = _runs(kernel, input, hx if lstm else [hx], weights, has_biases,
+                               bidirectional, time_major, sequence_lengths)
     elif route == "zeroed":
         output, states = _zeroed_padding(kernel, input, hx, weights, has_biases,
                                          bidirectional, time_major, sequence_lengths)
@@ -249,7 +249,7 @@ def zero_tie(*tensors):
 
 
 #: Batch × state size from which a ragged LSTM call that records a gradient runs as runs
-#: of the full-length kernel (``_lstm_runs``). Measured (docs/performance.md): a training
+#: of the full-length kernel (``_runs``). Measured (docs/performance.md): a training
 #: step of T64 B32 H256 takes 46–54 ms this way against 63–67 ms on the packed kernel,
 #: T128 B64 H512 0.68–0.78 s against 2.5–2.8 s; T32 B16 H64 10–12 ms against 7 ms.
 RUNS_FROM = 32 * 256
@@ -263,30 +263,35 @@ ZEROED_UP_TO = 2.0
 
 def _ragged_route(rnn_mode, input, hx, weights, time_major, lengths, dropout) -> str:
     """How a ragged call runs: ``"packed"`` (PyTorch's kernel for packed rows), ``"runs"``
-    (``_lstm_runs``) or ``"zeroed"`` (``_zeroed_padding``). PyTorch's autograd of its
+    (``_runs``) or ``"zeroed"`` (``_zeroed_padding``). PyTorch's autograd of its
     kernel for packed rows is a per-step loop: calls that record a gradient and draw no
     dropout mask (drawn on the packed rows, as torch.nn's kernel draws it) take the
-    full-length kernel instead where it is faster; without a gradient it is as fast."""
+    full-length kernel instead where it is faster; without a gradient it is as fast.
+    Inside torch.func's transforms (the second order's recomputations) the kernel for
+    packed rows fails ("Cannot access data pointer of Tensor that doesn't have
+    storage"): there every call without dropout takes the full-length kernel."""
     lstm = rnn_mode == "lstm"
     states = hx if lstm else [hx]
-    if dropout or not (torch.is_grad_enabled()
+    transformed = torch._C._functorch.maybe_current_level() is not None
+    if dropout or not (transformed or torch.is_grad_enabled()
                        and any(t.requires_grad for t in (input, *states, *weights))):
         return "packed"
     T, B = (input.shape[0], input.shape[1]) if time_major else (input.shape[1], input.shape[0])
     if lstm:
-        return "runs" if B * states[-1].shape[-1] >= RUNS_FROM else "packed"
+        return "runs" if transformed or B * states[-1].shape[-1] >= RUNS_FROM else "packed"
     # Not a relu RNN: its state is unbounded, and a row's steps past its end could grow
     # until they overflow, where inf · 0 in the weight gradients' products is NaN. (A GRU's
     # state is a blend of tanh and the state before: bounded by the row's last one.)
     zeroed = rnn_mode != "rnn_relu" and T * B <= ZEROED_UP_TO * int(lengths.sum())
-    return "zeroed" if zeroed else "packed"
+    return "zeroed" if zeroed else "runs" if transformed else "packed"
 
 
-def _lstm_runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
-    """``(output, [h_n, c_n])`` of a ragged LSTM batch, each layer and direction as runs of the
-    full-length kernel: rows sorted by length, one run for the steps between two
-    consecutive lengths, on the rows still going. Padding is never read; a row of length 0
-    keeps its states, and outputs zeros."""
+def _runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
+    """``(output, states)`` of a ragged batch (`states`: ``[h, c]`` of an LSTM, ``[h]``
+    else), each layer and direction as runs of the full-length kernel: rows sorted by
+    length, one run for the steps between two consecutive lengths, on the rows still
+    going. Padding is never read; a row of length 0 keeps its states, and outputs
+    zeros."""
     x = input if time_major else input.transpose(0, 1)  # [T, B, ·] from here on
     order = torch.argsort(lengths, descending=True, stable=True)
     lengths = lengths[order]
@@ -363,15 +368,15 @@ def _layers(x, lengths, count, bidirectional, direction):
 
 
 def _layer_runs(kernel, x, states, weights, has_biases, stops, going):
-    """One layer and direction of ``_lstm_runs``: ``(output, final states)``. `x`: rows
+    """One layer and direction of ``_runs``: ``(output, final states)``. `x`: rows
     sorted by length, longest first; `stops`: the distinct nonzero lengths, ascending;
     `going`: how many rows each run takes (those of length at least its stop)."""
     T, B = x.shape[:2]
     outputs, ends, start, now = [], [[] for _ in states], 0, states
     for stop, rows, after in zip(stops, going, going[1:] + [0]):
         hx = [s[:, :rows] for s in now]
-        y, *now = kernel(x[start:stop, :rows], hx, weights, has_biases, 1, 0.0, False, False,
-                         False)
+        y, *now = kernel(x[start:stop, :rows], hx if len(hx) == 2 else hx[0], weights,
+                         has_biases, 1, 0.0, False, False, False)
         outputs.append(torch.nn.functional.pad(y, (0, 0, 0, B - rows)))
         for end, s in zip(ends, now):
             end.append(s[:, after:])  # the rows whose last step this was

@@ -514,6 +514,41 @@ def test_second_order_dropout_is_a_reusable_context_for_checkpoint(route):
     assert not layerwise.active()
 
 
+def test_a_reentrant_checkpoint_recomputes_layer_by_layer_where_the_forward_ran_so(route):
+    """``checkpoint(use_reentrant=True)`` runs its forward under no_grad, then again in
+    backward, with the generator as it was. A forward inside ``second_order_dropout()``
+    whose backward runs outside it was recomputed as one multi-layer call, with other
+    masks: gradients off by 12 % and more, silently. Now the recomputation runs layer by
+    layer where the forward did (a module and the functional call inside the context),
+    and as one call where it did (a module outside), whatever the context is then."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    inside = prt.LSTM(I, H, 3, dropout=0.5, dtype=torch.float64)
+    outside = prt.GRU(2 * H, H, 2, dropout=0.5, dtype=torch.float64)
+    function, (_, h, params, c) = _call(CONFIGS[0], dropout=0.4)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    leaves = [x, h, params, c, *inside.parameters(), *outside.parameters()]
+
+    def first(x):
+        return torch.cat([inside(x)[0], function(x, h, params, c)[0][..., :H]], -1)
+
+    def second(y):
+        return outside(y)[0]
+
+    found = []
+    for wrap in (lambda f: f, lambda f: lambda x: checkpoint(f, x, use_reentrant=True)):
+        torch.manual_seed(6)
+        with prt.second_order_dropout():
+            y = wrap(first)(x)
+        wrap(second)(y).tanh().sum().backward()  # outside the context
+        found.append([t.grad.clone() for t in leaves])
+        for t in leaves:
+            t.grad = None
+    for got, want in zip(*reversed(found), strict=True):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_second_order_dropout_compiles_a_flat_buffer_in_one_graph(dynamic, monkeypatch):
     """``CudnnRNN`` (one flat buffer, cut into layers) compiled with ``fullgraph=True``

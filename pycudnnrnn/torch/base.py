@@ -138,7 +138,8 @@ class SeededRNN:
         grad = torch.jit.is_tracing() or torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
         attrs = dict(attrs, dropout=dropout)
-        by_layer = layerwise.active()  # read once: the seed and the route must agree
+        # read once: the seed and the route must agree
+        by_layer = layerwise.by_layer(self, input.device, dropout > 0)
         seed = None if by_layer else self._seed(input, dropout)
         output, h_n, c_n = apply(input, h0, c0, weights, sequence_lengths, seed, attrs,
                                  has_biases, self.training or grad, by_layer)

@@ -83,6 +83,17 @@ def route(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["torch-kernels", "numpy-kernels", "stand-in"])
+def every_route(request, monkeypatch):
+    """``route``'s two, and the CPU's default: PyTorch's kernels (a transform's calls take
+    the op there too, on PyTorch's kernels inside)."""
+    if request.param != "torch-kernels":
+        monkeypatch.setattr(native._choice, "kernels", "numpy")
+    if request.param == "stand-in":
+        request.getfixturevalue("torch_on_stand_in")
+    return request.param
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c[:5])))
 def test_second_order_equals_finite_differences_of_the_first(config, route):
     function, inputs = _call(config)
@@ -139,6 +150,161 @@ def test_torch_func_transforms_equal_torch_nn(transform, mode):
     found = [TRANSFORMS[transform](lambda x: m(x)[0].square().sum() if transform != "jvp"
                                    else m(x)[0], x) for m in (reference, ours)]
     torch.testing.assert_close(found[1], found[0], rtol=1e-10, atol=1e-12)
+
+
+def test_a_pullback_of_a_gradient_called_after_its_transform_equals_torch_nn(every_route):
+    """``torch.func.vjp(torch.func.grad(f), x)``'s pullback called outside any transform:
+    with grad mode on (the pullback then records a graph: a third derivative, where `x`
+    requires grad) and off. It saw the transform's tensors, wrappers of a level gone, and
+    raised "One of the differentiated Tensors does not require grad"."""
+    reference, ours = _pair(torch.nn.LSTM, I, H, 2, seed=0)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    v = torch.randn_like(x)
+    found = []
+    for module in (reference, ours):
+        loss = lambda x: module(x)[0].square().sum()
+        _, pullback = torch.func.vjp(torch.func.grad(loss), x)
+        (recorded,) = pullback(v)
+        with torch.no_grad():
+            (plain,) = pullback(v)
+        leaf = x.clone().requires_grad_()
+        _, pullback = torch.func.vjp(torch.func.grad(loss), leaf)
+        (third,) = torch.autograd.grad(pullback(v)[0].sin().sum(), leaf)
+        found.append((recorded, plain, third))
+    for got, want in zip(*found, strict=True):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_torch_autograds_own_batching_equals_torch_nn(every_route):
+    """``vectorize=True`` of ``torch.autograd.functional.hessian`` and ``jacobian``, and
+    ``torch.autograd.grad(is_grads_batched=True)`` (first order, and with a graph, then
+    differentiated again) batch their tensors as torch.func does not, with a fallback that
+    takes no list of tensors: the op's route raised "Batching rule not implemented for
+    pycudnnrnn::backprop_weights". That vmap runs a forward on the op's route too; on
+    PyTorch's kernels it refuses, as for torch.nn."""
+    from torch._vmap_internals import _vmap
+    reference, ours = _pair(torch.nn.GRU, I, H, 2, bidirectional=True, seed=0)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    vectors = torch.randn(5, T, B, 2 * H, dtype=torch.float64)
+    found = []
+    for module in (reference, ours):
+        loss = lambda x: module(x)[0].square().sum()
+        run = lambda x: module(x)[0]
+        leaf = x.clone().requires_grad_()
+        (batched,) = torch.autograd.grad(run(leaf), leaf, vectors, is_grads_batched=True,
+                                         create_graph=True)
+        (again,) = torch.autograd.grad(batched.square().sum(), leaf)
+        found.append((torch.autograd.functional.hessian(loss, x, vectorize=True),
+                      torch.autograd.functional.jacobian(run, x, vectorize=True),
+                      batched, again))
+    for got, want in zip(*found, strict=True):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    xs = torch.stack([x, x.flip(0)])
+    if every_route == "torch-kernels":
+        for module in (reference, ours):
+            with pytest.raises(RuntimeError, match="Batching rule not implemented for aten::gru"):
+                _vmap(lambda x: module(x)[0])(xs)
+    else:
+        torch.testing.assert_close(_vmap(lambda x: ours(x)[0])(xs),
+                                   torch.stack([reference(x)[0] for x in xs]),
+                                   rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("transform", [t for t in TRANSFORMS if t != "jacrev(grad)"])
+@pytest.mark.parametrize("mapped", ["input", "input-beside-h_0", "h_0", "weights"])
+def test_vmap_of_second_orders_with_an_unmapped_state_equals_torch_nn_per_element(
+        transform, mapped, every_route):
+    """``vmap`` over ``jvp``, ``grad(grad)``, ``hessian`` with h_0 not mapped over (or not
+    given: zeros) while the input or the weights are, or the reverse: PyTorch's kernels,
+    on which they are recomputed, update the states in place, and failed there with "output
+    with shape [...] doesn't match the broadcast shape [...]" (torch.nn fails so too, even
+    for vmap of grad). Against torch.nn on each element in turn."""
+    from torch.func import functional_call
+    reference, ours = _pair(torch.nn.LSTM, I, H, 2, seed=0)
+    xs = torch.randn(2, T, B, I, dtype=torch.float64)
+    states = tuple(torch.randn(2, 2, B, H, dtype=torch.float64) for _ in range(2))
+    weights = {k: torch.stack([p.detach(), p.detach().flip(0)])
+               for k, p in reference.named_parameters()}
+    apply = TRANSFORMS[transform]
+    output = (lambda y: y) if transform == "jvp" else (lambda y: y.square().sum())
+
+    def element(module, x, state, params):
+        run = lambda x: output(functional_call(module, params, (x, state))[0])
+        return apply(run, x)
+
+    def at(k):  # element k's arguments: what is mapped taken at k (h_0 given or zeros)
+        return (xs[k] if mapped.startswith("input") else xs[0],
+                tuple(s[k] for s in states) if mapped == "h_0" else
+                tuple(s[0] for s in states) if mapped == "input-beside-h_0" else None,
+                {n: w[k] for n, w in weights.items()} if mapped == "weights"
+                else {n: w[0] for n, w in weights.items()})
+
+    dims = (0 if mapped.startswith("input") else None, 0 if mapped == "h_0" else None,
+            0 if mapped == "weights" else None)
+    got = torch.func.vmap(lambda *a: element(ours, *a), in_dims=dims)(*at(slice(None)))
+    want = torch.stack([element(reference, *at(k)) for k in range(2)])
+    assert want.abs().max() > 0
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c[:5])))
+def test_torch_func_transforms_take_a_ragged_batch(config, every_route):
+    """torch.func's ``hessian``, ``jvp(grad)``, ``grad(grad)`` and ``jvp`` with sequence
+    lengths (zeros among them): their recomputation ran PyTorch's kernel for packed rows,
+    which fails under them ("Cannot access data pointer of Tensor that doesn't have
+    storage"). Against the same derivatives by ``torch.autograd`` of PyTorch's kernels."""
+    function, (x, *rest) = _call(config)
+    reference = _reference(config)
+    x, rest = x.detach(), [t.detach() for t in rest]
+    v = x.cos()
+    found = []
+    for run in (function, reference):
+        loss = lambda x: run(x, *rest)[0].tanh().sum()
+        output = lambda x: run(x, *rest)[0]
+        if run is function:
+            found.append((torch.func.hessian(loss)(x),
+                          torch.func.jvp(torch.func.grad(loss), (x,), (v,))[1],
+                          torch.func.grad(lambda x: torch.func.grad(loss)(x).square().sum())(x),
+                          torch.func.jvp(output, (x,), (v,))[1]))
+            continue
+        leaf = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(loss(leaf), leaf, create_graph=True)
+        found.append((torch.autograd.functional.hessian(loss, x),
+                      torch.autograd.functional.hvp(loss, x, v)[1],
+                      torch.autograd.grad(g.square().sum(), leaf)[0],
+                      torch.autograd.functional.jvp(output, x, v)[1]))
+    for got, want in zip(*found, strict=True):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_torch_func_hessian_of_a_drop_in_with_sequence_lengths_equals_torch_nn(kind):
+    """A drop-in on padded input with ``sequence_lengths`` under ``torch.func.hessian``,
+    against torch.nn's on the packed batch by ``torch.autograd.functional``. On a
+    PackedSequence both fail under torch.func (PyTorch's packing utilities do): ours with
+    torch.nn's words, then the way out."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    reference, ours = _pair(getattr(torch.nn, kind), I, H, 2, bidirectional=True, seed=0)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    lengths = [2, 4, 1]
+
+    def packed(module):
+        return lambda x: pad_packed_sequence(module(pack_padded_sequence(
+            x, lengths, enforce_sorted=False))[0])[0].tanh().sum()
+
+    want = torch.autograd.functional.hessian(packed(reference), x)
+    assert want.abs().max() > 0
+    got = torch.func.hessian(lambda x: ours(x, sequence_lengths=lengths)[0].tanh().sum())(x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    with pytest.raises(RuntimeError, match="Cannot access data pointer of Tensor"):
+        torch.func.grad(packed(reference))(x)
+    with pytest.raises(RuntimeError, match=f"^Cannot access data pointer of Tensor(.|\n)*"
+                       f"pycudnnrnn.torch.{kind} got a PackedSequence(.|\n)*"
+                       f"sequence_lengths=lengths"):
+        torch.func.grad(packed(ours))(x)
 
 
 def test_the_second_order_is_computed_only_when_asked_for(route, monkeypatch):
@@ -346,6 +512,41 @@ def test_second_order_dropout_is_a_reusable_context_for_checkpoint(route):
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-14)
     assert not layerwise.active()
+
+
+def test_a_reentrant_checkpoint_recomputes_layer_by_layer_where_the_forward_ran_so(route):
+    """``checkpoint(use_reentrant=True)`` runs its forward under no_grad, then again in
+    backward, with the generator as it was. A forward inside ``second_order_dropout()``
+    whose backward runs outside it was recomputed as one multi-layer call, with other
+    masks: gradients off by 12 % and more, silently. Now the recomputation runs layer by
+    layer where the forward did (a module and the functional call inside the context),
+    and as one call where it did (a module outside), whatever the context is then."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    inside = prt.LSTM(I, H, 3, dropout=0.5, dtype=torch.float64)
+    outside = prt.GRU(2 * H, H, 2, dropout=0.5, dtype=torch.float64)
+    function, (_, h, params, c) = _call(CONFIGS[0], dropout=0.4)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    leaves = [x, h, params, c, *inside.parameters(), *outside.parameters()]
+
+    def first(x):
+        return torch.cat([inside(x)[0], function(x, h, params, c)[0][..., :H]], -1)
+
+    def second(y):
+        return outside(y)[0]
+
+    found = []
+    for wrap in (lambda f: f, lambda f: lambda x: checkpoint(f, x, use_reentrant=True)):
+        torch.manual_seed(6)
+        with prt.second_order_dropout():
+            y = wrap(first)(x)
+        wrap(second)(y).tanh().sum().backward()  # outside the context
+        found.append([t.grad.clone() for t in leaves])
+        for t in leaves:
+            t.grad = None
+    for got, want in zip(*reversed(found), strict=True):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -53,7 +53,7 @@ def test_the_modules_equal_the_op(kind, options, bidirectional, lengths, batch_f
 def test_a_ragged_training_call_on_the_full_length_kernel(kind, options, bidirectional,
                                                           lengths, batch_first, monkeypatch):
     """What large batches take: an LSTM as runs between consecutive lengths
-    (``native._lstm_runs``), a GRU or RNN on zeroed padding (``_zeroed_padding``)."""
+    (``native._runs``), a GRU or RNN on zeroed padding (``_zeroed_padding``)."""
     _force_full_length(monkeypatch)
     spied = "_layer_runs" if kind == "LSTM" else "_zeroed_padding"
     calls = []

@@ -193,8 +193,10 @@ def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_b
     What ``rnn`` and the modules call: under autocast every floating argument is cast to
     autocast's dtype first (the casts are differentiable, so gradients reach float32
     weights), then ``_RNN`` runs the op. `weights` as for ``_RNN``. `by_layer`: whether
-    ``second_order_dropout()`` is open, as the caller read it when it chose the seed
-    (None: read here); its masks are then PyTorch's, between one op call per layer.
+    the forward runs layer by layer (``layerwise.by_layer``: ``second_order_dropout()``
+    is open, or this recomputes a forward that ran so), as the caller read it when it
+    chose the seed (None: read here); its masks are then PyTorch's, between one op call
+    per layer.
     """
     dtype = autocast_dtype(input.device.type)
     if dtype is not None:
@@ -205,9 +207,9 @@ def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_b
                has_biases, bool(is_training))
     if onnx_export.exporting():  # ONNX's own recurrent operators, which any runtime runs
         return onnx_export.rnn(input, input_h, input_c, weights, sequence_lengths, options)
-    by_layer = layerwise.active() if by_layer is None else by_layer
-    if by_layer and layerwise.draws_masks(input_h, options[3], options[2], options[5],
-                                          options[7]):  # PyTorch's masks between layers
+    draws = layerwise.draws_masks(input_h, options[3], options[2], options[5], options[7])
+    by_layer = layerwise.by_layer(None, input.device, draws) if by_layer is None else by_layer
+    if by_layer and draws:  # PyTorch's masks between layers
         return layerwise.rnn(_differentiable_op, input, input_h, input_c, weights,
                              sequence_lengths, options)
     return _differentiable_op(input, input_h, input_c, weights, sequence_lengths, seed, options)

@@ -103,13 +103,14 @@ class SeededRNN:
         self._hold_seed()
 
     def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attrs, num_layers,
-             zero_states=False, torch_states=False):
+             zero_states=False, torch_states=False, order=None):
         """``(output, h_n, c_n)`` of the op on checked arguments, c_n empty unless LSTM.
 
         `weights` and `has_biases` as for ``autograd.apply``; `attrs` the op's attributes but
         dropout, which this picks from the mode; `zero_states`: h0 and c0 are zeros;
         `torch_states`: the states in and out are ``[L·D, B, ·]`` when batch-major too
-        (torch.nn's layout), else the op's ``[B, L·D, ·]``.
+        (torch.nn's layout), else the op's ``[B, L·D, ·]``; `order`: a PackedSequence's
+        ``sorted_indices``, the rows' order on PyTorch's kernel for packed rows.
         """
         dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
         if native.takes(input, weights, attrs["input_mode"]):
@@ -121,7 +122,7 @@ class SeededRNN:
             return native.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
                               attrs["rnn_mode"], attrs["direction"], attrs["time_major"],
                               dropout, self.training, zero_states=zero_states,
-                              torch_states=torch_states)
+                              torch_states=torch_states, order=order)
         if dropout == 1 and has_biases is not None:  # torch.nn's weights: a drop-in
             # torch.nn's p = 1 zeroes the input of every layer after the first; cuDNN takes
             # p < 1. Those layers' input matrices times zero compute the same, gradients too.
@@ -137,7 +138,8 @@ class SeededRNN:
         grad = torch.jit.is_tracing() or torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
         attrs = dict(attrs, dropout=dropout)
-        by_layer = layerwise.active()  # read once: the seed and the route must agree
+        # read once: the seed and the route must agree
+        by_layer = layerwise.by_layer(self, input.device, dropout > 0)
         seed = None if by_layer else self._seed(input, dropout)
         output, h_n, c_n = apply(input, h0, c0, weights, sequence_lengths, seed, attrs,
                                  has_biases, self.training or grad, by_layer)

@@ -151,6 +151,12 @@ def flat_params(weights, slots, size):
         for start, stop in _gaps(slots, size):
             base[start:stop].zero_()
         return base
+    return concatenated(weights, slots, size)
+
+
+def concatenated(weights, slots, size):
+    """The flat params holding `weights` at `slots`: one concatenation, zeros where no
+    weight is (differentiable, and taken by any tensor: one torch.autograd batches)."""
     parts, offset = [], 0
     for (start, shape), w in sorted(zip(slots, weights), key=lambda pair: pair[0][0]):
         if start > offset:

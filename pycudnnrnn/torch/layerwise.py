@@ -14,6 +14,7 @@ another; the dropped outputs are kept for backward. Outside the context nothing 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 
@@ -41,7 +42,8 @@ class second_order_dropout(contextlib.ContextDecorator):
 
     A forward that ``torch.utils.checkpoint`` runs again in backward must run inside too
     (pass the context as its ``context_fn``, or keep the backward inside): outside, it
-    would draw other masks. Process-wide, as ``torch.backends.cudnn.flags``; reentrant;
+    would draw other masks. (A reentrant checkpoint's needs neither: ``by_layer``.)
+    Process-wide, as ``torch.backends.cudnn.flags``; reentrant;
     ``@second_order_dropout()`` decorates a function.
 
     Examples
@@ -74,6 +76,51 @@ class second_order_dropout(contextlib.ContextDecorator):
 def active() -> bool:
     """Whether a ``second_order_dropout()`` context is open."""
     return _on
+
+
+# A reentrant torch.utils.checkpoint (use_reentrant=True) runs its forward under no_grad,
+# and again in backward, with PyTorch's generators as they were then, and with no
+# context_fn: a backward outside the context recomputed a forward that ran inside it as
+# one multi-layer call, with other masks (its gradients silently off). So a forward
+# inside the context without grad remembers which call it was (the module, and the
+# generator's state its masks are drawn from), and a forward during a backward that is
+# that call again runs layer by layer too.
+
+_MAX_REMEMBERED = 256
+_remembered = collections.OrderedDict()  # _call_key(...) → None, the newest last
+
+
+def by_layer(owner, device, draws) -> bool:
+    """Whether a forward runs layer by layer: inside ``second_order_dropout()``, or as a
+    reentrant checkpoint's recomputation, in a backward, of a forward that ran inside it.
+
+    `owner`: the module called (None for ``rnn``); `device`: its input's; `draws`:
+    whether it draws dropout masks between layers. (Under a trace, whether the context
+    is open alone.)
+    """
+    if active():
+        if draws and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            key = _call_key(owner, device)
+            with _lock:
+                _remembered[key] = None
+                _remembered.move_to_end(key)
+                while len(_remembered) > _MAX_REMEMBERED:
+                    _remembered.popitem(last=False)
+        return True
+    if not draws or torch.compiler.is_compiling() or not _remembered:
+        return False
+    return torch._C._current_autograd_node() is not None and \
+        _call_key(owner, device) in _remembered
+
+
+def _call_key(owner, device):
+    """The module `owner` and the state of the generator that draws masks on `device`."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        generator = torch.cuda.default_generators[index]
+    else:
+        generator = torch.default_generator
+    return id(owner), hash(generator.get_state().numpy().tobytes())
 
 
 def draws_masks(input_h, dropout, direction, time_major, is_training, malformed=False) -> bool:

@@ -277,7 +277,17 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         return output, self._state_result(h_n, c_n)
 
     def _forward_packed(self, packed, hx):
-        padded, lengths = pad_packed_sequence(packed)  # time-major, the caller's batch order
+        try:
+            padded, lengths = pad_packed_sequence(packed)  # time-major, the caller's order
+        except RuntimeError as error:
+            if torch._C._functorch.maybe_current_level() is None:
+                raise
+            # torch.nn fails here too (its kernel for packed rows), with these words
+            raise RuntimeError(
+                f"{error}: PyTorch's packed sequences do not run under torch.func's "
+                f"transforms (pycudnnrnn.torch.{self._kind} got a PackedSequence). Pass the "
+                f"padded input and its lengths instead: module(padded, "
+                f"sequence_lengths=lengths), which they take") from error
         output, h_n, c_n = self._call(padded, hx, padded.shape[1], lengths, True, True, packed)
         if isinstance(output, PackedSequence):  # torch.nn's own call on it (native.packed)
             return output, self._state_result(h_n, c_n)
@@ -316,8 +326,11 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         attrs = dict(rnn_mode=self.rnn_mode, input_mode="linear_input",
                      direction="bidirectional" if self.bidirectional else "unidirectional",
                      num_proj=self.proj_size, time_major=time_major)
+        # A packed batch's rows run in its own order, as torch.nn runs them: tied lengths
+        # summed into the weights' gradients in another order would round otherwise.
         return self._run(data, h0, c0, weights, bool(self.bias), lengths, attrs,
-                         self.num_layers, zero_states=hx is None, torch_states=True)
+                         self.num_layers, zero_states=hx is None, torch_states=True,
+                         order=None if packed is None else packed.sorted_indices)
 
     def _draws_masks(self) -> bool:
         """Whether a call draws dropout masks now (training, dropout, two layers or more)."""

@@ -6,9 +6,10 @@ projection, packed lengths), with PyTorch's autograd and its oneDNN kernels, at 
 of one dispatch; the op's own CPU backend (NumPy) is what the tests hold this route
 against. What the op adds on top is done here:
 
-* sequence lengths in any order, a length 0 among them: the rows that run are sorted and
-  packed (so padding, NaN or not, is never read), and put back in the caller's order; a
-  row of length 0 outputs zeros and keeps its initial state, as cuDNN. A ragged call that
+* sequence lengths in any order, a length 0 among them: the rows that run are sorted
+  (ties in the caller's order; a PackedSequence's rows in its own) and packed (so
+  padding, NaN or not, is never read), and put back in the caller's order; a row of
+  length 0 outputs zeros and keeps its initial state, as cuDNN. A ragged call that
   records a gradient takes the full-length kernel where that is faster (``_ragged_route``:
   PyTorch's autograd of its kernel for packed rows is a per-step loop): a large LSTM as
   runs between consecutive lengths, a GRU or RNN on zeroed padding;
@@ -96,7 +97,7 @@ def takes(input, weights, input_mode="linear_input") -> bool:
 
 def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode, direction,
         time_major, dropout=0.0, train=False, is_training=True, zero_states=False,
-        torch_states=False, input_mode="linear_input"):
+        torch_states=False, input_mode="linear_input", order=None):
     """``(output, output_h, output_c)`` as the op gives them, on PyTorch's kernels.
 
     Arguments in the op's layout and convention; `weights` torch.nn's list (`has_biases`
@@ -107,12 +108,15 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
     ``[L·D, B, ·]`` even when batch-major, as torch.nn's (no transposes either way).
     `input_mode` "skip_input" (flat params only): layer 0 adds its input to every gate, as
     an input matrix of stacked identities would (what ``second_order`` recomputes with).
+    `order`: the rows' order for PyTorch's kernel on packed rows (a PackedSequence's
+    ``sorted_indices``: torch.nn's kernel runs them so); by default by length, longest
+    first, ties in the caller's order.
     """
     if not is_training:
         with torch.no_grad():
             results = rnn(input, input_h, input_c, weights, has_biases, sequence_lengths,
                           rnn_mode, direction, time_major, zero_states=zero_states,
-                          torch_states=torch_states)
+                          torch_states=torch_states, order=order)
         sources = [t for t in (input, input_h, input_c, *weights)
                    if t is not None and t.requires_grad]
         if not (sources and torch.is_grad_enabled()):
@@ -144,15 +148,15 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
                                  bidirectional, not time_major)
     elif (route := _ragged_route(rnn_mode, input, hx, weights, time_major, sequence_lengths,
                                  bool(dropout) and train and num_layers > 1)) == "runs":
-        output, states = _lstm_runs(kernel, input, hx, weights, has_biases, bidirectional,
-                                    time_major, sequence_lengths)
+        output, states = _runs(kernel, input, hx if lstm else [hx], weights, has_biases,
+                               bidirectional, time_major, sequence_lengths)
     elif route == "zeroed":
         output, states = _zeroed_padding(kernel, input, hx, weights, has_biases,
                                          bidirectional, time_major, sequence_lengths)
     else:
         output, states = _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout,
                                  train, bidirectional, time_major, sequence_lengths, lstm,
-                                 zero_states, empty)
+                                 zero_states, empty, order)
     output_h = states[0]
     output_c = states[1] if lstm else output.new_empty((0,))
     if transpose:
@@ -192,29 +196,36 @@ def _ragged_lengths(lengths, input, time_major) -> tuple[bool, bool]:
 
 
 def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
-            bidirectional, time_major, lengths, lstm, zero_states, empty):
+            bidirectional, time_major, lengths, lstm, zero_states, empty, order=None):
     """The kernel on packed rows, results in the caller's order (``torch.nn``'s recipe for
     a PackedSequence of unsorted lengths); rows of length 0, which packing refuses, are
-    left out of it and keep their state."""
+    left out of it and keep their state.
+
+    The rows run in `order` (see ``rnn``), by default sorted stably: the weights'
+    gradients sum over the rows in the order they run, so tied rows taken in another
+    order than torch.nn's (an unstable sort's) give other roundings."""
     batch_axis, T = (1, input.shape[0]) if time_major else (0, input.shape[1])
     states = hx if lstm else [hx]
+    order = torch.sort(lengths, descending=True, stable=True).indices if order is None \
+        else order.cpu()
     if empty:  # run the others; their results go back among the empty rows' below
-        rows = (lengths > 0).nonzero().squeeze(1)
-        input, lengths = input.index_select(batch_axis, rows), lengths[rows]
-    packed = pack_padded_sequence(input, lengths, batch_first=not time_major,
-                                  enforce_sorted=False)
-    order = packed.sorted_indices
-    sorted_states = [s[:, :len(order)] if zero_states else
-                     s.index_select(1, rows[order] if empty else order) for s in states]
+        order = order[lengths[order] > 0]
+    rows = order.to(input.device)
+    packed = pack_padded_sequence(input.index_select(batch_axis, rows), lengths[order],
+                                  batch_first=not time_major, enforce_sorted=True)
+    sorted_states = [s[:, :len(order)] if zero_states else s.index_select(1, rows)
+                     for s in states]
     data, *finals = kernel(packed.data, packed.batch_sizes,
                            sorted_states if lstm else sorted_states[0], weights, has_biases,
                            num_layers, dropout, train, bidirectional)
-    output, _ = pad_packed_sequence(
-        PackedSequence(data, packed.batch_sizes, order, packed.unsorted_indices),
-        batch_first=not time_major, total_length=T)
-    finals = [f.index_select(1, packed.unsorted_indices) for f in finals]
     if not empty:
-        return output, finals
+        unsorted = torch.argsort(rows)
+        output, _ = pad_packed_sequence(
+            PackedSequence(data, packed.batch_sizes, rows, unsorted),
+            batch_first=not time_major, total_length=T)
+        return output, [f.index_select(1, unsorted) for f in finals]
+    output, _ = pad_packed_sequence(PackedSequence(data, packed.batch_sizes),  # in `rows`' order
+                                    batch_first=not time_major, total_length=T)
     shape = list(output.shape)
     shape[batch_axis] = states[0].shape[1]
     return (output.new_zeros(shape).index_copy(batch_axis, rows, output),
@@ -238,7 +249,7 @@ def zero_tie(*tensors):
 
 
 #: Batch × state size from which a ragged LSTM call that records a gradient runs as runs
-#: of the full-length kernel (``_lstm_runs``). Measured (docs/performance.md): a training
+#: of the full-length kernel (``_runs``). Measured (docs/performance.md): a training
 #: step of T64 B32 H256 takes 46–54 ms this way against 63–67 ms on the packed kernel,
 #: T128 B64 H512 0.68–0.78 s against 2.5–2.8 s; T32 B16 H64 10–12 ms against 7 ms.
 RUNS_FROM = 32 * 256
@@ -252,30 +263,35 @@ ZEROED_UP_TO = 2.0
 
 def _ragged_route(rnn_mode, input, hx, weights, time_major, lengths, dropout) -> str:
     """How a ragged call runs: ``"packed"`` (PyTorch's kernel for packed rows), ``"runs"``
-    (``_lstm_runs``) or ``"zeroed"`` (``_zeroed_padding``). PyTorch's autograd of its
+    (``_runs``) or ``"zeroed"`` (``_zeroed_padding``). PyTorch's autograd of its
     kernel for packed rows is a per-step loop: calls that record a gradient and draw no
     dropout mask (drawn on the packed rows, as torch.nn's kernel draws it) take the
-    full-length kernel instead where it is faster; without a gradient it is as fast."""
+    full-length kernel instead where it is faster; without a gradient it is as fast.
+    Inside torch.func's transforms (the second order's recomputations) the kernel for
+    packed rows fails ("Cannot access data pointer of Tensor that doesn't have
+    storage"): there every call without dropout takes the full-length kernel."""
     lstm = rnn_mode == "lstm"
     states = hx if lstm else [hx]
-    if dropout or not (torch.is_grad_enabled()
+    transformed = torch._C._functorch.maybe_current_level() is not None
+    if dropout or not (transformed or torch.is_grad_enabled()
                        and any(t.requires_grad for t in (input, *states, *weights))):
         return "packed"
     T, B = (input.shape[0], input.shape[1]) if time_major else (input.shape[1], input.shape[0])
     if lstm:
-        return "runs" if B * states[-1].shape[-1] >= RUNS_FROM else "packed"
+        return "runs" if transformed or B * states[-1].shape[-1] >= RUNS_FROM else "packed"
     # Not a relu RNN: its state is unbounded, and a row's steps past its end could grow
     # until they overflow, where inf · 0 in the weight gradients' products is NaN. (A GRU's
     # state is a blend of tanh and the state before: bounded by the row's last one.)
     zeroed = rnn_mode != "rnn_relu" and T * B <= ZEROED_UP_TO * int(lengths.sum())
-    return "zeroed" if zeroed else "packed"
+    return "zeroed" if zeroed else "runs" if transformed else "packed"
 
 
-def _lstm_runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
-    """``(output, [h_n, c_n])`` of a ragged LSTM batch, each layer and direction as runs of the
-    full-length kernel: rows sorted by length, one run for the steps between two
-    consecutive lengths, on the rows still going. Padding is never read; a row of length 0
-    keeps its states, and outputs zeros."""
+def _runs(kernel, input, states, weights, has_biases, bidirectional, time_major, lengths):
+    """``(output, states)`` of a ragged batch (`states`: ``[h, c]`` of an LSTM, ``[h]``
+    else), each layer and direction as runs of the full-length kernel: rows sorted by
+    length, one run for the steps between two consecutive lengths, on the rows still
+    going. Padding is never read; a row of length 0 keeps its states, and outputs
+    zeros."""
     x = input if time_major else input.transpose(0, 1)  # [T, B, ·] from here on
     order = torch.argsort(lengths, descending=True, stable=True)
     lengths = lengths[order]
@@ -352,15 +368,15 @@ def _layers(x, lengths, count, bidirectional, direction):
 
 
 def _layer_runs(kernel, x, states, weights, has_biases, stops, going):
-    """One layer and direction of ``_lstm_runs``: ``(output, final states)``. `x`: rows
+    """One layer and direction of ``_runs``: ``(output, final states)``. `x`: rows
     sorted by length, longest first; `stops`: the distinct nonzero lengths, ascending;
     `going`: how many rows each run takes (those of length at least its stop)."""
     T, B = x.shape[:2]
     outputs, ends, start, now = [], [[] for _ in states], 0, states
     for stop, rows, after in zip(stops, going, going[1:] + [0]):
         hx = [s[:, :rows] for s in now]
-        y, *now = kernel(x[start:stop, :rows], hx, weights, has_biases, 1, 0.0, False, False,
-                         False)
+        y, *now = kernel(x[start:stop, :rows], hx if len(hx) == 2 else hx[0], weights,
+                         has_biases, 1, 0.0, False, False, False)
         outputs.append(torch.nn.functional.pad(y, (0, 0, 0, B - rows)))
         for end, s in zip(ends, now):
             end.append(s[:, after:])  # the rows whose last step this was

@@ -320,6 +320,52 @@ for _op in (forward, forward_weights, backprop, backprop_weights):
     _import_dynamo_first(_op)
 
 
+# torch.autograd's own batching (``torch.autograd.grad(is_grads_batched=True)``, the
+# ``vectorize=True`` of ``torch.autograd.functional.jacobian`` and ``hessian``) is older
+# than torch.func's vmap: its batched tensors have a dispatch key of their own, which
+# ``register_vmap`` does not reach. Its fallback runs an op once per batch element, but
+# not an op that takes a list of tensors: the ``_weights`` ops run as ``forward`` and
+# ``backprop`` on the weights laid out in one flat params, which that fallback takes.
+
+def _flat_params_of(input, input_h, input_c, weights, has_biases, attrs, is_training):
+    """torch.nn's `weights` as the flat params (checked as ``_weights_params`` checks
+    them): the buffer they are views of, or their concatenation where some are batched
+    (a batched tensor has no storage)."""
+    problem, slots = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
+                                                  attrs, is_training)
+    size = layout.params_size(problem.config)
+    if any(torch._C._functorch.is_legacy_batchedtensor(w) for w in weights):
+        return flat_weights.concatenated(weights, slots, size)
+    return flat_weights.flat_params(weights, slots, size)
+
+
+def _forward_weights_batched(input, input_h, input_c, weights, has_biases, sequence_lengths,
+                             seed, rnn_mode, direction, dropout, num_proj, time_major,
+                             is_training):
+    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
+    params = _flat_params_of(input, input_h, input_c, weights, has_biases, attrs, is_training)
+    return forward(input, input_h, input_c, params, sequence_lengths, seed, rnn_mode,
+                   "linear_input", direction, dropout, num_proj, time_major, is_training)
+
+
+def _backprop_weights_batched(input, input_h, input_c, weights, has_biases, sequence_lengths,
+                              seed, output, output_h, output_c, output_backprop,
+                              output_h_backprop, output_c_backprop, reserve_space, rnn_mode,
+                              direction, dropout, num_proj, time_major, gradients,
+                              trust_reserve=False):
+    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
+    params = _flat_params_of(input, input_h, input_c, weights, has_biases, attrs, True)
+    return backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
+                    output_c, output_backprop, output_h_backprop, output_c_backprop,
+                    reserve_space, rnn_mode, "linear_input", direction, dropout, num_proj,
+                    time_major, gradients, trust_reserve)
+
+
+_BATCHED_LIBRARY = torch.library.Library(_LIB, "FRAGMENT")
+_BATCHED_LIBRARY.impl("forward_weights", _forward_weights_batched, "Batched")
+_BATCHED_LIBRARY.impl("backprop_weights", _backprop_weights_batched, "Batched")
+
+
 def _refuse_meta(**tensors):
     """Refuse meta tensors: PyTorch runs the fake on them, whose results hold no values.
 

@@ -54,9 +54,41 @@ def first_order(run, options, data, weights, grads, extras):
             isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)):
         return run(*data, weights, *grads, extras)
     call = _Call(run, options, len(weights), extras[0], data[1])
+    if not transformed and any(_legacy_batched(t) for t in inputs):
+        return _recorded(call, data, weights, grads)
     results = _FirstOrder.apply(call, *inputs, *extras)
     results = iter(results if isinstance(results, tuple) else (results,))
     return [next(results) if p else None for p in call.present]
+
+
+def _legacy_batched(t) -> bool:
+    """Whether `t` is batched by torch.autograd's own vmap (``is_grads_batched=True``,
+    ``vectorize=True``), which is not torch.func's."""
+    return isinstance(t, torch.Tensor) and torch._C._functorch.is_legacy_batchedtensor(t)
+
+
+def _recorded(call, data, weights, grads):
+    """``first_order``'s results ``[dx, dh, dc, *weight_grads]`` (all of them), by
+    autograd with a graph on PyTorch's kernels, recomputed.
+
+    For tensors batched by torch.autograd's own vmap: its batched tensors keep a graph of
+    the operators it dispatches, not of an ``autograd.Function`` (``_FirstOrder``'s node
+    is lost when the batch is taken out). The inputs that require grad take part through
+    aliases, so each result is a partial derivative (as in ``_by_autograd``).
+    """
+    refuse_dropout(call)
+    inputs = [*data, *weights]
+    aliases = [t.view_as(t) if _floating(t) and t.requires_grad else
+               t.detach().requires_grad_() if _floating(t) else t for t in inputs]
+    variables = [a for a in aliases if _floating(a)]
+    with torch.enable_grad(), _without_cudnn(data[0]):
+        outputs = recompute(call, aliases[:3], aliases[3:])
+        used = [(o, g) for o, g in zip(outputs, grads) if _floating(g) and o.requires_grad]
+        found = torch.autograd.grad([o for o, _ in used], variables, [g for _, g in used],
+                                    create_graph=True, allow_unused=True) if used else \
+            [None] * len(variables)
+    found = iter(torch.zeros_like(v) if f is None else f for v, f in zip(variables, found))
+    return [next(found) if _floating(t) else None for t in inputs]
 
 
 class _Call:
@@ -160,6 +192,11 @@ def _by_autograd(call, inputs, cotangents):
     pass through the other's alias, and is not counted here as well as by autograd.
     """
     refuse_dropout(call)
+    # A pullback of torch.func.vjp called after its transform returned runs this on its
+    # saved tensors, wrappers of a level now gone: their values, as autograd knows them
+    # here (a wrapper's requires_grad is its gone level's; its view would not be).
+    inputs = [_unwrap_if_dead(t) for t in inputs]
+    cotangents = [_unwrap_if_dead(c) for c in cotangents]
     higher = torch.is_grad_enabled()
     leaves = [t if not _floating(t) else t.view_as(t) if higher and t.requires_grad
               else t.detach().requires_grad_() for t in inputs]
@@ -265,6 +302,13 @@ def _spread_results(found, inputs, call):
     return [next(it) if _floating(t) else None for t in inputs[:3 + n]]
 
 
+def _unwrap_if_dead(t):
+    """`t`, or the tensor it wraps where it is a wrapper of a torch.func level gone."""
+    if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return torch._C._functorch.unwrap_if_dead(t)
+    return t
+
+
 def _floating(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
@@ -279,6 +323,15 @@ def recompute(call, data, weights):
     """The op's ``(output, output_h, output_c)`` on PyTorch's kernels, from `data`
     ``(input, input_h, input_c)`` and `weights`, as ``call`` ran it."""
     input, input_h, input_c = data
+    if torch._C._functorch.maybe_current_level() is not None:
+        # Under vmap PyTorch's kernels update the states in place: an unbatched state (an
+        # h_0 not mapped over, or zeros) meeting a batched input or weights there fails
+        # ("output with shape [...] doesn't match the broadcast shape"). Tied to them by a
+        # zero that depends on them, the states are batched where they are; values and
+        # derivatives are the same.
+        tie = native.zero_tie(input, *weights)
+        input_h = input_h + tie
+        input_c = None if input_c is None else input_c + tie
     has_biases = call.has_biases
     return native.rnn(input, input_h, input_c, list(weights), has_biases,
                       call.sequence_lengths, call.rnn_mode, call.direction, call.time_major,

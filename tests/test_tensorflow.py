@@ -116,6 +116,11 @@ def test_backprop_refuses_an_inference_or_foreign_reserve():
     with pytest.raises(tf.errors.InvalidArgumentError, match="reserve_space: made by another"):
         ptf.cudnn_rnn_backprop_v3(**args, sequence_lengths=None, output=None, output_h=None,
                                   output_c=None, **grads, reserve_space=other)
+    traced = tf.function(lambda reserve: ptf.cudnn_rnn_backprop_v3(
+        **args, sequence_lengths=None, output=None, output_h=None, output_c=None, **grads,
+        reserve_space=reserve))  # in a graph: checked before any mask is read
+    with pytest.raises(tf.errors.InvalidArgumentError, match="reserve_space: made by another"):
+        traced(other)
     with pytest.raises(ValueError, match="reserve_space: expected .* bytes"):
         ptf.cudnn_rnn_backprop_v3(**args, sequence_lengths=None, output=None, output_h=None,
                                   output_c=None, **grads,

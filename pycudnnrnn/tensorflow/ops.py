@@ -149,13 +149,15 @@ def _lengths_tensor(sequence_lengths, static, batch, max_time):
             return None
         return tf.constant(static, tf.int32)
     lengths = tf.cast(sequence_lengths, tf.int32)
-    tf.debugging.assert_equal(tf.shape(lengths), tf.reshape(batch, [1]), message=(
-        "sequence_lengths: expected shape [batch] (the batch size of input)"))
-    tf.debugging.assert_greater_equal(lengths, 0, message=(
-        "sequence_lengths: expected values in [0, max_time], got a negative one"))
-    tf.debugging.assert_less_equal(lengths, tf.cast(max_time, tf.int32), message=(
-        "sequence_lengths: expected values in [0, max_time], got one above max_time"))
-    return lengths
+    checked = [
+        tf.debugging.assert_equal(tf.shape(lengths), tf.reshape(batch, [1]), message=(
+            "sequence_lengths: expected shape [batch] (the batch size of input)")),
+        tf.debugging.assert_greater_equal(lengths, 0, message=(
+            "sequence_lengths: expected values in [0, max_time], got a negative one")),
+        tf.debugging.assert_less_equal(lengths, tf.cast(max_time, tf.int32), message=(
+            "sequence_lengths: expected values in [0, max_time], got one above max_time"))]
+    with tf.control_dependencies(checked):  # checked before any op reads them
+        return tf.identity(lengths)
 
 
 def _arguments(input, input_h, input_c, params, sequence_lengths, op):
@@ -381,16 +383,14 @@ def _read_masks(op, config, input, reserve_space):
             reserve_space.shape[0] != static_size:
         raise ValueError(f"reserve_space: expected {int(static_size)} bytes (the forward "
                          f"of this call's attributes and shapes), got {reserve_space.shape[0]}")
-    checks_ = [
-        tf.debugging.assert_equal(tf.size(reserve_space), expected, message=(
-            "reserve_space: not the size the forward of this call's attributes and shapes "
-            "makes")),
-    ]
-    with tf.control_dependencies(checks_):
-        head = reserve_space[:16]
-    tf.debugging.assert_equal(head, header, message=(
-        "reserve_space: made by another call (other attributes, sizes or dtype), or not "
-        "by cudnn_rnn_v3"))
+    size_checked = tf.debugging.assert_equal(tf.size(reserve_space), expected, message=(
+        "reserve_space: not the size the forward of this call's attributes and shapes makes"))
+    with tf.control_dependencies([size_checked]):
+        head_checked = tf.debugging.assert_equal(reserve_space[:16], header, message=(
+            "reserve_space: made by another call (other attributes, sizes or dtype), or not "
+            "by cudnn_rnn_v3"))
+    with tf.control_dependencies([size_checked, head_checked]):  # before any mask is read
+        reserve_space = tf.identity(reserve_space)
     cdt = tf.float32 if input.dtype.size == 2 else input.dtype
     scale = tf.cast(1.0 / (1.0 - op.dropout), cdt) if dropped else None
     masks, start = {}, 16

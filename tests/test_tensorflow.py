@@ -180,6 +180,15 @@ def test_tf_function_with_unknown_batch_and_time_and_xla():
         assert_ulp_close(g.numpy(), w, ulps=64)
     with pytest.raises(tf.errors.InvalidArgumentError, match="sequence_lengths"):
         traced(x, h, p, tf.constant([1, 9, 2], tf.int32))
+    # lengths known when the sizes are not: checked when the graph runs, not against T=1
+    known = tf.function(lambda x, h, p: ptf.rnn(x, h, None, p, [4, 0, 2], **case.attrs),
+                        input_signature=[spec(None, None, 3), spec(None, 4, 4), spec(None)])
+    sub = make_case("gru", "bidirectional", num_layers=2, time_major=False, lengths=[4, 0, 2])
+    got = known(*(tf.constant(a) for a in (sub.input, sub.input_h, sub.params)))
+    for g, w in zip(got[:2], sub.forward()[:2]):
+        assert_ulp_close(g.numpy(), w)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sequence_lengths"):
+        known(x[:, :3], h, p)  # T = 3 < 4
 
 
 def test_second_order_equals_differences_of_the_first():

@@ -76,7 +76,10 @@ def _unknown_batch(input, input_h, time_major):
 
 
 def _check(op, input, input_h, input_c, params, lengths, sizes):
-    """``(RNNConfig, static lengths or None)`` after checking what is known now."""
+    """``(RNNConfig, lengths checked now or None)`` after checking what is known now.
+
+    Lengths are checked now when their values, the batch and the time are all known;
+    otherwise when the graph runs (``_lengths_tensor``)."""
     _static_sizes(input, input_h, input_c, params, op.time_major, op.lstm)
     batch = _unknown_batch(input, input_h, op.time_major)
     specs = [None if t is None else _Spec(t, batch) for t in (input, input_h, input_c)]
@@ -87,7 +90,8 @@ def _check(op, input, input_h, input_c, params, lengths, sizes):
     params_spec = _Spec(params, None)
     if params_spec.ndim == 1 and params_spec.shape[0] is None:
         params_spec = None  # checked when the graph runs (tf.split)
-    static = tf.get_static_value(lengths) if lengths is not None else None
+    known = len(specs[0].shape) == 3 and None not in input.shape.as_list()[:2]
+    static = tf.get_static_value(lengths) if lengths is not None and known else None
     problem = checks.check_forward(
         *specs, _ParamsOrSkip(params_spec, params), static, **op.keywords(), **sizes)
     return problem.config, problem.lengths
@@ -139,15 +143,14 @@ def _seed_tensor(seed, seed2):
     return tf.constant(combined - (1 << 64) if combined >> 63 else combined, tf.int64)
 
 
-def _lengths_tensor(sequence_lengths, static, batch, max_time):
-    """int32 lengths for the graph (None where every row runs every step), with a check
-    of values TensorFlow knows only when the graph runs."""
+def _lengths_tensor(sequence_lengths, checked, batch, max_time):
+    """int32 lengths for the graph (None where every row runs every step): `checked`,
+    the lengths ``_check`` checked, as a constant; else `sequence_lengths`, checked when
+    the graph runs."""
     if sequence_lengths is None:
         return None
-    if static is not None:
-        if bool((static == max_time).all()) if isinstance(max_time, int) else False:
-            return None
-        return tf.constant(static, tf.int32)
+    if checked is not None:
+        return None if bool((checked == max_time).all()) else tf.constant(checked, tf.int32)
     lengths = tf.cast(sequence_lengths, tf.int32)
     checked = [
         tf.debugging.assert_equal(tf.shape(lengths), tf.reshape(batch, [1]), message=(
@@ -178,20 +181,26 @@ def _arguments(input, input_h, input_c, params, sequence_lengths, op):
 
 
 def _forward(op, input, input_h, input_c, params, sequence_lengths, seed, sizes=None):
-    """``(config, output, output_h, output_c, masks)`` of a checked call."""
-    config, static = _check(op, input, input_h, input_c, params, sequence_lengths,
-                            sizes or {})
+    """``(config, output, output_h, output_c, masks)`` of a checked call; the masks are
+    drawn from `seed`."""
+    config, checked = _check(op, input, input_h, input_c, params, sequence_lengths,
+                             sizes or {})
+    time_axis, batch_axis = (0, 1) if op.time_major else (1, 0)
+    shape = tf.shape(input)
+    masks = graph.masks(config, op.is_training, (shape[time_axis], shape[batch_axis]), seed,
+                        tf.float32 if input.dtype.size == 2 else input.dtype)
+    return (config, *_run(op, config, input, input_h, input_c, params, sequence_lengths,
+                          checked, masks), masks)
+
+
+def _run(op, config, input, input_h, input_c, params, sequence_lengths, checked, masks):
+    """``(output, output_h, output_c)``: ``graph.rnn`` through its cached function."""
     time_axis, batch_axis = (0, 1) if op.time_major else (1, 0)
     shape = tf.shape(input)
     max_time = input.shape[time_axis] or shape[time_axis]
-    batch = shape[batch_axis]
-    lengths = _lengths_tensor(sequence_lengths, static, batch, max_time)
-    masks = graph.masks(config, op.is_training, (shape[time_axis], batch), seed,
-                        tf.float32 if input.dtype.size == 2 else input.dtype)
+    lengths = _lengths_tensor(sequence_lengths, checked, shape[batch_axis], max_time)
     function = _function(config, op.time_major, lengths is not None, tuple(sorted(masks)))
-    args = [input, input_h, params]
-    if config.is_lstm:
-        args.insert(2, input_c)
+    args = [input, input_h] + ([input_c] if config.is_lstm else []) + [params]
     output, output_h, output_c = function(*args, *([lengths] if lengths is not None else []),
                                           *(masks[k] for k in sorted(masks)))
     if not tf.executing_eagerly():  # the sizes a trace knows (a relaxed trace forgets them)
@@ -199,7 +208,7 @@ def _forward(op, input, input_h, input_c, params, sequence_lengths, seed, sizes=
         output_h.set_shape(input_h.shape)
         if config.is_lstm:
             output_c.set_shape(input_c.shape)
-    return config, output, output_h, output_c, masks
+    return output, output_h, output_c
 
 
 @functools.lru_cache(maxsize=128)
@@ -209,11 +218,12 @@ def _function(config, time_major, has_lengths, masked_layers):
 
     A ``functools.partial``, not a closure: TensorFlow counts traces by the Python
     function's code, and would take one trace per configuration for retracing."""
-    run = functools.partial(_run, config, time_major, has_lengths, masked_layers)
+    run = functools.partial(_traced, config, time_major, has_lengths, masked_layers)
     return tf.function(run, reduce_retracing=True, autograph=False)
 
 
-def _run(config, time_major, has_lengths, masked_layers, *args):
+def _traced(config, time_major, has_lengths, masked_layers, *args):
+    """The body of ``_function``'s ``tf.function``: its flat arguments to ``graph.rnn``."""
     args = list(args)
     input, input_h = args.pop(0), args.pop(0)
     input_c = args.pop(0) if config.is_lstm else None
@@ -334,13 +344,13 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
         input, input_h, input_c, params, sequence_lengths = _arguments(
             input, input_h, input_c, params, sequence_lengths, op)
         reserve_space = _tensor("reserve_space", reserve_space)
-        config, _ = _check(op, input, input_h, input_c, params, sequence_lengths, {})
+        config, checked = _check(op, input, input_h, input_c, params, sequence_lengths, {})
         masks = _read_masks(op, config, input, reserve_space)
         sources = [input, input_h, params] + ([input_c] if op.lstm else [])
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(sources)
-            results = _replay(op, config, input, input_h, input_c, params, sequence_lengths,
-                              masks)
+            results = _run(op, config, input, input_h, input_c, params, sequence_lengths,
+                           checked, masks)
         wanted = [output_backprop, output_h_backprop] + ([output_c_backprop] if op.lstm else [])
         targets = list(results[:len(wanted)])
         grads = tape.gradient(targets, sources, output_gradients=[
@@ -348,18 +358,6 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
             unconnected_gradients=tf.UnconnectedGradients.ZERO)
         d_input_c = grads[3] if op.lstm else tf.zeros((0,), input.dtype)
         return grads[0], grads[1], d_input_c, grads[2]
-
-
-def _replay(op, config, input, input_h, input_c, params, sequence_lengths, masks):
-    time_axis, batch_axis = (0, 1) if op.time_major else (1, 0)
-    shape = tf.shape(input)
-    max_time = input.shape[time_axis] or shape[time_axis]
-    static = tf.get_static_value(sequence_lengths) if sequence_lengths is not None else None
-    lengths = _lengths_tensor(sequence_lengths, static, shape[batch_axis], max_time)
-    function = _function(config, op.time_major, lengths is not None, tuple(sorted(masks)))
-    args = [input, input_h] + ([input_c] if config.is_lstm else []) + [params]
-    return function(*args, *([lengths] if lengths is not None else []),
-                    *(masks[k] for k in sorted(masks)))
 
 
 def _read_masks(op, config, input, reserve_space):

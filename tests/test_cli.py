@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -99,7 +100,8 @@ def test_bench_writes_json_and_png(tmp_path):
         for key in ("fwd_ms", "fwd_bwd_ms"):
             assert r[f"{key}_min"] <= r[key] <= r[f"{key}_max"], key
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 5000
-    assert "configuration" in proc.stdout and "[4/4]" in proc.stderr  # table and progress
+    # table and progress: 2 rounds of 2 sides, each side timing 2 lengths
+    assert "configuration" in proc.stdout and "[8/8]" in proc.stderr
     assert proc.stdout.splitlines()[0].count("[min-max]") == 2  # the spread of every figure
 
 
@@ -168,7 +170,7 @@ def test_bench_default_run_is_small():
     from pycudnnrnn.tools import cli
     args = cli._parser().parse_args(["bench"])
     sides = 2  # the op and torch.nn
-    runs = sides * 2 * (args.repeat + args.warmup)  # forward, then forward+backward
+    runs = sides * 2 * args.rounds * (args.repeat + args.warmup)  # forward, forward+backward
     # multiply-adds of one forward, over the default lengths (4 gate matrices per step)
     work = sum(args.layers * T * args.batch * 4 * args.hidden_size
                * (args.input_size + args.hidden_size) for T in args.seq_lengths)
@@ -707,3 +709,25 @@ def test_absurd_sizes_are_usage_errors_at_once(option, value):
     assert proc.returncode == 2, proc.stderr
     assert "expected an int in [1, 2147483647]" in proc.stderr
     assert len(proc.stderr.strip().splitlines()[-1]) < 300
+
+
+def test_bench_times_each_side_in_a_process_of_its_own_taking_turns():
+    """In one process PyTorch's idle OpenMP threads slow NumPy's BLAS: the figures lied.
+    The command's own process imports no side's library, and the sides alternate."""
+    pytest.importorskip("torch")
+    script = textwrap.dedent("""
+        import sys
+        from pycudnnrnn.tools import bench
+        case = bench.Case(num_layers=1, bidirectional=False, max_time=2, batch_size=2,
+                          input_size=3, hidden_size=4)
+        rows = bench.run([case], sides=["op", "torch"], repeat=2, warmup=0, rounds=3)
+        print("torch" in sys.modules, [r["side"] for r in rows])
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "['op',", "'torch']"], proc.stdout
+    turns = ["op" if "NumPy backend" in line else "torch" for line in proc.stderr.splitlines()
+             if line.startswith("[")]
+    assert turns == ["op", "torch", "torch", "op", "op", "torch"], proc.stderr

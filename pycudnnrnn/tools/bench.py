@@ -195,8 +195,14 @@ def spread(key: str, times) -> dict:
 
 
 def run(cases, devices=("cpu",), *, repeat=10, warmup=2, with_torch=True, sides=None,
-        progress=True):
+        progress=True, rounds=2):
     """Time every case on every device, for each side; return one row per measurement.
+
+    Each side runs in a process of its own: in one process, one library's idle thread
+    pool (PyTorch's OpenMP threads, NumPy's BLAS) slows the other's, and the figures
+    would lie. With more than one side the processes take turns for `rounds` rounds
+    (ours then theirs, then theirs first), and a figure pools the timed runs of every
+    round; one side alone runs once.
 
     `sides` is a list of ``SIDES`` (default: ``op``, and ``torch`` when `with_torch`); a
     PyTorch side is left out where torch is not installed. Each row is a dict: the
@@ -204,34 +210,79 @@ def run(cases, devices=("cpu",), *, repeat=10, warmup=2, with_torch=True, sides=
     ``layers``, ``seq_length``, ``batch``, ``input_size``, ``hidden_size``, ``dtype``,
     ``ragged``), ``configuration`` (its name), ``device``, ``side``, ``label`` (what was
     timed, e.g. "torch.nn.LSTM"), and ``fwd_ms``, ``fwd_bwd_ms``: medians, each with
-    ``_min`` and ``_max`` beside it. With `progress`, a line per row on stderr as it is
-    measured.
+    ``_min`` and ``_max`` beside it. With `progress`, a line per measurement on stderr as
+    it is made.
     """
     cases, devices = list(cases), list(devices)
     sides = list(sides) if sides is not None else ["op"] + (["torch"] if with_torch else [])
-    # All of the op first: PyTorch's OpenMP threads keep spinning after its calls and
-    # would take the cores from NumPy's BLAS if the two alternated.
-    order = [(side, device, i) for side in sides if side == "op"
-             for device in devices for i in range(len(cases))]
-    order += [(side, device, i) for device in devices for i in range(len(cases))
-              for side in sides if side != "op"]
-    rows = {}
-    for step, (side, device, i) in enumerate(order, 1):
-        case = cases[i]
-        name = label(side, device, case.rnn_mode)
-        fns = _TIMERS[side](case, device)
-        if fns is None:
-            _say(progress, f"[{step}/{len(order)}] {device} {case.name}, {name}: skipped "
-                           f"(no PyTorch{'' if device == 'cpu' else ' with CUDA'})")
-            continue
-        row = dict(case.settings(), configuration=case.name, device=device, side=side,
-                   label=name, **spread("fwd_ms", times_ms(fns[0], device, repeat, warmup)),
-                   **spread("fwd_bwd_ms", times_ms(fns[1], device, repeat, warmup)))
-        rows[side, device, i] = row
-        _say(progress, f"[{step}/{len(order)}] {device} {case.name}, {name}: fwd "
-                       f"{row['fwd_ms']:.3f} ms, fwd+bwd {row['fwd_bwd_ms']:.3f} ms")
-    return [rows[key] for key in ((side, device, i) for i in range(len(cases))
-                                  for device in devices for side in sides) if key in rows]
+    rounds = rounds if len(sides) > 1 else 1
+    jobs = [(device, i) for device in devices for i in range(len(cases))]
+    timed, step, total = {}, 0, rounds * len(sides) * len(jobs)
+    for round_ in range(rounds):
+        for side in (sides if round_ % 2 == 0 else sides[::-1]):
+            for (device, i), result in zip(jobs, _in_a_process(side, jobs, cases, repeat,
+                                                               warmup)):
+                step += 1
+                case, name = cases[i], label(side, device, cases[i].rnn_mode)
+                where = f"[{step}/{total}] {device} {case.name}, {name}"
+                if result is None:
+                    _say(progress, f"{where}: skipped (no PyTorch"
+                                   f"{'' if device == 'cpu' else ' with CUDA'})")
+                    continue
+                pooled = timed.setdefault((side, device, i), ([], []))
+                for kept, new in zip(pooled, result):
+                    kept.extend(new)
+                _say(progress, f"{where}: fwd {float(np.median(result[0])):.3f} ms, "
+                               f"fwd+bwd {float(np.median(result[1])):.3f} ms")
+    rows = []
+    for i in range(len(cases)):
+        for device in devices:
+            for side in sides:
+                if (side, device, i) in timed:
+                    forward, both = timed[side, device, i]
+                    rows.append(dict(cases[i].settings(), configuration=cases[i].name,
+                                     device=device, side=side,
+                                     label=label(side, device, cases[i].rnn_mode),
+                                     **spread("fwd_ms", forward),
+                                     **spread("fwd_bwd_ms", both)))
+    return rows
+
+
+def _in_a_process(side, jobs, cases, repeat, warmup):
+    """Each job's ``(forward times, forward+backward times)`` (or None: not timed), as a
+    process of its own measures them, one by one as they come."""
+    import json
+    import os
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    order = {"side": side, "repeat": repeat, "warmup": warmup,
+             "jobs": [[device, dataclasses.asdict(cases[i])] for device, i in jobs]}
+    with subprocess.Popen([sys.executable, "-c", "from pycudnnrnn.tools.bench import "
+                           "_worker; _worker()"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env) as proc:
+        proc.stdin.write(json.dumps(order))
+        proc.stdin.close()
+        for line in proc.stdout:
+            yield json.loads(line)
+        error = proc.stderr.read()
+    if proc.returncode:
+        raise RuntimeError(f"the {side} side's process failed (exit {proc.returncode}):\n"
+                           f"{error[-3000:]}")
+
+
+def _worker():
+    """``_in_a_process``'s other end: the order on stdin, a JSON line per job on stdout."""
+    import json
+    order = json.loads(sys.stdin.read())
+    for device, settings in order["jobs"]:
+        case = Case(**settings)
+        fns = _TIMERS[order["side"]](case, device)
+        result = None if fns is None else \
+            [times_ms(fn, device, order["repeat"], order["warmup"]) for fn in fns]
+        print(json.dumps(result), flush=True)
 
 
 def _say(progress, line):

@@ -147,7 +147,11 @@ def _parser():
                        help=f"what to time, comma-separated, of {', '.join(SIDES)} "
                             "(default: op,torch; see above)")
     bench.add_argument("--no-torch", action="store_true", help="time the op alone (--sides op)")
-    bench.add_argument("--repeat", type=_positive, default=5, help="timed runs (default: 5)")
+    bench.add_argument("--repeat", type=_positive, default=2,
+                       help="timed runs per round (default: 2)")
+    bench.add_argument("--rounds", type=_positive, default=2,
+                       help="rounds of the sides taking turns, each side in a process of its "
+                            "own (default: 2)")
     bench.add_argument("--warmup", type=_non_negative, default=1, help="untimed runs first (default: 1)")
     bench.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     bench.add_argument("--plot", metavar="PATH", help="also plot time against T (PNG)")
@@ -349,6 +353,7 @@ def _bench(args, parser):
              for T in args.seq_lengths]
     # The configuration was checked by the size estimate: an error now is not a usage error.
     results = bench.run(cases, devices, repeat=args.repeat, warmup=args.warmup, sides=sides,
+                        rounds=args.rounds,
                         progress=args.progress == "always")
     print(bench.format_table(results))
     if args.json:

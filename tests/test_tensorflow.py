@@ -334,3 +334,25 @@ def test_mirrored_strategy_trains_as_one_device():
                           timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "same" in done.stdout
+
+
+def test_autograph_calls_the_op_as_it_is(monkeypatch):
+    """A tf.function's AutoGraph converts what it calls by reading its source again; an
+    edited file made it parse other lines (a TypeError from the wrong function). The op
+    holds no Python control flow on tensors: AutoGraph leaves it alone."""
+    from tensorflow.python.autograph.pyct import inspect_utils
+    real = inspect_utils.getimmediatesource
+
+    def other_source(obj):
+        if getattr(obj, "__module__", "").startswith("pycudnnrnn"):
+            return "def f(*args, **kwargs):\n    raise AssertionError('converted')\n"
+        return real(obj)
+    monkeypatch.setattr(inspect_utils, "getimmediatesource", other_source)
+    case = make_case("gru", num_layers=2, lengths="zero")
+    x, h, _, p = _tensors(case)
+    traced = tf.function(lambda x: ptf.rnn(x, h, None, p, case.sequence_lengths,
+                                           **case.attrs)[0])
+    assert_ulp_close(traced(x).numpy(), case.forward()[0])
+    raw = tf.function(lambda x: ptf.cudnn_rnn_v3(x, h, tf.zeros((0,), tf.float64), p,
+                                                 **case.attrs)[0])
+    assert_ulp_close(raw(x).numpy(), make_case("gru", num_layers=2, lengths=None).forward()[0])

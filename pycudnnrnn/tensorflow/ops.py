@@ -1,5 +1,9 @@
 """The op on TensorFlow tensors: ``rnn``, and the raw pair as ``tf.raw_ops`` names them.
 
+The public functions are not converted by AutoGraph (``_not_converted``): they hold no
+Python control flow on tensors, and a conversion reads their source again from disk,
+which an edited or missing file makes wrong.
+
 Every call is checked when it is made (eagerly) or traced (``tf.function``): the
 attributes, and each shape TensorFlow knows then, by ``pycudnnrnn.core.checks``, whose
 messages name the argument. Sizes unknown at trace time (a dynamic batch or time) are
@@ -22,6 +26,11 @@ from . import graph
 
 #: The first bytes of every reserve space the forward makes in training.
 _MAGIC = b"pcrnn-tf"
+
+
+def _not_converted(function):
+    """`function`, which a ``tf.function``'s AutoGraph calls as it is."""
+    return functools.wraps(function)(tf.autograph.experimental.do_not_convert(function))
 
 
 class _Spec:
@@ -243,6 +252,7 @@ def _attributes(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
     return op
 
 
+@_not_converted
 def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",
         input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0,
         num_proj=0, time_major=True, is_training=True, num_layers=None, num_units=None,
@@ -293,6 +303,7 @@ def _header(op, config, dtype) -> tf.Tensor:
     return tf.constant(np.frombuffer(_MAGIC + digest, np.uint8))
 
 
+@_not_converted
 def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, *,
                  rnn_mode="lstm", input_mode="linear_input", direction="unidirectional",
                  dropout=0.0, seed=0, seed2=0, num_proj=0, is_training=True,
@@ -321,6 +332,7 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, *,
         return output, output_h, output_c, reserve, tf.zeros((0,), tf.int8)
 
 
+@_not_converted
 def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, output,
                           output_h, output_c, output_backprop, output_h_backprop,
                           output_c_backprop, reserve_space, host_reserved=None, *,

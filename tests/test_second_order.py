@@ -7,6 +7,8 @@ order is cuDNN's on the stand-in: the NumPy backend there), against ``torch.nn``
 float64, and for torch.func's transforms.
 """
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -547,6 +549,40 @@ def test_a_reentrant_checkpoint_recomputes_layer_by_layer_where_the_forward_ran_
     for got, want in zip(*reversed(found), strict=True):
         assert want.abs().max() > 0
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_a_recomputation_runs_as_its_own_forward_did_not_as_a_remembered_one(route,
+                                                                             reentrant):
+    """A forward remembered inside the context (its backward never ran), then the same
+    module with the same generator state outside it, under a checkpoint: the
+    recomputation is one multi-layer call, as that forward was. And a forward outside
+    the context whose backward runs inside it is recomputed as one call too. (Both were
+    recomputed layer by layer, with other masks: gradients silently off.)"""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    model = prt.LSTM(I, H, 3, dropout=0.5, dtype=torch.float64)
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    leaves = [x, *model.parameters()]
+
+    def grads(wrap, backward_inside=False):
+        torch.manual_seed(6)
+        loss = wrap(lambda x: model(x)[0])(x).tanh().sum()
+        with prt.second_order_dropout() if backward_inside else contextlib.nullcontext():
+            loss.backward()  # (a reentrant checkpoint refuses autograd.grad)
+        found = [t.grad.clone() for t in leaves]
+        for t in leaves:
+            t.grad = None
+        return found
+
+    plain = grads(lambda f: f)
+    checkpointed = lambda f: lambda x: checkpoint(f, x, use_reentrant=reentrant)
+    torch.manual_seed(6)
+    with prt.second_order_dropout(), torch.no_grad():
+        model(x)  # remembered; no backward follows
+    for got in (grads(checkpointed), grads(checkpointed, backward_inside=True)):
+        for g, w in zip(got, plain, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -134,11 +134,11 @@ class _Cell:
             c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
             out = tf.sigmoid(o) * tf.tanh(c)
             return (out if self.w_proj_t is None else out @ self.w_proj_t), c
-        if self.mode == "gru":
-            hw = h @ self.w_rec_t + self.b_rec
-            rz = 2 * self.w_rec_t.shape[-1] // 3
-            r, z = tf.split(tf.sigmoid(xw[:, :rz] + hw[:, :rz]), 2, axis=-1)
-            n = tf.tanh(xw[:, rz:] + r * hw[:, rz:])
+        if self.mode == "gru":  # (split, not sliced: a slice's gradient is a padded copy)
+            x_r, x_z, x_n = tf.split(xw, 3, axis=-1)
+            h_r, h_z, h_n = tf.split(h @ self.w_rec_t + self.b_rec, 3, axis=-1)
+            r, z = tf.sigmoid(x_r + h_r), tf.sigmoid(x_z + h_z)
+            n = tf.tanh(x_n + r * h_n)
             return (h - n) * z + n, None
         pre = xw + h @ self.w_rec_t
         return (tf.tanh(pre) if self.mode == "rnn_tanh" else tf.nn.relu(pre)), None
@@ -193,8 +193,11 @@ class _Rows:
             return t + 1, new_h, new_c, outputs.write(t, y)
 
         c_loop = c if lstm else tf.zeros((), h.dtype)
+        # maximum_iterations: the gradient's accumulators can be allocated once, at their
+        # size, as Keras's own loop has them
         _, h, c_loop, outputs = tf.while_loop(
-            lambda t, *_: t < steps, body, (tf.constant(0), h, c_loop, outputs))
+            lambda t, *_: t < steps, body, (tf.constant(0), h, c_loop, outputs),
+            maximum_iterations=steps)
         y = outputs.stack()
         if reverse:
             y = self._reverse(y)

@@ -78,39 +78,44 @@ def active() -> bool:
     return _on
 
 
-# A reentrant torch.utils.checkpoint (use_reentrant=True) runs its forward under no_grad,
-# and again in backward, with PyTorch's generators as they were then, and with no
-# context_fn: a backward outside the context recomputed a forward that ran inside it as
-# one multi-layer call, with other masks (its gradients silently off). So a forward
-# inside the context without grad remembers which call it was (the module, and the
-# generator's state its masks are drawn from), and a forward during a backward that is
-# that call again runs layer by layer too.
+# A checkpoint (torch.utils.checkpoint) runs a forward again in backward, with PyTorch's
+# generators as they were, and a reentrant one with no context_fn: a backward outside
+# the context recomputed a forward that ran inside it as one multi-layer call, with other
+# masks (its gradients silently off). So a forward that draws masks remembers how it ran
+# (the module and the state of the generator its masks come from), and a forward during
+# a backward runs as the remembered call did, whatever the context is then. A forward
+# outside the context forgets its call: a later recomputation of it is one call too.
 
-_MAX_REMEMBERED = 256
+_MAX_REMEMBERED = 4096  # calls whose backward has not run yet (two integers each)
 _remembered = collections.OrderedDict()  # _call_key(...) → None, the newest last
 
 
 def by_layer(owner, device, draws) -> bool:
     """Whether a forward runs layer by layer: inside ``second_order_dropout()``, or as a
-    reentrant checkpoint's recomputation, in a backward, of a forward that ran inside it.
+    checkpoint's recomputation, in a backward, of a forward that ran so.
 
     `owner`: the module called (None for ``rnn``); `device`: its input's; `draws`:
     whether it draws dropout masks between layers. (Under a trace, whether the context
     is open alone.)
     """
-    if active():
-        if draws and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            key = _call_key(owner, device)
-            with _lock:
-                _remembered[key] = None
-                _remembered.move_to_end(key)
-                while len(_remembered) > _MAX_REMEMBERED:
-                    _remembered.popitem(last=False)
-        return True
-    if not draws or torch.compiler.is_compiling() or not _remembered:
+    if not draws or torch.compiler.is_compiling() or (
+            device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return active()  # (a generator's state is not read under a trace or a capture)
+    in_backward = torch._C._current_autograd_node() is not None
+    if not (active() or _remembered):
         return False
-    return torch._C._current_autograd_node() is not None and \
-        _call_key(owner, device) in _remembered
+    key = _call_key(owner, device)
+    with _lock:
+        if in_backward:  # a checkpoint's recomputation: as the forward it repeats ran
+            return key in _remembered
+        if active():
+            _remembered[key] = None
+            _remembered.move_to_end(key)
+            while len(_remembered) > _MAX_REMEMBERED:
+                _remembered.popitem(last=False)
+            return True
+        _remembered.pop(key, None)
+        return False
 
 
 def _call_key(owner, device):

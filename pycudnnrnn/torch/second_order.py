@@ -303,9 +303,13 @@ def _spread_results(found, inputs, call):
 
 
 def _unwrap_if_dead(t):
-    """`t`, or the tensor it wraps where it is a wrapper of a torch.func level gone."""
-    if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
-        return torch._C._functorch.unwrap_if_dead(t)
+    """`t`, or the tensor it wraps where it is a wrapper of torch.func levels gone (as
+    many as have gone: each unwrap takes off one)."""
+    while isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        inner = torch._C._functorch.unwrap_if_dead(t)
+        if inner is t:
+            break
+        t = inner
     return t
 
 

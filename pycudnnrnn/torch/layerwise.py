@@ -98,9 +98,12 @@ def by_layer(owner, device, draws) -> bool:
     whether it draws dropout masks between layers. (Under a trace, whether the context
     is open alone.)
     """
-    if not draws or torch.compiler.is_compiling() or (
+    if not draws or torch.compiler.is_compiling() or \
+            torch._C._are_functorch_transforms_active() or (
             device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        return active()  # (a generator's state is not read under a trace or a capture)
+        # a generator's state is not read under a trace, a torch.func transform (whose
+        # tensors have no storage to read) or a capture
+        return active()
     in_backward = torch._C._current_autograd_node() is not None
     if not (active() or _remembered):
         return False

@@ -215,3 +215,18 @@ def test_layout_caches_hold_a_bounded_number_of_entries(monkeypatch):
             cache(config(layers))
             assert cache.cache_entries() <= layout.CACHE_ENTRIES
         assert cache(config(3, seed=1)) is cache(config(3, seed=2)), "seeds share the layout"
+
+
+@pytest.mark.parametrize("attrs", CONFIGS)
+def test_tiles_cut_the_buffer_at_every_block_edge(attrs):
+    """``layout.tiles``, what the JAX and TensorFlow adapters split params by: in order,
+    no overlap, no gap, to the buffer's end, each block once with its own size."""
+    config = make_config(**attrs)
+    blocks = layout.pseudo_layer_blocks(config)
+    tiles = layout.tiles(blocks)
+    assert [t[0] for t in tiles] == [0] + [t[1] for t in tiles[:-1]]
+    assert tiles[-1][1] == layout.params_size(config)
+    named = {(k, name): stop - offset for offset, stop, k, name in tiles if k is not None}
+    want = {(k, name): int(np.prod(block.shape)) for k, layer in enumerate(blocks)
+            for name in layout.BLOCK_NAMES if (block := getattr(layer, name)) is not None}
+    assert named == want

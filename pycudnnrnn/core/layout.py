@@ -227,6 +227,27 @@ def pseudo_layer_blocks(config: RNNConfig) -> tuple[PseudoLayerBlocks, ...]:
     ) for k in range(config.num_pseudo_layers))
 
 
+#: The names of a pseudo-layer's blocks, ``PseudoLayerBlocks``' fields.
+BLOCK_NAMES = tuple(field.name for field in dataclasses.fields(PseudoLayerBlocks))
+
+
+def tiles(pseudo_layers) -> list:
+    """The params buffer cut at every block's edges, in order: ``(offset, stop, k,
+    name)`` for pseudo-layer k's block `name`, and ``(offset, stop, None, None)`` for a
+    gap no block covers. What one ``split`` of the buffer into every block needs (its
+    gradient is then one concatenation, where a slice per block would each add a
+    zero-padded copy of the whole buffer)."""
+    blocks = sorted((b.offset, b.stop, k, name) for k, layer in enumerate(pseudo_layers)
+                    for name in BLOCK_NAMES if (b := getattr(layer, name)) is not None)
+    found, previous = [], 0
+    for offset, stop, k, name in blocks:
+        if offset != previous:
+            found.append((previous, offset, None, None))
+        found.append((offset, stop, k, name))
+        previous = stop
+    return found
+
+
 def layer(config: RNNConfig, index: int) -> tuple[RNNConfig, slice, slice]:
     """Layer `index` of `config` as a network of its own (one layer, no dropout), and the
     slices of the params buffer that hold its matrices and its biases.

@@ -78,25 +78,14 @@ def rnn(problem, input, input_h, input_c, params, lengths):
 
 def _split(params, pseudo_layers):
     """Each pseudo-layer's blocks as arrays (``{name: array or None}``), cut from `params`
-    by one ``split``: its gradient is one concatenation, where a slice per block would
-    each add a zero-padded copy of the whole buffer."""
-    names = ("w_input", "w_recurrent", "w_projection", "b_input", "b_recurrent")
-    blocks = sorted((b.offset, b.stop, k, name) for k, layer in enumerate(pseudo_layers)
-                    for name in names if (b := getattr(layer, name)) is not None)
-    cuts, pieces, previous = [], [], 0
-    for offset, stop, k, name in blocks:
-        if offset != previous:  # (the buffer is tiled by the blocks; a gap stays a piece)
-            cuts.append(offset)
-            pieces.append(None)
-        cuts.append(stop)
-        pieces.append((k, name))
-        previous = stop
+    by one ``split`` (``layout.tiles``)."""
+    pieces = layout.tiles(pseudo_layers)
+    cuts = [stop for _, stop, _, _ in pieces]
     arrays = jnp.split(params, cuts[:-1]) if cuts[-1] == params.shape[0] else \
         jnp.split(params, cuts)[:-1]
-    views = [dict.fromkeys(names) for _ in pseudo_layers]
-    for array, piece in zip(arrays, pieces):
-        if piece is not None:
-            k, name = piece
+    views = [dict.fromkeys(layout.BLOCK_NAMES) for _ in pseudo_layers]
+    for array, (_, _, k, name) in zip(arrays, pieces):
+        if k is not None:
             views[k][name] = array.reshape(getattr(pseudo_layers[k], name).shape)
     return views
 

@@ -83,22 +83,12 @@ def rnn(config, time_major, input, input_h, input_c, params, lengths, dropout_ma
 
 def _split(params, pseudo_layers):
     """Each pseudo-layer's blocks as tensors (``{name: tensor or None}``), cut from
-    `params` by one ``tf.split``: its gradient is one concatenation."""
-    names = ("w_input", "w_recurrent", "w_projection", "b_input", "b_recurrent")
-    blocks = sorted((b.offset, b.stop, k, name) for k, layer in enumerate(pseudo_layers)
-                    for name in names if (b := getattr(layer, name)) is not None)
-    sizes, pieces, previous = [], [], 0
-    for offset, stop, k, name in blocks:
-        if offset != previous:  # (the buffer is tiled by the blocks; a gap stays a piece)
-            sizes.append(offset - previous)
-            pieces.append(None)
-        sizes.append(stop - offset)
-        pieces.append((k, name))
-        previous = stop
-    views = [dict.fromkeys(names) for _ in pseudo_layers]
-    for array, piece in zip(tf.split(params, sizes), pieces):
-        if piece is not None:
-            k, name = piece
+    `params` by one ``tf.split`` (``layout.tiles``)."""
+    pieces = layout.tiles(pseudo_layers)
+    views = [dict.fromkeys(layout.BLOCK_NAMES) for _ in pseudo_layers]
+    for array, (_, _, k, name) in zip(tf.split(params, [b - a for a, b, _, _ in pieces]),
+                                      pieces):
+        if k is not None:
             views[k][name] = tf.reshape(array, getattr(pseudo_layers[k], name).shape)
     return views
 

@@ -26,17 +26,21 @@ import tensorflow as tf
 from ..core import layout
 
 
+def dropped_layers(config, is_training) -> range:
+    """The layers whose input dropout masks: every layer after the first, in training
+    with dropout (``Problem.dropout_layers``' rule, without a ``Problem``)."""
+    return range(1, config.num_layers) if is_training and config.dropout > 0 else range(0)
+
+
 def masks(config, is_training, x_shape, seed, dtype):
     """``{layer: keep-mask scaled by 1/(1-p)}`` of each dropped layer's input, [T, B, W]
     (time-major); empty where no mask is drawn. `seed` is the combined 64-bit seed, an
     int64 scalar tensor."""
     p = config.dropout
-    if not (is_training and p > 0):
-        return {}
     T, B = x_shape
     width = config.num_dirs * config.state_size
     found = {}
-    for layer in range(1, config.num_layers):
+    for layer in dropped_layers(config, is_training):
         key = tf.stack([seed, tf.constant(layer, tf.int64)])
         uniform = tf.random.stateless_uniform(tf.stack([T, B, width]), key, dtype=tf.float32)
         found[layer] = tf.cast(uniform >= p, dtype) * tf.cast(1.0 / (1.0 - p), dtype)

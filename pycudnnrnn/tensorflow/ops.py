@@ -43,12 +43,12 @@ class _Spec:
         self.dtype = tensor.dtype.as_numpy_dtype
 
 
-def _tensor(name, value, dtype=None):
+def _tensor(name, value):
     """`value` as a tensor (None stays None); a TypeError naming `name` otherwise."""
     if value is None:
         return None
     try:
-        tensor = tf.convert_to_tensor(value, dtype=dtype)
+        tensor = tf.convert_to_tensor(value)
     except (TypeError, ValueError) as error:
         raise TypeError(f"{name}: expected a tensor or array, got "
                         f"{type(value).__qualname__}") from error
@@ -57,7 +57,7 @@ def _tensor(name, value, dtype=None):
     return tensor
 
 
-def _static_sizes(input, input_h, input_c, params, time_major, lstm):
+def _static_sizes(input, input_h, input_c, time_major, lstm):
     """Sizes the params layout needs (features, L·D, P, H) must be known at trace time."""
     for name, tensor, axes in (("input", input, [2]),
                                ("input_h", input_h, [0 if time_major else 1, 2]),
@@ -89,7 +89,7 @@ def _check(op, input, input_h, input_c, params, lengths, sizes):
 
     Lengths are checked now when their values, the batch and the time are all known;
     otherwise when the graph runs (``_lengths_tensor``)."""
-    _static_sizes(input, input_h, input_c, params, op.time_major, op.lstm)
+    _static_sizes(input, input_h, input_c, op.time_major, op.lstm)
     batch = _unknown_batch(input, input_h, op.time_major)
     specs = [None if t is None else _Spec(t, batch) for t in (input, input_h, input_c)]
     if len(specs[0].shape) == 3:  # (a wrong rank is the check's to name)
@@ -246,10 +246,9 @@ def _attributes(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
                 is_training):
     """A validated ``Attributes`` (a tensor seed is checked by ``_seed_tensor``)."""
     tensor_seed = isinstance(seed, (tf.Tensor, tf.Variable))
-    op = checks.check_attributes(Attributes(rnn_mode, input_mode, direction, dropout,
-                                            0 if tensor_seed else seed, seed2, num_proj,
-                                            time_major, is_training))
-    return op
+    return checks.check_attributes(Attributes(rnn_mode, input_mode, direction, dropout,
+                                              0 if tensor_seed else seed, seed2, num_proj,
+                                              time_major, is_training))
 
 
 @_not_converted
@@ -384,7 +383,7 @@ def _read_masks(op, config, input, reserve_space):
     time_axis, batch_axis = (0, 1) if op.time_major else (1, 0)
     shape = tf.shape(input)
     T, B = shape[time_axis], shape[batch_axis]
-    dropped = list(range(1, config.num_layers)) if op.dropout > 0 else []
+    dropped = graph.dropped_layers(config, True)
     width = config.num_dirs * config.state_size
     expected = 16 + len(dropped) * T * B * width
     header = _header(op, config, input.dtype)

@@ -1,19 +1,21 @@
 """``make gpu-check``: validate the GPU path on a machine with an NVIDIA GPU.
 
 Uses that machine's own python3 and packages (CuPy, cuDNN 9 from an nvidia-cudnn wheel,
-PyTorch, pytest) with PYTHONPATH=. and no installs. Compares the params layout with
-cuDNN's, runs every ``gpu`` test, then short benchmarks (the GPU path against PyTorch's
-cuDNN RNNs, a PyTorch training step, a jitted JAX training step), writes a report
-(``gpu-report.md``, the pytest log and JUnit XML, both layout tables, the benchmark JSON)
-into ``$OUT`` when it is set, and prints a summary table last.
+PyTorch, pytest) with PYTHONPATH=. and no installs. Runs every ``gpu`` test (the hazard
+files first), compares the params layout with cuDNN's, then runs short benchmarks (the
+GPU path against PyTorch's cuDNN RNNs and the frameworks' training steps). The report
+(``gpu-report.md``, ``gpu-summary.json``, the pytest log and JUnit XML, the layout tables,
+the benchmark JSON) goes into ``$OUT`` when it is set. It is written again after every
+step, so a run cut short still says what passed. A summary table is printed last.
 Exits non-zero without a GPU, on any failure, or when no GPU test passed.
 """
 
 import datetime
-import json
 import importlib.util
+import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -109,27 +111,63 @@ def environment():
     }
 
 
-def run_tests(out):
-    xml_path = os.path.join(out, "gpu-tests.xml")
+#: Test files run first, so that a run cut short has settled the hazards.
+FIRST = ("test_gpu_hazards.py", "test_gpu_lifetime.py")
+#: A verbose pytest line: ``tests/x.py::name[params] PASSED`` (``-s`` may put a test's own
+#: prints before the outcome on the same line).
+OUTCOME = re.compile(r"::(\S+?) .*?\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+
+
+def test_command(xml_path):
+    """pytest on every ``gpu`` test, verbose, so each outcome reaches the log as it ends."""
+    tests = os.path.join(ROOT, "tests")
+    # Files named one by one: given a folder, pytest runs its own order whatever else
+    # the command line names first.
+    files = sorted(name for name in os.listdir(tests)
+                   if name.startswith("test_") and name.endswith(".py"))
+    files = [name for name in FIRST if name in files] + [n for n in files if n not in FIRST]
     # -s: the hazard tests print what they measured (sizes, CUDA-graph skips) for the report
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-s", "-rfE", "-p", "no:cacheprovider",
-           f"--junitxml={xml_path}", os.path.join(ROOT, "tests")]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=TEST_TIMEOUT_S)
-        log, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        log, rc = f"{exc.stdout or ''}\n{exc.stderr or ''}\nTIMED OUT after {TEST_TIMEOUT_S} s", 124
-    with open(os.path.join(out, "gpu-tests.log"), "w") as f:
-        f.write(log if isinstance(log, str) else log.decode(errors="replace"))
-    counts = dict(tests=0, failures=0, errors=0, skipped=0)
-    if os.path.exists(xml_path):
-        suite = ET.parse(xml_path).getroot()
-        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-        counts = {k: int(suite.get(k, 0)) for k in counts}
-    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    return rc, counts, log
+    return [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-s", "-rfE",
+            "-p", "no:cacheprovider", f"--junitxml={xml_path}",
+            *(os.path.join(tests, name) for name in files)]
+
+
+def run_tests(out):
+    """Run the tests into ``gpu-tests.log`` as they go; (exit status, counts, log)."""
+    xml_path, log_path = os.path.join(out, "gpu-tests.xml"), os.path.join(out, "gpu-tests.log")
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(test_command(xml_path), cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            rc = proc.wait(timeout=TEST_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = 124
+    with open(log_path, errors="replace") as f:
+        text = f.read()
+    if rc == 124:
+        text += f"\nTIMED OUT after {TEST_TIMEOUT_S} s"
+        with open(log_path, "a") as f:
+            f.write(f"\nTIMED OUT after {TEST_TIMEOUT_S} s\n")
+    return rc, count_outcomes(test_outcomes(xml_path) or log_outcomes(text)), text
+
+
+def log_outcomes(log: str) -> dict:
+    """{test name: outcome} read from the verbose log: all a run cut short leaves."""
+    outcomes = {}
+    for name, word in OUTCOME.findall(log):
+        outcomes[name] = ("failed" if word in ("FAILED", "ERROR") else
+                          "skipped" if word in ("SKIPPED", "XFAIL") else "passed")
+    return outcomes
+
+
+def count_outcomes(outcomes: dict) -> dict:
+    values = list(outcomes.values())
+    return dict(tests=len(values), passed=values.count("passed"),
+                failures=values.count("failed"), errors=0, skipped=values.count("skipped"))
 
 
 def test_outcomes(xml_path) -> dict:
@@ -170,48 +208,83 @@ def run_script(name, args, timeout_s, extra_env=None):
         return 124, f"{text(exc.stdout)}{text(exc.stderr)}\n{name} TIMED OUT after {timeout_s} s"
 
 
+class Report:
+    """``gpu-report.md`` and ``gpu-summary.json``, written again after every step.
+
+    A run cut short (the device's time limit kills it) still leaves a report of the
+    steps it finished and names the step it was in.
+    """
+
+    STEPS = ("params layout against cuDNN", "gpu tests", "benchmark",
+             "frameworks: training steps")
+
+    def __init__(self, out, env):
+        self.out, self.env = out, env
+        self.sections = {}
+        self.summary = dict(environment=env, finished=False)
+
+    def step(self, title, lines, **summary):
+        """Record a finished step (or one under way) and write the report now."""
+        self.sections[title] = lines
+        self.summary.update(summary)
+        self.write()
+
+    def write(self):
+        lines = ["# pycudnnrnn gpu-check", "", *[f"- {k}: {v}" for k, v in self.env.items()],
+                 ""]
+        for title in self.STEPS:
+            lines += [f"## {title}", "", *self.sections.get(title, ["not reached"]), ""]
+        with open(os.path.join(self.out, "gpu-report.md"), "w") as f:
+            f.write("\n".join(lines))
+        with open(os.path.join(self.out, "gpu-summary.json"), "w") as f:
+            json.dump(self.summary, f, indent=2)
+
+
+def fenced(text):
+    return ["```", text.strip(), "```"]
+
+
 def main():
     env = environment()
     out = os.environ.get("OUT") or os.path.join(ROOT, "gpu-check-report")
     os.makedirs(out, exist_ok=True)
+    report = Report(out, env)
+    report.step("gpu tests", [f"running (since {datetime.datetime.now():%H:%M:%S}): each "
+                              "outcome reaches gpu-tests.log as the test ends"])
+    rc, counts, log = run_tests(out)
+    outcomes = test_outcomes(os.path.join(out, "gpu-tests.xml")) or log_outcomes(log)
+    verdicts = hazard_verdicts(outcomes)
+    tail = "\n".join(log.strip().splitlines()[-40:])
+    printed = [line for line in log.splitlines()
+               if line.startswith(("JAX reserve", "torch.compile reduce-overhead",
+                                   "cuDNN reserve space"))]
+    report.step("gpu tests", [
+        f"passed {counts['passed']}, failed {counts['failures']}, errors {counts['errors']}, "
+        f"skipped {counts['skipped']} (pytest exit {rc})", "", *fenced(tail), "",
+        "### a verdict per hazard", "", "| hazard | verdict | tests |", "|---|---|---|",
+        *[f"| {h} | {v} | {d} |" for h, v, d in verdicts], "",
+        *(["```", *printed, "```"] if printed else [])],
+        tests=counts, pytest_exit=rc, hazards={h: v for h, v, _ in verdicts})
     layout_rc, layout_text = run_script(
         "gpu_layout.py", ["--json", os.path.join(out, "gpu-layout.json")], LAYOUT_TIMEOUT_S)
-    rc, counts, log = run_tests(out)
+    report.step("params layout against cuDNN", fenced(layout_text), layout_exit=layout_rc)
     _, bench = run_script("gpu_bench.py", ["--json", os.path.join(out, "gpu-bench.json")],
                           BENCH_TIMEOUT_S)
+    report.step("benchmark", fenced(bench))
     frameworks = []
     for name, args, timeout_s, module, extra_env in FRAMEWORK_BENCHES:
         if importlib.util.find_spec(module) is None:
             frameworks += [f"### {name} (not run: {module} is not installed here)", ""]
-            continue
-        status, text = run_script(name, args, timeout_s, extra_env)
-        frameworks += [f"### {name} (exit {status})", "", "```", text.strip(), "```", ""]
+        else:
+            status, text = run_script(name, args, timeout_s, extra_env)
+            frameworks += [f"### {name} (exit {status})", "", *fenced(text), ""]
+        report.step("frameworks: training steps", frameworks)
     with open(os.path.join(out, "gpu-frameworks.md"), "w") as f:
         f.write("\n".join(frameworks))
     ok = (rc == 0 and layout_rc == 0 and counts["passed"] > 0
           and counts["failures"] == counts["errors"] == 0)
-    tail = "\n".join(log.strip().splitlines()[-40:])
-    verdicts = hazard_verdicts(test_outcomes(os.path.join(out, "gpu-tests.xml")))
-    printed = [line for line in log.splitlines()
-               if line.startswith(("JAX reserve", "torch.compile reduce-overhead",
-                                   "cuDNN reserve space"))]
-    report = ["# pycudnnrnn gpu-check", "",
-              *[f"- {k}: {v}" for k, v in env.items()], "",
-              "## gpu tests", "",
-              f"passed {counts['passed']}, failed {counts['failures']}, errors {counts['errors']}, "
-              f"skipped {counts['skipped']} (pytest exit {rc})", "", "```", tail, "```", "",
-              "## issue 17: a verdict per hazard", "",
-              "| hazard | verdict | tests |", "|---|---|---|",
-              *[f"| {h} | {v} | {d} |" for h, v, d in verdicts], "",
-              *(["```", *printed, "```", ""] if printed else []),
-              "## params layout against cuDNN", "", "```", layout_text.strip(), "```", "",
-              "## benchmark", "", "```", bench.strip(), "```", "",
-              "## frameworks: training steps", "", *frameworks]
-    with open(os.path.join(out, "gpu-report.md"), "w") as f:
-        f.write("\n".join(report))
-    with open(os.path.join(out, "gpu-summary.json"), "w") as f:
-        json.dump(dict(environment=env, tests=counts, pytest_exit=rc, layout_exit=layout_rc, ok=ok,
-                       hazards={h: v for h, v, _ in verdicts}), f, indent=2)
+    report.summary.update(ok=ok, finished=True)
+    report.write()
     print(tail)
     print()
     for hazard, verdict, _ in verdicts:

@@ -5,6 +5,7 @@ import ctypes
 import gc
 import glob
 import itertools
+import json
 import os
 import re
 
@@ -307,6 +308,41 @@ def test_gpu_check_limits_sum_to_under_six_minutes():
                      "second_order_bench.py"}
     for name in names:
         assert os.path.exists(os.path.join(os.path.dirname(check.__file__), name))
+
+
+def test_gpu_check_writes_its_report_as_it_goes(tmp_path, monkeypatch):
+    """A device's time limit can kill the check at any step: the hazard files run first,
+    each outcome reaches the log as its test ends, and the report of the steps finished
+    is on disk before the next step starts."""
+    from conftest import benchmark_script
+    check = benchmark_script("gpu_check")
+    root, out = tmp_path / "checkout", tmp_path / "out"
+    (root / "tests").mkdir(parents=True)
+    (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: a GPU test\n")
+    (root / "tests" / "test_a_slow.py").write_text(
+        "import time, pytest\n"
+        "@pytest.mark.gpu\ndef test_skipped():\n    pytest.skip('no reason')\n"
+        "@pytest.mark.gpu\ndef test_hangs():\n    time.sleep(600)\n")
+    (root / "tests" / check.FIRST[0]).write_text(
+        "import pytest\n@pytest.mark.gpu\n@pytest.mark.parametrize('n', [1, 2])\n"
+        "def test_settles_a_hazard(n):\n    assert n\n")
+    monkeypatch.setattr(check, "ROOT", str(root))
+    monkeypatch.setattr(check, "TEST_TIMEOUT_S", 20)
+    monkeypatch.setattr(check, "environment", lambda: {"gpu": "stand-in"})
+    monkeypatch.setenv("OUT", str(out))
+
+    def killed(name, *args, **kwargs):  # the device's limit, reached at the next step
+        raise KeyboardInterrupt(name)
+    monkeypatch.setattr(check, "run_script", killed)
+    with pytest.raises(KeyboardInterrupt):
+        check.main()
+    report = (out / "gpu-report.md").read_text()
+    tests = report.split("## gpu tests")[1].split("##")[0]
+    assert "passed 2, failed 0, errors 0, skipped 1 (pytest exit 124)" in tests
+    assert "## params layout against cuDNN\n\nnot reached" in report
+    assert "test_settles_a_hazard[2] PASSED" in (out / "gpu-tests.log").read_text()
+    summary = json.loads((out / "gpu-summary.json").read_text())
+    assert summary["finished"] is False and summary["tests"]["passed"] == 2
 
 
 def test_the_driver_probe_answers_without_a_gpu():

@@ -414,8 +414,9 @@ def test_the_forward_custom_call_allocates_forwards_workspace(fake_gpu, monkeypa
     nothing)."""
     jax = pytest.importorskip("jax")
     from pycudnnrnn import jax as rnn_jax
-    monkeypatch.setattr(rnn_jax, "_default_platform", lambda: "gpu")
-    monkeypatch.setattr(rnn_jax, "_has_cuda", lambda: True)
+    from pycudnnrnn.jax import calls as jax_calls
+    monkeypatch.setattr(jax_calls, "default_platform", lambda: "gpu")
+    monkeypatch.setattr(jax_calls, "has_cuda", lambda: True)
     case = make_case("lstm", num_layers=4, num_units=32, input_size=32, T=16, B=8,
                      dtype=np.float32)
     args = (case.input, case.input_h, case.input_c, case.params)
@@ -446,7 +447,8 @@ _CudaDevice.__name__ = _CudaDevice.__qualname__ = "CudaDevice"
 def _jax_on_cuda(monkeypatch):
     jax = pytest.importorskip("jax")
     from pycudnnrnn import jax as rnn_jax
-    monkeypatch.setattr(rnn_jax, "_has_cuda", lambda: True)
+    from pycudnnrnn.jax import calls as jax_calls
+    monkeypatch.setattr(jax_calls, "has_cuda", lambda: True)
     return jax, rnn_jax
 
 
@@ -482,7 +484,7 @@ def test_trace_time_sizes_without_a_default_device_are_the_first_local_ones(fake
     be cuda:0 (a process of a multi-process job on one host); the sizes are its."""
     fake_cuda.DEVICES[0] = 2
     jax, rnn_jax = _jax_on_cuda(monkeypatch)
-    monkeypatch.setattr(rnn_jax, "_default_platform", lambda: "gpu")
+    monkeypatch.setattr(rnn_jax.calls, "default_platform", lambda: "gpu")
     monkeypatch.setattr(jax, "local_devices", lambda backend=None: [_CudaDevice(1, id=3)])
     case = make_case("gru", "bidirectional", num_units=6, input_size=3, T=4, B=2,
                      dtype=np.float32)

@@ -67,16 +67,16 @@ def test_the_ops_take_an_optional_seed_tensor_and_none_without_dropout():
         assert (types["seed"], types["sequence_lengths"]) == ("Optional[Tensor]",
                                                               "Optional[Tensor]"), name
     seen = []
-    forward_weights = prt.autograd.forward_weights
-    forward = prt.autograd.forward
+    forward_weights = prt.ops.forward_weights
+    forward = prt.ops.forward
 
     def record(op):
         return lambda *args: seen.append(args) or op(*args)
 
     x = torch.randn(T, B, I)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(prt.autograd, "forward_weights", record(forward_weights))
-        patch.setattr(prt.autograd, "forward", record(forward))
+        patch.setattr(prt.ops, "forward_weights", record(forward_weights))
+        patch.setattr(prt.ops, "forward", record(forward))
         patch.setattr(torch.compiler, "is_compiling", lambda: True)  # the op's own door
         torch.manual_seed(0)
         prt.LSTM(I, H, num_layers=2)(x)  # training, no dropout
@@ -1061,7 +1061,7 @@ def test_a_cuda_training_step_traces_with_cpu_tensors_only_for_seed_and_lengths(
     model = prt.CudnnRNN(I, H, 2, rnn_mode="lstm", dropout=dropout, device="meta")
     seen = []  # the forward op's arguments, as the module gave them
     forward = torch.ops.pycudnnrnn.forward
-    monkeypatch.setattr(prt.autograd, "forward", lambda *args: seen.append(args) or forward(*args))
+    monkeypatch.setattr(prt.ops, "forward", lambda *args: seen.append(args) or forward(*args))
 
     def step(x, params, *lengths):
         out, h_n, c_n = torch.func.functional_call(

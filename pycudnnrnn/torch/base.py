@@ -40,9 +40,11 @@ import torch
 
 from ..core import layout
 from ..core.checks import make_config
+from ..core.config import Attributes
 from . import kernels, layerwise, native
 from .autograd import apply
 from .functional import check_devices, lengths_tensor
+from .ops import check_call
 
 _SEED_BOUND = 2 ** 62
 
@@ -102,33 +104,35 @@ class SeededRNN:
             self.gpu_seed = _module_seed()
         self._hold_seed()
 
-    def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attrs, num_layers,
-             zero_states=False, torch_states=False, order=None):
+    def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attributes,
+             num_layers, zero_states=False, torch_states=False, order=None):
         """``(output, h_n, c_n)`` of the op on checked arguments, c_n empty unless LSTM.
 
-        `weights` and `has_biases` as for ``autograd.apply``; `attrs` the op's attributes but
-        dropout, which this picks from the mode; `zero_states`: h0 and c0 are zeros;
+        `weights` and `has_biases` as for ``autograd.apply``; `attributes` the call's
+        ``Attributes`` but dropout and is_training, which this picks from the mode and
+        whether a gradient is needed; `zero_states`: h0 and c0 are zeros;
         `torch_states`: the states in and out are ``[L·D, B, ·]`` when batch-major too
         (torch.nn's layout), else the op's ``[B, L·D, ·]``; `order`: a PackedSequence's
         ``sorted_indices``, the rows' order on PyTorch's kernel for packed rows.
         """
         dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
-        if native.takes(input, weights, attrs["input_mode"]):
+        if native.takes(input, weights, attributes.input_mode):
             if not torch_states:
                 # CudnnRNN: the op's checks of the shapes and dtypes first (the drop-ins
                 # made torch.nn's own checks before this)
-                kernels.problem(input, h0, c0, weights[0], dict(attrs, dropout=dropout), True)
+                check_call(input, h0, c0, weights[0],
+                           attributes.replace(dropout=dropout, is_training=True))
             # torch.nn's own call: its kernels, its dropout masks (from its generator)
             return native.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
-                              attrs["rnn_mode"], attrs["direction"], attrs["time_major"],
+                              attributes.rnn_mode, attributes.direction, attributes.time_major,
                               dropout, self.training, zero_states=zero_states,
                               torch_states=torch_states, order=order)
         if dropout == 1 and has_biases is not None:  # torch.nn's weights: a drop-in
             # torch.nn's p = 1 zeroes the input of every layer after the first; cuDNN takes
             # p < 1. Those layers' input matrices times zero compute the same, gradients too.
-            directions = 2 if attrs["direction"] == "bidirectional" else 1
-            weights, dropout = _first_layer_input_only(weights, num_layers, directions), 0.0
-        transpose = torch_states and not attrs["time_major"]
+            weights = _first_layer_input_only(weights, num_layers, attributes.num_dirs)
+            dropout = 0.0
+        transpose = torch_states and not attributes.time_major
         if transpose:  # the op's batch-major states are [B, L·D, ·]
             h0, c0 = h0.transpose(0, 1), None if c0 is None else c0.transpose(0, 1)
         # A trace records the forward that keeps what backward needs, whatever the grad
@@ -137,12 +141,12 @@ class SeededRNN:
         # traces backpropagate: a frozen model's, to its input too).
         grad = torch.jit.is_tracing() or torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
-        attrs = dict(attrs, dropout=dropout)
+        attributes = attributes.replace(dropout=dropout, is_training=self.training or grad)
         # read once: the seed and the route must agree
         by_layer = layerwise.by_layer(self, input.device, dropout > 0)
         seed = None if by_layer else self._seed(input, dropout)
-        output, h_n, c_n = apply(input, h0, c0, weights, sequence_lengths, seed, attrs,
-                                 has_biases, self.training or grad, by_layer)
+        output, h_n, c_n = apply(input, h0, c0, weights, has_biases, sequence_lengths, seed,
+                                 attributes, by_layer)
         if transpose:
             h_n = h_n.transpose(0, 1).contiguous()
             c_n = c_n.transpose(0, 1).contiguous() if c0 is not None else c_n
@@ -231,6 +235,6 @@ class FlatRNN(SeededRNN, torch.nn.Module):
         if input.device.type == "meta":
             raise TypeError("input: expected a tensor with data, got a tensor on the meta "
                             "device (it has no values to compute with)")
-        attrs = dict(self.layer_attrs, time_major=time_major)
+        attributes = Attributes(time_major=time_major, **self.layer_attrs)
         return self._run(input, h0, c0, [self.params], None, lengths_tensor(sequence_lengths),
-                         attrs, self.config.num_layers)
+                         attributes, self.config.num_layers)

@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from ..core.checks import dropout_seed
-from . import kernels, layerwise, native
+from ..core.config import Attributes
+from . import layerwise, native
 from .autograd import apply
-from .ops import op_attrs
+from .ops import check_call
 
 
 class InputValueError(ValueError, RuntimeError):
@@ -132,22 +133,22 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     if input.device.type == "meta":
         raise TypeError("input: expected a tensor with data, got a tensor on the meta device "
                         "(it has no values to compute with)")
-    attrs = op_attrs(rnn_mode, input_mode, direction, float(dropout), int(num_proj),
-                   bool(time_major))
+    # is_training as given, for the op's checks to name a bad one; a bool past them
+    attributes = Attributes(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                            dropout=float(dropout), num_proj=int(num_proj),
+                            time_major=bool(time_major), is_training=is_training)
     sizes = {name: value for name, value in (("num_layers", num_layers), ("num_units", num_units),
                                              ("input_size", input_size)) if value is not None}
     if sizes:
-        kernels.problem(input, input_h, input_c, params, {**attrs, **sizes}, is_training)
+        check_call(input, input_h, input_c, params, attributes, **sizes)
     lengths, seed = lengths_tensor(sequence_lengths), seed_tensor(seed, seed2)
-    if not layerwise.draws_masks(input_h, attrs["dropout"], attrs["direction"],
-                                 attrs["time_major"], is_training, malformed=True):
+    if not layerwise.draws_masks(input_h, attributes, malformed=True):
         seed = None  # no CPU tensor for a seed nothing uses (CUDA graphs can take the call)
         if native.takes(input, [input_h, params] + ([input_c] if lstm else []), input_mode):
             # The op's checks of the shapes first (native.rnn checks the lengths)
-            kernels.problem(input, input_h, input_c if lstm else None, params, attrs,
-                            is_training)
+            check_call(input, input_h, input_c if lstm else None, params, attributes)
             return native.rnn(input, input_h, input_c if lstm else None, [params], None,
                               lengths, rnn_mode, direction, time_major,
                               is_training=bool(is_training))
-    return apply(input, input_h, input_c if lstm else None, [params], lengths, seed, attrs,
-                 None, bool(is_training))
+    return apply(input, input_h, input_c if lstm else None, [params], None, lengths, seed,
+                 attributes.replace(is_training=bool(is_training)))

@@ -27,6 +27,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from ..core import layout
 from ..core.checks import make_config
+from ..core.config import Attributes
 from . import flat_weights, native
 from .functional import InputTypeError, InputValueError, check_devices, lengths_tensor
 from .ops import autocast_dtype
@@ -323,12 +324,13 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
             # masks torch.nn's gives (it draws them on the packed rows, equal lengths too)
             return native.packed(packed, h0, c0, weights, bool(self.bias), self.rnn_mode,
                                  self.bidirectional, float(self.dropout))
-        attrs = dict(rnn_mode=self.rnn_mode, input_mode="linear_input",
-                     direction="bidirectional" if self.bidirectional else "unidirectional",
-                     num_proj=self.proj_size, time_major=time_major)
+        attributes = Attributes(
+            rnn_mode=self.rnn_mode,
+            direction="bidirectional" if self.bidirectional else "unidirectional",
+            num_proj=self.proj_size, time_major=time_major)
         # A packed batch's rows run in its own order, as torch.nn runs them: tied lengths
         # summed into the weights' gradients in another order would round otherwise.
-        return self._run(data, h0, c0, weights, bool(self.bias), lengths, attrs,
+        return self._run(data, h0, c0, weights, bool(self.bias), lengths, attributes,
                          self.num_layers, zero_states=hx is None, torch_states=True,
                          order=None if packed is None else packed.sorted_indices)
 

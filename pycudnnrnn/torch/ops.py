@@ -34,6 +34,7 @@ from torch import Tensor
 
 from .. import errors
 from ..core import layout
+from ..core.config import Attributes
 from . import flat_weights, kernels
 
 _LIB = "pycudnnrnn"
@@ -384,6 +385,58 @@ def op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major):
     """The op's attributes as the functional API's keyword arguments."""
     return dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction, dropout=dropout,
                 num_proj=num_proj, time_major=time_major)
+
+
+# The adapter above the ops carries a call's attributes as one ``Attributes`` (its seed
+# and seed2 unused: the seed travels as a tensor, a graph input) and, beside it,
+# `has_biases`: None where the weights are ``[params]``, the flat cuDNN-layout buffer,
+# else torch.nn's ``bias`` for its list of weights. The ops' schema takes scalars: the
+# functions below are where one becomes the other.
+
+def schema_attributes(rnn_mode, input_mode, direction, dropout, num_proj, time_major,
+                      is_training) -> Attributes:
+    """The forward schema's scalar attributes as one ``Attributes``."""
+    return Attributes(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                      dropout=dropout, num_proj=num_proj, time_major=time_major,
+                      is_training=is_training)
+
+
+def check_call(input, input_h, input_c, params, attributes, **sizes):
+    """The op's checks of a forward's shapes and dtypes (``kernels.problem``), raising
+    its errors; `sizes`: ``num_layers``, ``num_units``, ``input_size`` to hold them to."""
+    a = attributes
+    attrs = op_attrs(a.rnn_mode, a.input_mode, a.direction, a.dropout, a.num_proj,
+                     a.time_major)
+    return kernels.problem(input, input_h, input_c, params, {**attrs, **sizes}, a.is_training)
+
+
+def call_forward(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
+                 attributes):
+    """``forward`` on ``[params]`` (`has_biases` None) or ``forward_weights`` on torch.nn's
+    `weights`: ``(output, output_h, output_c, reserve_space)``."""
+    a = attributes
+    if has_biases is None:
+        return forward(input, input_h, input_c, weights[0], sequence_lengths, seed, a.rnn_mode,
+                       a.input_mode, a.direction, a.dropout, a.num_proj, a.time_major,
+                       a.is_training)
+    return forward_weights(input, input_h, input_c, list(weights), has_biases, sequence_lengths,
+                           seed, a.rnn_mode, a.direction, a.dropout, a.num_proj, a.time_major,
+                           a.is_training)
+
+
+def call_backprop(input, input_h, input_c, weights, has_biases, sequence_lengths, seed, results,
+                  grads, reserve_space, attributes, gradients):
+    """The backprop op for ``call_forward``'s call, whose `results` ``(output, output_h,
+    output_c)`` and `reserve_space` it trusts as that forward's own: ``(dx, dh, dc,
+    dparams)``, dparams flat (cuDNN's layout) either way."""
+    a = attributes
+    if has_biases is None:
+        return backprop(input, input_h, input_c, weights[0], sequence_lengths, seed, *results,
+                        *grads, reserve_space, a.rnn_mode, a.input_mode, a.direction, a.dropout,
+                        a.num_proj, a.time_major, gradients, True)
+    return backprop_weights(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
+                            *results, *grads, reserve_space, a.rnn_mode, a.direction, a.dropout,
+                            a.num_proj, a.time_major, gradients, True)
 
 
 def _tensors(*tensors):

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from . import flat_weights, layerwise, onnx_export, second_order
+from . import flat_weights, second_order
 from .ops import (autocast, autocast_dtype, call_backprop, call_forward, forward,
                   forward_weights, import_dynamo, schema_attributes)
 
@@ -173,32 +173,26 @@ class _RNN(torch.autograd.Function):
                                           (d_input, d_input_h, d_input_c, *d_weights)), None)
 
 
-def apply(input, input_h, input_c, weights, has_biases, sequence_lengths, seed, attributes,
-          by_layer=None):
-    """The differentiable forward on checked arguments: ``(output, output_h, output_c)``.
+def apply(input, input_h, input_c, weights, has_biases, sequence_lengths, seed, attributes):
+    """The differentiable forward op on checked arguments: ``(output, output_h, output_c)``.
 
-    What ``rnn`` and the modules call: under autocast every floating argument is cast to
-    autocast's dtype first (the casts are differentiable, so gradients reach float32
-    weights), then ``_RNN`` runs the op. `weights`, `has_biases` and `attributes` (an
-    ``Attributes``) as for ``_RNN``. `by_layer`: whether the forward runs layer by layer
-    (``layerwise.by_layer``: ``second_order_dropout()`` is open, or this recomputes a
-    forward that ran so), as the caller read it when it chose the seed (None: read here);
-    its masks are then PyTorch's, between one op call per layer.
+    Under autocast every floating argument is cast to autocast's dtype first (the casts
+    are differentiable, so gradients reach float32 weights). `weights`, `has_biases` and
+    `attributes` (an ``Attributes``) as for ``_RNN``.
     """
-    dtype = autocast_dtype(input.device.type)
-    if dtype is not None:
-        input, input_h, input_c = (autocast(t, dtype) for t in (input, input_h, input_c))
-        weights = [autocast(w, dtype) for w in weights]
-    if onnx_export.exporting():  # ONNX's own recurrent operators, which any runtime runs
-        return onnx_export.rnn(input, input_h, input_c, weights, has_biases, sequence_lengths,
-                               attributes)
-    draws = layerwise.draws_masks(input_h, attributes)
-    by_layer = layerwise.by_layer(None, input.device, draws) if by_layer is None else by_layer
-    if by_layer and draws:  # PyTorch's masks between layers
-        return layerwise.rnn(_differentiable_op, input, input_h, input_c, weights, has_biases,
-                             sequence_lengths, attributes)
+    input, input_h, input_c, weights = autocast_all(input, input_h, input_c, weights)
     return _differentiable_op(input, input_h, input_c, weights, has_biases, sequence_lengths,
                               seed, attributes)
+
+
+def autocast_all(input, input_h, input_c, weights):
+    """The forward's floating arguments as autocast casts them (as they are when it is
+    off): ``(input, input_h, input_c, weights)``."""
+    dtype = autocast_dtype(input.device.type)
+    if dtype is None:
+        return input, input_h, input_c, weights
+    input, input_h, input_c = (autocast(t, dtype) for t in (input, input_h, input_c))
+    return input, input_h, input_c, [autocast(w, dtype) for w in weights]
 
 
 def _differentiable_op(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,

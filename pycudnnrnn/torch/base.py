@@ -1,4 +1,4 @@
-"""What every pycudnnrnn module shares: dropout seeds, the choice of forward, the op call.
+"""What every pycudnnrnn module shares: dropout seeds, and running the route ``route`` picks.
 
 ``SeededRNN`` is a mixin of the drop-in ``LSTM``/``GRU``/``RNN`` (over ``torch.nn.RNNBase``
 and its named weights) and of ``FlatRNN``, the base of the TensorFlow-flavoured
@@ -41,10 +41,10 @@ import torch
 from ..core import layout
 from ..core.checks import make_config
 from ..core.config import Attributes
-from . import kernels, layerwise, native
-from .autograd import apply
+from . import kernels, native
 from .functional import check_devices, lengths_tensor
 from .ops import check_call
+from .route import Route, choose, run_op
 
 _SEED_BOUND = 2 ** 62
 
@@ -105,18 +105,29 @@ class SeededRNN:
         self._hold_seed()
 
     def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attributes,
-             num_layers, zero_states=False, torch_states=False, order=None):
-        """``(output, h_n, c_n)`` of the op on checked arguments, c_n empty unless LSTM.
+             num_layers, zero_states=False, torch_states=False, packed=None):
+        """``(output, h_n, c_n)`` of checked arguments on the route ``route.choose`` picks,
+        c_n empty unless LSTM (output a PackedSequence on torch.nn's packed kernel).
 
         `weights` and `has_biases` as for ``autograd.apply``; `attributes` the call's
         ``Attributes`` but dropout and is_training, which this picks from the mode and
         whether a gradient is needed; `zero_states`: h0 and c0 are zeros;
         `torch_states`: the states in and out are ``[L·D, B, ·]`` when batch-major too
-        (torch.nn's layout), else the op's ``[B, L·D, ·]``; `order`: a PackedSequence's
-        ``sorted_indices``, the rows' order on PyTorch's kernel for packed rows.
+        (torch.nn's layout), else the op's ``[B, L·D, ·]``; `packed`: the PackedSequence
+        a drop-in was given (its rows padded in `input`).
         """
         dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
-        if native.takes(input, weights, attributes.input_mode):
+        way = choose(input, h0, weights, has_biases, attributes.replace(dropout=dropout),
+                     module=self, packed=packed is not None)
+        if way is Route.EMPTY_BATCH:  # nothing to run (the op needs a batch), as torch.nn
+            return _empty_batch(input, h0, c0, weights, attributes.time_major,
+                                attributes.num_dirs * h0.shape[-1])
+        if way is Route.TORCH_PACKED:
+            # torch.nn's own call, on the rows in the order it packed them: a seed gives the
+            # masks torch.nn's gives (it draws them on the packed rows, equal lengths too)
+            return native.packed(packed, h0, c0, weights, has_biases, attributes.rnn_mode,
+                                 attributes.num_dirs == 2, float(self.dropout))
+        if way is Route.TORCH_KERNELS:
             if not torch_states:
                 # CudnnRNN: the op's checks of the shapes and dtypes first (the drop-ins
                 # made torch.nn's own checks before this)
@@ -126,7 +137,8 @@ class SeededRNN:
             return native.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
                               attributes.rnn_mode, attributes.direction, attributes.time_major,
                               dropout, self.training, zero_states=zero_states,
-                              torch_states=torch_states, order=order)
+                              torch_states=torch_states,
+                              order=None if packed is None else packed.sorted_indices)
         if dropout == 1 and has_biases is not None:  # torch.nn's weights: a drop-in
             # torch.nn's p = 1 zeroes the input of every layer after the first; cuDNN takes
             # p < 1. Those layers' input matrices times zero compute the same, gradients too.
@@ -142,11 +154,9 @@ class SeededRNN:
         grad = torch.jit.is_tracing() or torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
         attributes = attributes.replace(dropout=dropout, is_training=self.training or grad)
-        # read once: the seed and the route must agree
-        by_layer = layerwise.by_layer(self, input.device, dropout > 0)
-        seed = None if by_layer else self._seed(input, dropout)
-        output, h_n, c_n = apply(input, h0, c0, weights, has_biases, sequence_lengths, seed,
-                                 attributes, by_layer)
+        seed = None if way is Route.LAYERWISE else self._seed(input, dropout)
+        output, h_n, c_n = run_op(way, input, h0, c0, weights, has_biases, sequence_lengths,
+                                  seed, attributes)
         if transpose:
             h_n = h_n.transpose(0, 1).contiguous()
             c_n = c_n.transpose(0, 1).contiguous() if c0 is not None else c_n
@@ -169,6 +179,16 @@ def _first_layer_input_only(weights, num_layers, directions):
     group = len(weights) // (num_layers * directions)
     return [w * 0 if k >= group * directions and k % group == 0 else w
             for k, w in enumerate(weights)]
+
+
+def _empty_batch(data, h0, c0, weights, time_major, width):
+    """The results for a batch of 0 sequences, connected to every argument for autograd
+    (their gradients are zeros, as torch.nn's)."""
+    tie = native.zero_tie(data, *weights)
+    T = data.shape[0] if time_major else data.shape[1]
+    shape = (T, 0, width) if time_major else (0, T, width)
+    output = data.new_zeros(shape) + tie
+    return output, h0 + tie, data.new_empty((0,)) if c0 is None else c0 + tie
 
 
 class FlatRNN(SeededRNN, torch.nn.Module):

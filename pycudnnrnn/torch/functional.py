@@ -15,8 +15,8 @@ import torch
 from ..core.checks import dropout_seed
 from ..core.config import Attributes
 from . import layerwise, native
-from .autograd import apply
 from .ops import check_call
+from .route import Route, choose, run_op
 
 
 class InputValueError(ValueError, RuntimeError):
@@ -142,13 +142,15 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     if sizes:
         check_call(input, input_h, input_c, params, attributes, **sizes)
     lengths, seed = lengths_tensor(sequence_lengths), seed_tensor(seed, seed2)
+    input_c = input_c if lstm else None
+    way = choose(input, input_h, [input_h, params] + ([input_c] if lstm else []), None,
+                 attributes)
+    if way is Route.TORCH_KERNELS:
+        # The op's checks of the shapes first (native.rnn checks the lengths)
+        check_call(input, input_h, input_c, params, attributes)
+        return native.rnn(input, input_h, input_c, [params], None, lengths, rnn_mode, direction,
+                          time_major, is_training=bool(is_training))
     if not layerwise.draws_masks(input_h, attributes, malformed=True):
         seed = None  # no CPU tensor for a seed nothing uses (CUDA graphs can take the call)
-        if native.takes(input, [input_h, params] + ([input_c] if lstm else []), input_mode):
-            # The op's checks of the shapes first (native.rnn checks the lengths)
-            check_call(input, input_h, input_c if lstm else None, params, attributes)
-            return native.rnn(input, input_h, input_c if lstm else None, [params], None,
-                              lengths, rnn_mode, direction, time_major,
-                              is_training=bool(is_training))
-    return apply(input, input_h, input_c if lstm else None, [params], None, lengths, seed,
-                 attributes.replace(is_training=bool(is_training)))
+    return run_op(way, input, input_h, input_c, [params], None, lengths, seed,
+                  attributes.replace(is_training=bool(is_training)))

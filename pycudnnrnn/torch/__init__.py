@@ -22,7 +22,8 @@ from ..core.extras import require as _require
 _require("pycudnnrnn.torch", "torch", "torch")  # missing: an ImportError naming the extra
 
 from .cudnn_rnn import CudnnRNN, CudnnRNNFunction
-from .functional import InputTypeError, InputValueError, rnn
+from .errors import InputTypeError, InputValueError
+from .functional import rnn
 from .layerwise import second_order_dropout
 from .modules import GRU, LSTM, RNN
 from .native import cpu_kernels, set_cpu_kernels

@@ -3,8 +3,7 @@
 The checks (``check_devices``, ``lengths_tensor``, ``seed_tensor``) serve the modules too:
 every tensor on the input's device (meta refused by name), lengths that are integers,
 a seed that is an integer or a 0-d integer tensor. ``InputValueError`` and
-``InputTypeError`` are what the modules raise for bad calls: the library's ValueError or
-TypeError and, at once, the exception torch.nn raises there.
+``InputTypeError`` (``errors``, named here too) are what the modules raise for bad calls.
 """
 
 from __future__ import annotations
@@ -15,18 +14,9 @@ import torch
 from ..core.checks import dropout_seed
 from ..core.config import Attributes
 from . import layerwise, native
+from .errors import InputTypeError, InputValueError  # noqa: F401  (named here too)
 from .ops import check_call
 from .route import Route, choose, run_op
-
-
-class InputValueError(ValueError, RuntimeError):
-    """A bad shape or value given to a module: torch.nn raises RuntimeError there, the
-    library's contract says ValueError; this is both."""
-
-
-class InputTypeError(TypeError, ValueError, RuntimeError):
-    """A bad dtype, device or kind of argument: the library's TypeError, and what
-    torch.nn raises for it (ValueError for the input's dtype, RuntimeError otherwise)."""
 
 
 def check_devices(device, names_and_tensors):

@@ -29,7 +29,8 @@ from ..core import layout
 from ..core.checks import make_config
 from ..core.config import Attributes
 from . import flat_weights
-from .functional import InputTypeError, InputValueError, check_devices, lengths_tensor
+from .errors import InputTypeError, InputValueError
+from .functional import check_devices, lengths_tensor
 from .ops import autocast_dtype
 from .base import SeededRNN
 

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import pycudnnrnn  # noqa: E402
 import pycudnnrnn.torch as prt  # noqa: E402
-from pycudnnrnn.torch import native, second_order  # noqa: E402
+from pycudnnrnn.torch import second_order, torch_kernels as native  # noqa: E402
 from test_torch_ops import torch_on_stand_in  # noqa: E402,F401  (a fixture)
 
 T, B, I, H = 4, 3, 3, 2

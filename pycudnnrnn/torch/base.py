@@ -23,7 +23,7 @@ seed), initialises it once and advances it at every training call, as PyTorch's 
 do, instead of re-seeding (6 MiB of state and a slow initialisation) per step. Either
 way a forward run again from the same PyTorch generator state (``torch.utils.checkpoint``'s
 recomputation) draws the same masks: on the CPU the seed comes from the generator, on
-CUDA the op names each forward by the generator's state (``kernels.dropout_key``).
+CUDA the op names each forward by the generator's state (``op_backends.dropout_key``).
 Under ``second_order_dropout()`` no seed is drawn: ``torch.nn.functional.dropout`` draws
 the masks between one op call per layer (``layerwise``), again from the generator (so a
 recomputation inside the context draws them again too).
@@ -41,7 +41,7 @@ import torch
 from ..core import layout
 from ..core.checks import make_config
 from ..core.config import Attributes
-from . import kernels, native
+from . import op_backends, torch_kernels
 from .functional import check_devices, lengths_tensor
 from .ops import check_call
 from .route import Route, choose, run_op
@@ -93,8 +93,8 @@ class SeededRNN:
 
     def _hold_seed(self):
         # The seed's CUDA plan and dropout state live as long as the module, not longer.
-        kernels.acquire_seed(self.gpu_seed)
-        weakref.finalize(self, kernels.release_seed, self.gpu_seed)
+        op_backends.acquire_seed(self.gpu_seed)
+        weakref.finalize(self, op_backends.release_seed, self.gpu_seed)
 
     def __setstate__(self, state):
         # A copy (copy.deepcopy, pickle) is a module of its own: a seed not given is made
@@ -125,8 +125,8 @@ class SeededRNN:
         if way is Route.TORCH_PACKED:
             # torch.nn's own call, on the rows in the order it packed them: a seed gives the
             # masks torch.nn's gives (it draws them on the packed rows, equal lengths too)
-            return native.packed(packed, h0, c0, weights, has_biases, attributes.rnn_mode,
-                                 attributes.num_dirs == 2, float(self.dropout))
+            return torch_kernels.packed(packed, h0, c0, weights, has_biases, attributes.rnn_mode,
+                                        attributes.num_dirs == 2, float(self.dropout))
         if way is Route.TORCH_KERNELS:
             if not torch_states:
                 # CudnnRNN: the op's checks of the shapes and dtypes first (the drop-ins
@@ -134,11 +134,12 @@ class SeededRNN:
                 check_call(input, h0, c0, weights[0],
                            attributes.replace(dropout=dropout, is_training=True))
             # torch.nn's own call: its kernels, its dropout masks (from its generator)
-            return native.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
-                              attributes.rnn_mode, attributes.direction, attributes.time_major,
-                              dropout, self.training, zero_states=zero_states,
-                              torch_states=torch_states,
-                              order=None if packed is None else packed.sorted_indices)
+            return torch_kernels.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
+                                     attributes.rnn_mode, attributes.direction,
+                                     attributes.time_major,
+                                     dropout, self.training, zero_states=zero_states,
+                                     torch_states=torch_states,
+                                     order=None if packed is None else packed.sorted_indices)
         if dropout == 1 and has_biases is not None:  # torch.nn's weights: a drop-in
             # torch.nn's p = 1 zeroes the input of every layer after the first; cuDNN takes
             # p < 1. Those layers' input matrices times zero compute the same, gradients too.
@@ -168,7 +169,7 @@ class SeededRNN:
         then the call holds no CPU tensor for the seed, and CUDA graphs can take it."""
         if dropout == 0:
             return None
-        if not kernels.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
+        if not op_backends.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
             return _draw_seed()
         return torch.tensor(self.gpu_seed, dtype=torch.int64)  # cuDNN advances its state
 
@@ -184,7 +185,7 @@ def _first_layer_input_only(weights, num_layers, directions):
 def _empty_batch(data, h0, c0, weights, time_major, width):
     """The results for a batch of 0 sequences, connected to every argument for autograd
     (their gradients are zeros, as torch.nn's)."""
-    tie = native.zero_tie(data, *weights)
+    tie = torch_kernels.zero_tie(data, *weights)
     T = data.shape[0] if time_major else data.shape[1]
     shape = (T, 0, width) if time_major else (0, T, width)
     output = data.new_zeros(shape) + tie

@@ -13,7 +13,7 @@ import torch
 
 from ..core.checks import dropout_seed
 from ..core.config import Attributes
-from . import layerwise, native
+from . import layerwise, torch_kernels
 from .errors import InputTypeError, InputValueError  # noqa: F401  (named here too)
 from .ops import check_call
 from .route import Route, choose, run_op
@@ -136,10 +136,10 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     way = choose(input, input_h, [input_h, params] + ([input_c] if lstm else []), None,
                  attributes)
     if way is Route.TORCH_KERNELS:
-        # The op's checks of the shapes first (native.rnn checks the lengths)
+        # The op's checks of the shapes first (torch_kernels.rnn checks the lengths)
         check_call(input, input_h, input_c, params, attributes)
-        return native.rnn(input, input_h, input_c, [params], None, lengths, rnn_mode, direction,
-                          time_major, is_training=bool(is_training))
+        return torch_kernels.rnn(input, input_h, input_c, [params], None, lengths, rnn_mode,
+                                 direction, time_major, is_training=bool(is_training))
     if not layerwise.draws_masks(input_h, attributes, malformed=True):
         seed = None  # no CPU tensor for a seed nothing uses (CUDA graphs can take the call)
     return run_op(way, input, input_h, input_c, [params], None, lengths, seed,

@@ -291,7 +291,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                 f"padded input and its lengths instead: module(padded, "
                 f"sequence_lengths=lengths), which they take") from error
         output, h_n, c_n = self._call(padded, hx, padded.shape[1], lengths, True, True, packed)
-        if isinstance(output, PackedSequence):  # torch.nn's own call on it (native.packed)
+        if isinstance(output, PackedSequence):  # torch.nn's own call on it (torch_kernels.packed)
             return output, self._state_result(h_n, c_n)
         # Pack in the input's own order, so that its sorted/unsorted indices stay valid.
         order = packed.sorted_indices

@@ -19,7 +19,7 @@ dropout mask is drawn; lengths and a dropout seed are host tensors (cuDNN's desc
 and dropout state need host values, and a captured graph would hold the lengths it was
 captured with), so Inductor's CUDA-graph trees skip graphs with them. Outputs are always
 fresh tensors (never views of the inputs); the reserve space's size depends on shapes
-and attributes alone, never on the lengths (``kernels.reserve_nbytes``).
+and attributes alone, never on the lengths (``op_backends.reserve_nbytes``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torch import Tensor
 from .. import errors
 from ..core import layout
 from ..core.config import Attributes
-from . import flat_weights, kernels
+from . import flat_weights, op_backends
 
 _LIB = "pycudnnrnn"
 
@@ -130,8 +130,8 @@ def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: T
             is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.forward``: (output, output_h, output_c, reserve_space)."""
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
-    outputs = kernels.run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs,
-                                  is_training)
+    outputs = op_backends.run_forward(input, input_h, input_c, params, sequence_lengths, seed,
+                                      attrs, is_training)
     return _fresh_all(outputs, _tensors(input, input_h, input_c, params))
 
 
@@ -141,7 +141,7 @@ def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_m
     _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
                  sequence_lengths=sequence_lengths, seed=seed)
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
-    problem = kernels.problem(input, input_h, input_c, params, attrs, is_training)
+    problem = op_backends.problem(input, input_h, input_c, params, attrs, is_training)
     return _forward_results(problem, input, input_h, input_c)
 
 
@@ -159,8 +159,8 @@ def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
     """
     attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
     params = _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training)
-    outputs = kernels.run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs,
-                                  is_training)
+    outputs = op_backends.run_forward(input, input_h, input_c, params, sequence_lengths, seed,
+                                      attrs, is_training)
     return _fresh_all(outputs, _tensors(input, input_h, input_c, *weights))
 
 
@@ -188,10 +188,10 @@ def _forward_results(problem, input, input_h, input_c):
 
 
 def _fake_reserve_nbytes(problem, like):
-    """``kernels.reserve_nbytes``, or None where no GPU can tell it (tracing for CUDA on
+    """``op_backends.reserve_nbytes``, or None where no GPU can tell it (tracing for CUDA on
     a machine without one: a PyTorch without CUDA, or no cuDNN)."""
     try:
-        return kernels.reserve_nbytes(problem, like)
+        return op_backends.reserve_nbytes(problem, like)
     except errors.CudnnError:
         raise
     except (errors.CudnnUnavailableError, RuntimeError, AssertionError):
@@ -276,11 +276,11 @@ def _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, outpu
                   output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                   attrs, gradients, weights, trust_reserve):
     lstm = attrs["rnn_mode"] == "lstm"
-    grads = kernels.run_backprop(input, input_h, input_c if lstm else None, params,
-                                 sequence_lengths, seed, output, output_h,
-                                 output_c if lstm else None, output_backprop, output_h_backprop,
-                                 output_c_backprop if lstm else None, reserve_space, attrs,
-                                 gradients, trust_reserve)
+    grads = op_backends.run_backprop(input, input_h, input_c if lstm else None, params,
+                                     sequence_lengths, seed, output, output_h,
+                                     output_c if lstm else None, output_backprop, output_h_backprop,
+                                     output_c_backprop if lstm else None, reserve_space, attrs,
+                                     gradients, trust_reserve)
     given = _Storages(_tensors(input, input_h, input_c, *weights, output, output_h, output_c,
                                output_backprop, output_h_backprop, output_c_backprop,
                                reserve_space))
@@ -402,12 +402,12 @@ def schema_attributes(rnn_mode, input_mode, direction, dropout, num_proj, time_m
 
 
 def check_call(input, input_h, input_c, params, attributes, **sizes):
-    """The op's checks of a forward's shapes and dtypes (``kernels.problem``), raising
+    """The op's checks of a forward's shapes and dtypes (``op_backends.problem``), raising
     its errors; `sizes`: ``num_layers``, ``num_units``, ``input_size`` to hold them to."""
     a = attributes
     attrs = op_attrs(a.rnn_mode, a.input_mode, a.direction, a.dropout, a.num_proj,
                      a.time_major)
-    return kernels.problem(input, input_h, input_c, params, {**attrs, **sizes}, a.is_training)
+    return op_backends.problem(input, input_h, input_c, params, {**attrs, **sizes}, a.is_training)
 
 
 def call_forward(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,

@@ -6,7 +6,7 @@ torch.func's transforms), the backprop op runs inside ``_FirstOrder``: an
 ``autograd.Function`` whose results are the op's gradients and whose own backward (and
 ``jvp``) runs only when something differentiates those gradients again (a gradient
 penalty, a Hessian-vector product, MAML). That backward recomputes the call's forward on
-PyTorch's twice-differentiable kernels (``native.rnn``, with cuDNN off for them: PyTorch's
+PyTorch's twice-differentiable kernels (``torch_kernels.rnn``, with cuDNN off for them: PyTorch's
 cuDNN RNN has no second order either), takes its first-order gradient with a graph, and
 differentiates that.
 
@@ -35,7 +35,7 @@ import threading
 
 import torch
 
-from . import native
+from . import torch_kernels
 
 
 def first_order(run, attributes, has_biases, data, weights, grads, extras):
@@ -331,13 +331,13 @@ def recompute(call, data, weights):
         # ("output with shape [...] doesn't match the broadcast shape"). Tied to them by a
         # zero that depends on them, the states are batched where they are; values and
         # derivatives are the same.
-        tie = native.zero_tie(input, *weights)
+        tie = torch_kernels.zero_tie(input, *weights)
         input_h = input_h + tie
         input_c = None if input_c is None else input_c + tie
     a = call.attributes
-    return native.rnn(input, input_h, input_c, list(weights), call.has_biases,
-                      call.sequence_lengths, a.rnn_mode, a.direction, a.time_major,
-                      input_mode=a.input_mode)
+    return torch_kernels.rnn(input, input_h, input_c, list(weights), call.has_biases,
+                             call.sequence_lengths, a.rnn_mode, a.direction, a.time_major,
+                             input_mode=a.input_mode)
 
 
 def refuse_dropout(call):

@@ -142,7 +142,7 @@ def _torch_forward(monkeypatch, cupy, x, h, c, w):
     try:
         import torch
 
-        from pycudnnrnn.torch import kernels
+        from pycudnnrnn.torch import op_backends as kernels
     except ImportError:
         return None
     from pycudnnrnn import plan

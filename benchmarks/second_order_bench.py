@@ -94,7 +94,7 @@ def time_side(side, size, device, repeat, warmup=3):
     """Median and minimum ms of `side`'s step, in this process."""
     import torch
     if device == "cpu" and side.startswith("ours"):
-        from pycudnnrnn.torch import native
+        from pycudnnrnn.torch import torch_kernels as native
         native.set_cpu_kernels("numpy")
     step = _step(torch, size, side, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

@@ -525,7 +525,7 @@ def route(request, monkeypatch):
             from pycudnnrnn.jax import scan
             monkeypatch.setattr(scan, "applies", lambda problem: False)
         else:
-            from pycudnnrnn.torch import native
+            from pycudnnrnn.torch import torch_kernels as native
             monkeypatch.setattr(native._choice, "kernels", "numpy")
     return request.param
 

@@ -194,6 +194,6 @@ def test_the_reader_sees_the_real_imports():
     imports = imports_of(PACKAGE)
     assert {"pycudnnrnn.cpu.executor", "pycudnnrnn.core.checks"} <= imports["pycudnnrnn.plan"]
     assert "pycudnnrnn.cuda.executor" in imports["pycudnnrnn.plan"]  # inside a method
-    assert "pycudnnrnn.plan" in imports["pycudnnrnn.torch.kernels"]
+    assert "pycudnnrnn.plan" in imports["pycudnnrnn.torch.op_backends"]
     assert "pycudnnrnn.jax" in imports["pycudnnrnn.flax.modules"]  # `from .. import jax`
     assert imports["pycudnnrnn.__main__"] == {"pycudnnrnn.tools.cli"}

@@ -678,7 +678,7 @@ TORCH_ROUTES = {  # (route, how the size rules are set: native.RUNS_FROM, ZEROED
 
 def _torch_route(route, monkeypatch):
     _torch()
-    import pycudnnrnn.torch.native as native
+    import pycudnnrnn.torch.torch_kernels as native
     run, sizes = TORCH_ROUTES[route]
     for name, value in sizes.items():
         monkeypatch.setattr(native, name, value)

@@ -268,8 +268,8 @@ def test_eval_mode_backward_gives_input_gradients_and_no_weight_gradients():
 
 def test_only_the_gradients_needed_are_computed(monkeypatch):
     """(The op's backprop: on the NumPy kernels; PyTorch's autograd decides on its own.)"""
-    from pycudnnrnn.torch import kernels
-    monkeypatch.setattr(prt.native._choice, "kernels", "numpy")
+    from pycudnnrnn.torch import op_backends as kernels
+    monkeypatch.setattr(prt.torch_kernels._choice, "kernels", "numpy")
     asked = []
     real = kernels.run_backprop
 
@@ -355,8 +355,8 @@ def test_a_module_is_freed_on_del_after_its_first_call_in_a_fresh_process():
 
 def test_the_weights_are_views_of_one_buffer_that_the_op_gets_without_a_copy(monkeypatch):
     """(The op: on the NumPy kernels. PyTorch's take the views as torch.nn's weights.)"""
-    from pycudnnrnn.torch import kernels
-    monkeypatch.setattr(prt.native._choice, "kernels", "numpy")
+    from pycudnnrnn.torch import op_backends as kernels
+    monkeypatch.setattr(prt.torch_kernels._choice, "kernels", "numpy")
     seen = []
     real = kernels._flat
 

@@ -1,4 +1,4 @@
-"""Eager CPU calls on PyTorch's own kernels (pycudnnrnn.torch.native), held against the op
+"""Eager CPU calls on PyTorch's own kernels (pycudnnrnn.torch.torch_kernels), held against the op
 on the NumPy backend: the same function, values and gradients, whatever the lengths."""
 
 import numpy as np
@@ -57,8 +57,8 @@ def test_a_ragged_training_call_on_the_full_length_kernel(kind, options, bidirec
     _force_full_length(monkeypatch)
     spied = "_layer_runs" if kind == "LSTM" else "_zeroed_padding"
     calls = []
-    real = getattr(prt.native, spied)
-    monkeypatch.setattr(prt.native, spied, lambda *a: calls.append(1) or real(*a))
+    real = getattr(prt.torch_kernels, spied)
+    monkeypatch.setattr(prt.torch_kernels, spied, lambda *a: calls.append(1) or real(*a))
     _module_against_op(kind, options, bidirectional, lengths, batch_first)
     # LSTM: a layer and direction each; else once a call
     assert len(calls) == (2 * (2 if bidirectional else 1) if kind == "LSTM" else 1)
@@ -69,15 +69,15 @@ def test_a_relu_rnn_never_runs_its_padding(monkeypatch):
     is NaN in the weight gradients. It stays on the packed rows, however large."""
     _force_full_length(monkeypatch)
     calls = []
-    real = prt.native._zeroed_padding
-    monkeypatch.setattr(prt.native, "_zeroed_padding", lambda *a: calls.append(1) or real(*a))
+    real = prt.torch_kernels._zeroed_padding
+    monkeypatch.setattr(prt.torch_kernels, "_zeroed_padding", lambda *a: calls.append(1) or real(*a))
     _module_against_op("RNN", {"nonlinearity": "relu"}, True, "ragged", False)
     assert not calls
 
 
 def _force_full_length(monkeypatch):
-    monkeypatch.setattr(prt.native, "RUNS_FROM", 0)
-    monkeypatch.setattr(prt.native, "ZEROED_UP_TO", float("inf"))
+    monkeypatch.setattr(prt.torch_kernels, "RUNS_FROM", 0)
+    monkeypatch.setattr(prt.torch_kernels, "ZEROED_UP_TO", float("inf"))
 
 
 def _module_against_op(kind, options, bidirectional, lengths, batch_first):
@@ -144,15 +144,15 @@ def test_the_full_length_kernel_never_reads_the_padding_nor_draws_dropout(kind, 
     # Without a gradient to record, with a dropout mask (drawn on the packed rows, as
     # torch.nn's kernel draws it), or below RUNS_FROM / past ZEROED_UP_TO, the packed
     # kernel runs.
-    monkeypatch.setattr(prt.native, "_layer_runs", None)
-    monkeypatch.setattr(prt.native, "_zeroed_padding", None)
+    monkeypatch.setattr(prt.torch_kernels, "_layer_runs", None)
+    monkeypatch.setattr(prt.torch_kernels, "_zeroed_padding", None)
     with torch.no_grad():
         module(x, sequence_lengths=lengths)
     module.requires_grad_(False)
     module(x.detach(), sequence_lengths=lengths)
     module.requires_grad_(True)
-    monkeypatch.setattr(prt.native, "RUNS_FROM", B * H + 1)
-    monkeypatch.setattr(prt.native, "ZEROED_UP_TO", T * B / sum(lengths) - 0.01)
+    monkeypatch.setattr(prt.torch_kernels, "RUNS_FROM", B * H + 1)
+    monkeypatch.setattr(prt.torch_kernels, "ZEROED_UP_TO", T * B / sum(lengths) - 0.01)
     module(x, sequence_lengths=lengths)[0].sum().backward()
     _force_full_length(monkeypatch)
     module.dropout = 0.5
@@ -170,8 +170,8 @@ def test_the_full_length_kernel_in_float32_equals_the_packed_one(kind, monkeypat
         if full_length:
             _force_full_length(monkeypatch)
         else:
-            monkeypatch.setattr(prt.native, "RUNS_FROM", 10**9)
-            monkeypatch.setattr(prt.native, "ZEROED_UP_TO", 0.0)
+            monkeypatch.setattr(prt.torch_kernels, "RUNS_FROM", 10**9)
+            monkeypatch.setattr(prt.torch_kernels, "ZEROED_UP_TO", 0.0)
         x.grad = None
         module.zero_grad()
         output, state = module(x, sequence_lengths=LENGTHS["tied"])
@@ -208,7 +208,7 @@ def test_double_backward_works_as_for_torch_nn():
 
 
 def test_the_route_is_chosen_by_what_the_op_alone_can_do(monkeypatch):
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     ran = []
     real = kernels.run_forward
     monkeypatch.setattr(kernels, "run_forward", lambda *a, **k: ran.append(1) or real(*a, **k))
@@ -268,10 +268,10 @@ def test_the_ops_cpu_kernels_equal_the_numpy_backend(rnn_mode, num_proj, time_ma
     """What torch.compile, torch.export and torch.func run: the op, on PyTorch's kernels."""
     args = _op_call(rnn_mode, time_major, LENGTHS[lengths], num_proj)
     got, reserve = _op_results(args)
-    assert reserve.numel() == prt.native.RESERVE_NBYTES
+    assert reserve.numel() == prt.torch_kernels.RESERVE_NBYTES
     with prt.cpu_kernels("numpy"):
         want, numpy_reserve = _op_results(args)
-    assert numpy_reserve.numel() > prt.native.RESERVE_NBYTES
+    assert numpy_reserve.numel() > prt.torch_kernels.RESERVE_NBYTES
     for k, (a, b) in enumerate(zip(got, want)):
         assert_ulp_close(a, b, err_msg=f"result {k}")
 
@@ -284,10 +284,10 @@ def test_the_drop_ins_through_the_op_equal_the_numpy_backend(kind, options, leng
                                                              monkeypatch):
     """What torch.compile traces of the drop-ins: ``forward_weights``, whose CPU kernels run
     on torch.nn's weights as they are (``bias=False``: no biases, zeros in their slots)."""
-    monkeypatch.setattr(prt.native, "takes", lambda *a, **k: False)  # the op's door, eagerly
+    monkeypatch.setattr(prt.torch_kernels, "takes", lambda *a, **k: False)  # the op's door, eagerly
     graphs = []
-    real = prt.native._graph
-    monkeypatch.setattr(prt.native, "_graph", lambda *a: graphs.append(a[3]) or real(*a))
+    real = prt.torch_kernels._graph
+    monkeypatch.setattr(prt.torch_kernels, "_graph", lambda *a: graphs.append(a[3]) or real(*a))
     _module_against_op(kind, options, True, lengths, True)
     assert graphs and all(isinstance(w, prt.flat_weights.Weights) for w in graphs)
 
@@ -298,7 +298,7 @@ def test_through_the_op_a_loss_of_the_output_alone_and_a_second_backward(kind, l
                                                                          monkeypatch):
     """The states' gradients are then zeros, which the op's CPU backprop leaves out; a
     second backward (retain_graph) makes the forward's graph again: same gradients."""
-    monkeypatch.setattr(prt.native, "takes", lambda *a, **k: False)  # the op's door, eagerly
+    monkeypatch.setattr(prt.torch_kernels, "takes", lambda *a, **k: False)  # the op's door, eagerly
     torch.manual_seed(0)
     module = getattr(prt, kind)(I, H, num_layers=2, bidirectional=True, batch_first=True,
                                 dtype=torch.float64)
@@ -455,8 +455,8 @@ def test_the_weights_ops_without_biases_give_every_backends_flat_gradient(rnn_mo
 def test_the_ops_cpu_kernels_record_runs_for_a_large_ragged_lstm(time_major, monkeypatch):
     _force_full_length(monkeypatch)
     calls = []
-    real = prt.native._layer_runs
-    monkeypatch.setattr(prt.native, "_layer_runs", lambda *a: calls.append(1) or real(*a))
+    real = prt.torch_kernels._layer_runs
+    monkeypatch.setattr(prt.torch_kernels, "_layer_runs", lambda *a: calls.append(1) or real(*a))
     args = _op_call("lstm", time_major, LENGTHS["zero"], 2)
     got, _ = _op_results(args)
     assert len(calls) == 4
@@ -470,10 +470,10 @@ def test_a_reserve_without_its_graph_still_backprops_and_graphs_are_freed():
     import gc
     x, h, c, params, lengths, attrs = _op_call("lstm", True, LENGTHS["zero"])
     gc.collect()  # (reserves an earlier test left to the collector: freed below otherwise)
-    before = len(prt.native._graphs)
+    before = len(prt.torch_kernels._graphs)
     out = torch.ops.pycudnnrnn.forward(x.detach(), h.detach(), c.detach(), params.detach(),
                                        lengths, None, *attrs)
-    assert len(prt.native._graphs) == before + 1
+    assert len(prt.torch_kernels._graphs) == before + 1
     grads = [torch.randn_like(t) for t in out[:3]]
     backprop = lambda reserve: torch.ops.pycudnnrnn.backprop(  # noqa: E731
         x.detach(), h.detach(), c.detach(), params.detach(), lengths, None, *out[:3], *grads,
@@ -485,7 +485,7 @@ def test_a_reserve_without_its_graph_still_backprops_and_graphs_are_freed():
         x, h, c, params, lengths, None, *attrs)[3])  # the same bytes: a function
     del out, kept, copied
     gc.collect()
-    assert len(prt.native._graphs) == before
+    assert len(prt.torch_kernels._graphs) == before
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
@@ -564,7 +564,7 @@ def test_the_ops_training_forward_under_inference_mode():
     with torch.inference_mode():
         out = torch.ops.pycudnnrnn.forward(x.detach(), h.detach(), c.detach(),
                                            params.detach(), lengths, None, *attrs)
-    assert out[3].numel() == prt.native.RESERVE_NBYTES
+    assert out[3].numel() == prt.torch_kernels.RESERVE_NBYTES
     with prt.cpu_kernels("numpy"):
         want = torch.ops.pycudnnrnn.forward(x.detach(), h.detach(), c.detach(),
                                             params.detach(), lengths, None, *attrs)
@@ -594,15 +594,15 @@ def test_the_ops_results_are_fresh_and_its_reserve_knows_its_call():
                                          "different identity"):
         backprop(out[3], dropout=0.5)
     with pytest.raises(ValueError, match="reserve_space: expected the uint8 array made by"):
-        backprop(torch.zeros(prt.native.RESERVE_NBYTES, dtype=torch.uint8))  # the NumPy's
+        backprop(torch.zeros(prt.torch_kernels.RESERVE_NBYTES, dtype=torch.uint8))  # the NumPy's
 
 
 def test_autograds_keys_taken_out_alike_with_and_without_the_memo(monkeypatch):
     """Remembered by raw key set where PyTorch gives one; the loop alone elsewhere."""
     exclude = torch._C._dispatch_tls_local_exclude_set().add(torch._C.DispatchKey.AutogradCPU)
-    remembered = prt.native._autograd_taken_out(exclude)
-    monkeypatch.setattr(prt.native, "_RAW_KEY_SETS", False)
-    computed = prt.native._autograd_taken_out(exclude)
+    remembered = prt.torch_kernels._autograd_taken_out(exclude)
+    monkeypatch.setattr(prt.torch_kernels, "_RAW_KEY_SETS", False)
+    computed = prt.torch_kernels._autograd_taken_out(exclude)
     assert remembered.raw_repr() == computed.raw_repr()
     assert not computed.has(torch._C.DispatchKey.AutogradCPU)
     assert exclude.has(torch._C.DispatchKey.AutogradCPU)

@@ -67,16 +67,16 @@ def test_the_ops_take_an_optional_seed_tensor_and_none_without_dropout():
         assert (types["seed"], types["sequence_lengths"]) == ("Optional[Tensor]",
                                                               "Optional[Tensor]"), name
     seen = []
-    forward_weights = prt.autograd.forward_weights
-    forward = prt.autograd.forward
+    forward_weights = prt.ops.forward_weights
+    forward = prt.ops.forward
 
     def record(op):
         return lambda *args: seen.append(args) or op(*args)
 
     x = torch.randn(T, B, I)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(prt.autograd, "forward_weights", record(forward_weights))
-        patch.setattr(prt.autograd, "forward", record(forward))
+        patch.setattr(prt.ops, "forward_weights", record(forward_weights))
+        patch.setattr(prt.ops, "forward", record(forward))
         patch.setattr(torch.compiler, "is_compiling", lambda: True)  # the op's own door
         torch.manual_seed(0)
         prt.LSTM(I, H, num_layers=2)(x)  # training, no dropout
@@ -414,7 +414,7 @@ def test_held_dropout_states_are_reused_not_initialised_again(fake_gpu):
 
 
 def test_a_module_gets_its_dropout_plan_back_while_the_key_holds():
-    from pycudnnrnn.torch.kernels import ModulePlans
+    from pycudnnrnn.torch.op_backends import ModulePlans
     built = []
 
     def build():
@@ -437,7 +437,7 @@ def test_module_plans_live_as_long_as_a_module_with_their_seed():
     grew without bound."""
     import gc
 
-    from pycudnnrnn.torch import CudnnRNN, kernels
+    from pycudnnrnn.torch import CudnnRNN, op_backends as kernels
     plans = kernels._module_plans
     held = lambda seed: [k for k in plans._held if k[1] == seed]
     first, twin = (CudnnRNN(3, 4, 2, dropout=0.5, seed=1234) for _ in range(2))
@@ -491,7 +491,7 @@ def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
     """The plumbing of kernels._on_device, with stand-ins for CuPy and torch.cuda (no GPU)."""
     import types
     from pycudnnrnn.core import gpu
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     seen = {}
 
     class Context:
@@ -539,7 +539,7 @@ def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
                                             ("lstm", "weights")])
 def test_the_planned_path_cuda_takes_equals_the_functional_api(mode, gradients):
     """kernels.planned_forward/backprop (what CUDA tensors run), here on CPU tensors."""
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     x, h, c, params, lengths, seed, *attrs = _op_args(mode, dropout=0.4)
     x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
     names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
@@ -565,7 +565,7 @@ def test_a_copied_module_holds_a_seed_of_its_own():
     import copy
     import gc
 
-    from pycudnnrnn.torch import LSTM, CudnnRNN, kernels
+    from pycudnnrnn.torch import LSTM, CudnnRNN, op_backends as kernels
     holders = kernels._module_plans._holders
     original = LSTM(3, 4, 2, dropout=0.5)
     twin = copy.deepcopy(original)
@@ -624,7 +624,7 @@ def test_torch_func_through_cudnn_rnn_and_rnn_equals_autograd_and_vmap_works():
 def test_double_backward_through_the_op_equals_torch_nn(monkeypatch):
     """The op's (CUDA, compiled, NumPy kernels) differentiates twice
     (``second_order``; tests/test_second_order.py holds it against finite differences)."""
-    monkeypatch.setattr(prt.native._choice, "kernels", "numpy")
+    monkeypatch.setattr(prt.torch_kernels._choice, "kernels", "numpy")
     reference, ours = _lstm_pair()
     x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
     second = []
@@ -726,7 +726,7 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
     import numpy as np
 
     from pycudnnrnn import plan
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     monkeypatch.setattr(kernels, "_plan_device", lambda tensor: 0)
     monkeypatch.setattr(kernels, "on_gpu", lambda tensor: True)
     for name in ("forward", "forward_at", "backprop", "backprop_at"):
@@ -777,7 +777,7 @@ def test_a_trusted_reserve_is_not_read_back_on_the_stand_in_gpu(torch_on_stand_i
 
     import fake_cuda
     from conftest import assert_ulp_close
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
     fwd = list(kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True))
     grads = [torch.randn_like(t) for t in fwd[:3]]
@@ -818,7 +818,7 @@ def _params_size(attrs):
 @pytest.mark.parametrize("weights", [False, True])
 def test_the_autograd_formula_trusts_the_reserve_and_the_public_op_does_not(monkeypatch,
                                                                            weights):
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     seen = []
     run = kernels.run_backprop
 
@@ -827,7 +827,7 @@ def test_the_autograd_formula_trusts_the_reserve_and_the_public_op_does_not(monk
         return run(*args, **kwargs)
 
     monkeypatch.setattr(kernels, "run_backprop", spy)
-    monkeypatch.setattr(prt.native._choice, "kernels", "numpy")  # the op's autograd formula
+    monkeypatch.setattr(prt.torch_kernels._choice, "kernels", "numpy")  # the op's autograd formula
     torch.manual_seed(0)
     if weights:
         model = prt.LSTM(I, H, 2, batch_first=True)
@@ -850,7 +850,7 @@ def test_the_planned_path_imports_each_tensor_once_and_exports_nothing(torch_on_
     PyTorch-allocated results and workspace) and then exported the plan's results back
     to PyTorch, four DLPack round trips a call it threw away."""
     from pycudnnrnn import plan
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     exports = []
     monkeypatch.setattr(plan, "results_like",
                         lambda like, xp, results: exports.append(results) or results)
@@ -896,7 +896,7 @@ def test_a_plan_that_runs_in_place_takes_the_tensors_addresses(torch_on_stand_in
 
     import fake_cuda
     from conftest import assert_ulp_close
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     empty = kernels._empty
     monkeypatch.setattr(kernels, "_empty", lambda shape, like, dtype=None: empty(
         shape, like, dtype).fill_(float("nan") if (dtype or like.dtype).is_floating_point
@@ -951,7 +951,7 @@ def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand
     not run in place."""
     from conftest import assert_ulp_close
     from pycudnnrnn import plan
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _time_major_call()
     plain = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
@@ -993,7 +993,7 @@ def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_st
     the per-call pass over every array that refuses shared memory (for callers' own
     out=) is not paid."""
     from pycudnnrnn import plan as plans
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
 
     def refuse(*args):
         raise AssertionError("the op ran the overlap check")
@@ -1017,7 +1017,7 @@ def test_the_fake_reserve_size_on_cuda_is_static_and_the_kernels(torch_on_stand_
     import fake_cuda
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     x, h, c, params, lengths, seed, attrs = _stand_in_call(dropout=0.5)
     real = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
     run = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
@@ -1055,13 +1055,13 @@ def test_a_cuda_training_step_traces_with_cpu_tensors_only_for_seed_and_lengths(
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
     from torch.utils._pytree import tree_leaves
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     monkeypatch.setattr(kernels, "_on_device", lambda t: contextlib.nullcontext())  # no CUDA
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # compile's door: the op
     model = prt.CudnnRNN(I, H, 2, rnn_mode="lstm", dropout=dropout, device="meta")
     seen = []  # the forward op's arguments, as the module gave them
     forward = torch.ops.pycudnnrnn.forward
-    monkeypatch.setattr(prt.autograd, "forward", lambda *args: seen.append(args) or forward(*args))
+    monkeypatch.setattr(prt.ops, "forward", lambda *args: seen.append(args) or forward(*args))
 
     def step(x, params, *lengths):
         out, h_n, c_n = torch.func.functional_call(
@@ -1135,7 +1135,7 @@ def test_the_forward_allocates_no_room_for_backprops_reserve_copy(torch_on_stand
     """Stand-in GPU: forward took a training workspace sized for backprop too (cuDNN's
     workspace plus room for the copy of the reserve space backprop hands cuDNN). It now
     takes cuDNN's forward workspace only: PyTorch allocates outputs, reserve and that."""
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     allocated = []
     empty = kernels._empty
 
@@ -1159,7 +1159,7 @@ def test_the_kernels_find_their_cuda_plan_by_the_tensors_own_key(torch_on_stand_
     dtype: for_call (its key and checks) runs on a miss only, the plans go with
     clear_caches, and a hit still checks the arrays it runs on."""
     from pycudnnrnn import plan as plans
-    from pycudnnrnn.torch import kernels
+    from pycudnnrnn.torch import op_backends as kernels
     built = []
     for_call = plans.for_call
     monkeypatch.setattr(plans, "for_call", lambda *a, **k: built.append(1) or for_call(*a, **k))

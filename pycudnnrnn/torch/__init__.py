@@ -9,7 +9,7 @@
   ``torch.compile``, ``torch.export`` and CUDA graphs accept (``ops``).
 
 Eager CPU calls run on PyTorch's own fused RNN kernels, the ones ``torch.nn``'s RNNs
-call (``native``). Compiled, exported and transformed CPU calls run the op, whose CPU
+call (``torch_kernels``). Compiled, exported and transformed CPU calls run the op, whose CPU
 kernels run those same kernels for float32 and float64 without a dropout mask, and the
 NumPy backend otherwise; ``set_cpu_kernels("numpy")`` sends every CPU call to the NumPy
 backend. CUDA tensors run on cuDNN, through DLPack without copies. Importing this package
@@ -22,10 +22,11 @@ from ..core.extras import require as _require
 _require("pycudnnrnn.torch", "torch", "torch")  # missing: an ImportError naming the extra
 
 from .cudnn_rnn import CudnnRNN, CudnnRNNFunction
-from .functional import InputTypeError, InputValueError, rnn
+from .errors import InputTypeError, InputValueError
+from .functional import rnn
 from .layerwise import second_order_dropout
 from .modules import GRU, LSTM, RNN
-from .native import cpu_kernels, set_cpu_kernels
+from .torch_kernels import cpu_kernels, set_cpu_kernels
 
 __all__ = ["LSTM", "GRU", "RNN", "CudnnRNN", "CudnnRNNFunction", "rnn", "InputValueError",
            "InputTypeError", "set_cpu_kernels", "cpu_kernels", "second_order_dropout"]

@@ -16,9 +16,9 @@ import math
 
 import torch
 
-from . import flat_weights, layerwise, onnx_export, second_order
-from .ops import (autocast, autocast_dtype, backprop, backprop_weights, forward, forward_weights,
-                  import_dynamo)
+from . import flat_weights, second_order
+from .ops import (autocast, autocast_dtype, call_backprop, call_forward, forward,
+                  forward_weights, import_dynamo, schema_attributes)
 
 
 # One backward (``_backward_core``) behind three doors: the autograd formulas of the two
@@ -28,22 +28,22 @@ from .ops import (autocast, autocast_dtype, backprop, backprop_weights, forward,
 # trace this kind of Function).
 
 class _Saved:
-    """What backward needs of one forward call."""
+    """What backward needs of one forward call: its ``Attributes`` and `has_biases` (see
+    ``ops``), and where each of torch.nn's weights lies in the flat gradient."""
 
-    def __init__(self, options, tensors, output, weights):
-        (self.rnn_mode, self.input_mode, self.direction, self.dropout, self.num_proj,
-         self.time_major, self.has_biases, self.is_training) = options
+    def __init__(self, attributes, has_biases, tensors, output, weights):
+        self.attributes, self.has_biases = attributes, has_biases
         self.slots = None
-        if self.has_biases is not None:  # where each weight's gradient lies in the flat one
+        if has_biases is not None:  # where each weight's gradient lies in the flat one
             shapes = [tuple(w.shape) for w in weights]
-            offsets = flat_weights.weight_offsets(shapes, self.has_biases, self.num_proj > 0)
+            offsets = flat_weights.weight_offsets(shapes, has_biases, attributes.num_proj > 0)
             self.slots = list(zip(offsets, shapes))
         self.num_weights = len(weights)
         self.tensors = (*tensors, *output, *weights)
 
 
-def _save(ctx, options, tensors, output, weights):
-    saved = _Saved(options, tensors, output, weights)
+def _save(ctx, attributes, has_biases, tensors, output, weights):
+    saved = _Saved(attributes, has_biases, tensors, output, weights)
     ctx.save_for_backward(*saved.tensors)
     saved.tensors = None
     ctx.pycudnnrnn = saved
@@ -53,13 +53,13 @@ def _backward_core(ctx, needs_data, needs_weights, d_output, d_output_h, d_outpu
     """``(dx, dh, dc, weight gradients)`` for the forward saved by ``_save``:
     the backprop op's, differentiable once more (``second_order``)."""
     s = ctx.pycudnnrnn
-    if not s.is_training:
+    if not s.attributes.is_training:
         raise RuntimeError("pycudnnrnn: backward needs forward with is_training=True (the "
                            "modules do this by themselves when a gradient is needed)")
     saved = ctx.saved_tensors
     input, input_h, input_c, sequence_lengths, seed, out, out_h, out_c, reserve = saved[:9]
     weights = list(saved[9:])
-    lstm = s.rnn_mode == "lstm"
+    lstm = s.attributes.lstm
     gradients = "all" if needs_data and needs_weights else "data" if needs_data else "weights"
 
     def run(input, input_h, input_c, weights, d_output, d_output_h, d_output_c, extras):
@@ -70,17 +70,12 @@ def _backward_core(ctx, needs_data, needs_weights, d_output, d_output_h, d_outpu
         # The reserve is this forward's own by construction: the ops trust it (True below),
         # so CUDA reads no header back (a sync, and an error under CUDA-graph capture).
         with torch.no_grad():
+            dx, dh, dc, dparams = call_backprop(
+                input, input_h, input_c, weights, s.has_biases, sequence_lengths, seed,
+                (out, out_h, out_c), grads, reserve, s.attributes, gradients)
             if s.has_biases is None:
-                dx, dh, dc, dparams = backprop(
-                    input, input_h, input_c, weights[0], sequence_lengths, seed, out, out_h,
-                    out_c, *grads, reserve, s.rnn_mode, s.input_mode, s.direction, s.dropout,
-                    s.num_proj, s.time_major, gradients, True)
                 weight_grads = [dparams if needs_weights else None]
             else:
-                dx, dh, dc, dparams = backprop_weights(
-                    input, input_h, input_c, weights, s.has_biases, sequence_lengths, seed,
-                    out, out_h, out_c, *grads, reserve, s.rnn_mode, s.direction, s.dropout,
-                    s.num_proj, s.time_major, gradients, True)
                 # Views of the one flat gradient, so that each weight's .grad is one too.
                 weight_grads = [dparams[o:o + math.prod(shape)].view(shape)
                                 for o, shape in s.slots] if needs_weights \
@@ -89,10 +84,8 @@ def _backward_core(ctx, needs_data, needs_weights, d_output, d_output_h, d_outpu
         data = [dx, dh, dc if lstm else None] if needs_data else [None] * 3
         return [*data, *weight_grads]
 
-    options = (s.rnn_mode, s.input_mode, s.direction, s.dropout, s.num_proj, s.time_major,
-               s.has_biases, s.is_training)
     dx, dh, dc, *weight_grads = second_order.first_order(
-        run, options, (input, input_h, input_c if lstm else None), weights,
+        run, s.attributes, s.has_biases, (input, input_h, input_c if lstm else None), weights,
         (d_output, d_output_h, d_output_c if lstm else None),
         (sequence_lengths, seed, out, out_h, out_c, reserve))
     return dx, dh, dc, weight_grads
@@ -103,10 +96,9 @@ def _keep(grads, needs):
 
 
 def _forward_setup(ctx, inputs, output):
-    (input, input_h, input_c, params, sequence_lengths, seed, rnn_mode, input_mode, direction,
-     dropout, num_proj, time_major, is_training) = inputs
-    options = (rnn_mode, input_mode, direction, dropout, num_proj, time_major, None, is_training)
-    _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output, [params])
+    input, input_h, input_c, params, sequence_lengths, seed = inputs[:6]
+    _save(ctx, schema_attributes(*inputs[6:]), None,
+          (input, input_h, input_c, sequence_lengths, seed), output, [params])
 
 
 def _forward_backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
@@ -119,9 +111,10 @@ def _forward_backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
 def _forward_weights_setup(ctx, inputs, output):
     (input, input_h, input_c, weights, has_biases, sequence_lengths, seed, rnn_mode, direction,
      dropout, num_proj, time_major, is_training) = inputs
-    options = (rnn_mode, "linear_input", direction, dropout, num_proj, time_major, has_biases,
-               is_training)
-    _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output, weights)
+    attributes = schema_attributes(rnn_mode, "linear_input", direction, dropout, num_proj,
+                                   time_major, is_training)
+    _save(ctx, attributes, has_biases, (input, input_h, input_c, sequence_lengths, seed), output,
+          weights)
 
 
 def _forward_weights_backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
@@ -140,89 +133,78 @@ forward_weights.register_autograd(_forward_weights_backward, setup_context=_forw
 class _RNN(torch.autograd.Function):
     """Either forward op as an autograd.Function with ``setup_context``, for torch.func.
 
-    ``vmap`` runs the ops once per batch element (``generate_vmap_rule``). `options` is
-    ``(rnn_mode, input_mode, direction, dropout, num_proj, time_major, has_biases,
-    is_training)``; `weights` ``(params,)`` with `has_biases` None, or torch.nn's
+    ``vmap`` runs the ops once per batch element (``generate_vmap_rule``). `attributes`
+    (an ``Attributes``) and `has_biases` as for ``ops.call_forward``, constants to
+    autograd and torch.func; `weights` ``(params,)`` with `has_biases` None, or torch.nn's
     ``_flat_weights``.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(options, input, input_h, input_c, sequence_lengths, seed, *weights):
-        return _call_op(options, input, input_h, input_c, sequence_lengths, seed, weights)
+    def forward(attributes, has_biases, input, input_h, input_c, sequence_lengths, seed,
+                *weights):
+        return call_forward(input, input_h, input_c, weights, has_biases, sequence_lengths,
+                            seed, attributes)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        options, input, input_h, input_c, sequence_lengths, seed = inputs[:6]
-        _save(ctx, options, (input, input_h, input_c, sequence_lengths, seed), output,
-              inputs[6:])
-        ctx.save_for_forward(input, input_h, input_c, sequence_lengths, *inputs[6:])
-        ctx.options = options
+        attributes, has_biases, input, input_h, input_c, sequence_lengths, seed = inputs[:7]
+        weights = inputs[7:]
+        _save(ctx, attributes, has_biases, (input, input_h, input_c, sequence_lengths, seed),
+              output, weights)
+        ctx.save_for_forward(input, input_h, input_c, sequence_lengths, *weights)
 
     @staticmethod
     def backward(ctx, d_output, d_output_h, d_output_c, d_reserve):
-        needs = ctx.needs_input_grad  # options, input, input_h, input_c, lengths, seed, weights
-        dx, dh, dc, weight_grads = _backward_core(ctx, any(needs[1:4]), any(needs[6:]),
+        # attributes, has_biases, input, input_h, input_c, lengths, seed, weights
+        needs = ctx.needs_input_grad
+        dx, dh, dc, weight_grads = _backward_core(ctx, any(needs[2:5]), any(needs[7:]),
                                                   d_output, d_output_h, d_output_c)
-        return (None, *_keep([dx, dh, dc], needs[1:4]), None, None,
-                *_keep(weight_grads, needs[6:]))
+        return (None, None, *_keep([dx, dh, dc], needs[2:5]), None, None,
+                *_keep(weight_grads, needs[7:]))
 
     @staticmethod
-    def jvp(ctx, _, d_input, d_input_h, d_input_c, d_lengths, d_seed, *d_weights):
+    def jvp(ctx, _, __, d_input, d_input_h, d_input_c, d_lengths, d_seed, *d_weights):
         input, input_h, input_c, sequence_lengths, *weights = ctx.saved_tensors
-        return (*second_order.forward_jvp(ctx.options, (input, input_h, input_c),
-                                          sequence_lengths, weights,
+        saved = ctx.pycudnnrnn
+        return (*second_order.forward_jvp(saved.attributes, saved.has_biases,
+                                          (input, input_h, input_c), sequence_lengths, weights,
                                           (d_input, d_input_h, d_input_c, *d_weights)), None)
 
 
-def _call_op(options, input, input_h, input_c, sequence_lengths, seed, weights):
-    (rnn_mode, input_mode, direction, dropout, num_proj, time_major, has_biases,
-     is_training) = options
-    if has_biases is None:
-        return forward(input, input_h, input_c, weights[0], sequence_lengths, seed, rnn_mode,
-                       input_mode, direction, dropout, num_proj, time_major, is_training)
-    return forward_weights(input, input_h, input_c, list(weights), has_biases, sequence_lengths,
-                           seed, rnn_mode, direction, dropout, num_proj, time_major, is_training)
+def apply(input, input_h, input_c, weights, has_biases, sequence_lengths, seed, attributes):
+    """The differentiable forward op on checked arguments: ``(output, output_h, output_c)``.
 
-
-def apply(input, input_h, input_c, weights, sequence_lengths, seed, attrs, has_biases,
-          is_training, by_layer=None):
-    """The differentiable forward on checked arguments: ``(output, output_h, output_c)``.
-
-    What ``rnn`` and the modules call: under autocast every floating argument is cast to
-    autocast's dtype first (the casts are differentiable, so gradients reach float32
-    weights), then ``_RNN`` runs the op. `weights` as for ``_RNN``. `by_layer`: whether
-    the forward runs layer by layer (``layerwise.by_layer``: ``second_order_dropout()``
-    is open, or this recomputes a forward that ran so), as the caller read it when it
-    chose the seed (None: read here); its masks are then PyTorch's, between one op call
-    per layer.
+    Under autocast every floating argument is cast to autocast's dtype first (the casts
+    are differentiable, so gradients reach float32 weights). `weights`, `has_biases` and
+    `attributes` (an ``Attributes``) as for ``_RNN``.
     """
+    input, input_h, input_c, weights = autocast_all(input, input_h, input_c, weights)
+    return _differentiable_op(input, input_h, input_c, weights, has_biases, sequence_lengths,
+                              seed, attributes)
+
+
+def autocast_all(input, input_h, input_c, weights):
+    """The forward's floating arguments as autocast casts them (as they are when it is
+    off): ``(input, input_h, input_c, weights)``."""
     dtype = autocast_dtype(input.device.type)
-    if dtype is not None:
-        input, input_h, input_c = (autocast(t, dtype) for t in (input, input_h, input_c))
-        weights = [autocast(w, dtype) for w in weights]
-    options = (attrs["rnn_mode"], attrs["input_mode"], attrs["direction"],
-               float(attrs["dropout"]), int(attrs["num_proj"]), bool(attrs["time_major"]),
-               has_biases, bool(is_training))
-    if onnx_export.exporting():  # ONNX's own recurrent operators, which any runtime runs
-        return onnx_export.rnn(input, input_h, input_c, weights, sequence_lengths, options)
-    draws = layerwise.draws_masks(input_h, options[3], options[2], options[5], options[7])
-    by_layer = layerwise.by_layer(None, input.device, draws) if by_layer is None else by_layer
-    if by_layer and draws:  # PyTorch's masks between layers
-        return layerwise.rnn(_differentiable_op, input, input_h, input_c, weights,
-                             sequence_lengths, options)
-    return _differentiable_op(input, input_h, input_c, weights, sequence_lengths, seed, options)
+    if dtype is None:
+        return input, input_h, input_c, weights
+    input, input_h, input_c = (autocast(t, dtype) for t in (input, input_h, input_c))
+    return input, input_h, input_c, [autocast(w, dtype) for w in weights]
 
 
-def _differentiable_op(input, input_h, input_c, weights, sequence_lengths, seed, options):
+def _differentiable_op(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
+                       attributes):
     """The forward op through the door for the caller: its own autograd formula when
     Dynamo traces, else ``_RNN``."""
     if torch.compiler.is_compiling():  # the ops' own autograd formulas: Dynamo traces them
-        output, output_h, output_c, _ = _call_op(options, input, input_h, input_c,
-                                                 sequence_lengths, seed, weights)
+        output, output_h, output_c, _ = call_forward(input, input_h, input_c, weights,
+                                                     has_biases, sequence_lengths, seed,
+                                                     attributes)
     else:
         import_dynamo()  # what the op's first call imports, on a stack of its own (ops.py)
-        output, output_h, output_c, _ = _RNN.apply(options, input, input_h, input_c,
-                                                   sequence_lengths, seed, *weights)
+        output, output_h, output_c, _ = _RNN.apply(attributes, has_biases, input, input_h,
+                                                   input_c, sequence_lengths, seed, *weights)
     return output, output_h, output_c

@@ -1,4 +1,4 @@
-"""What every pycudnnrnn module shares: dropout seeds, the choice of forward, the op call.
+"""What every pycudnnrnn module shares: dropout seeds, and running the route ``route`` picks.
 
 ``SeededRNN`` is a mixin of the drop-in ``LSTM``/``GRU``/``RNN`` (over ``torch.nn.RNNBase``
 and its named weights) and of ``FlatRNN``, the base of the TensorFlow-flavoured
@@ -23,7 +23,7 @@ seed), initialises it once and advances it at every training call, as PyTorch's 
 do, instead of re-seeding (6 MiB of state and a slow initialisation) per step. Either
 way a forward run again from the same PyTorch generator state (``torch.utils.checkpoint``'s
 recomputation) draws the same masks: on the CPU the seed comes from the generator, on
-CUDA the op names each forward by the generator's state (``kernels.dropout_key``).
+CUDA the op names each forward by the generator's state (``op_backends.dropout_key``).
 Under ``second_order_dropout()`` no seed is drawn: ``torch.nn.functional.dropout`` draws
 the masks between one op call per layer (``layerwise``), again from the generator (so a
 recomputation inside the context draws them again too).
@@ -40,9 +40,11 @@ import torch
 
 from ..core import layout
 from ..core.checks import make_config
-from . import kernels, layerwise, native
-from .autograd import apply
+from ..core.config import Attributes
+from . import op_backends, torch_kernels
 from .functional import check_devices, lengths_tensor
+from .ops import check_call
+from .route import Route, choose, run_op
 
 _SEED_BOUND = 2 ** 62
 
@@ -91,8 +93,8 @@ class SeededRNN:
 
     def _hold_seed(self):
         # The seed's CUDA plan and dropout state live as long as the module, not longer.
-        kernels.acquire_seed(self.gpu_seed)
-        weakref.finalize(self, kernels.release_seed, self.gpu_seed)
+        op_backends.acquire_seed(self.gpu_seed)
+        weakref.finalize(self, op_backends.release_seed, self.gpu_seed)
 
     def __setstate__(self, state):
         # A copy (copy.deepcopy, pickle) is a module of its own: a seed not given is made
@@ -102,33 +104,48 @@ class SeededRNN:
             self.gpu_seed = _module_seed()
         self._hold_seed()
 
-    def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attrs, num_layers,
-             zero_states=False, torch_states=False, order=None):
-        """``(output, h_n, c_n)`` of the op on checked arguments, c_n empty unless LSTM.
+    def _run(self, input, h0, c0, weights, has_biases, sequence_lengths, attributes,
+             num_layers, zero_states=False, torch_states=False, packed=None):
+        """``(output, h_n, c_n)`` of checked arguments on the route ``route.choose`` picks,
+        c_n empty unless LSTM (output a PackedSequence on torch.nn's packed kernel).
 
-        `weights` and `has_biases` as for ``autograd.apply``; `attrs` the op's attributes but
-        dropout, which this picks from the mode; `zero_states`: h0 and c0 are zeros;
+        `weights` and `has_biases` as for ``autograd.apply``; `attributes` the call's
+        ``Attributes`` but dropout and is_training, which this picks from the mode and
+        whether a gradient is needed; `zero_states`: h0 and c0 are zeros;
         `torch_states`: the states in and out are ``[L·D, B, ·]`` when batch-major too
-        (torch.nn's layout), else the op's ``[B, L·D, ·]``; `order`: a PackedSequence's
-        ``sorted_indices``, the rows' order on PyTorch's kernel for packed rows.
+        (torch.nn's layout), else the op's ``[B, L·D, ·]``; `packed`: the PackedSequence
+        a drop-in was given (its rows padded in `input`).
         """
         dropout = float(self.dropout) if self.training and num_layers > 1 else 0.0
-        if native.takes(input, weights, attrs["input_mode"]):
+        way = choose(input, h0, weights, has_biases, attributes.replace(dropout=dropout),
+                     module=self, packed=packed is not None)
+        if way is Route.EMPTY_BATCH:  # nothing to run (the op needs a batch), as torch.nn
+            return _empty_batch(input, h0, c0, weights, attributes.time_major,
+                                attributes.num_dirs * h0.shape[-1])
+        if way is Route.TORCH_PACKED:
+            # torch.nn's own call, on the rows in the order it packed them: a seed gives the
+            # masks torch.nn's gives (it draws them on the packed rows, equal lengths too)
+            return torch_kernels.packed(packed, h0, c0, weights, has_biases, attributes.rnn_mode,
+                                        attributes.num_dirs == 2, float(self.dropout))
+        if way is Route.TORCH_KERNELS:
             if not torch_states:
                 # CudnnRNN: the op's checks of the shapes and dtypes first (the drop-ins
                 # made torch.nn's own checks before this)
-                kernels.problem(input, h0, c0, weights[0], dict(attrs, dropout=dropout), True)
+                check_call(input, h0, c0, weights[0],
+                           attributes.replace(dropout=dropout, is_training=True))
             # torch.nn's own call: its kernels, its dropout masks (from its generator)
-            return native.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
-                              attrs["rnn_mode"], attrs["direction"], attrs["time_major"],
-                              dropout, self.training, zero_states=zero_states,
-                              torch_states=torch_states, order=order)
+            return torch_kernels.rnn(input, h0, c0, weights, has_biases, sequence_lengths,
+                                     attributes.rnn_mode, attributes.direction,
+                                     attributes.time_major,
+                                     dropout, self.training, zero_states=zero_states,
+                                     torch_states=torch_states,
+                                     order=None if packed is None else packed.sorted_indices)
         if dropout == 1 and has_biases is not None:  # torch.nn's weights: a drop-in
             # torch.nn's p = 1 zeroes the input of every layer after the first; cuDNN takes
             # p < 1. Those layers' input matrices times zero compute the same, gradients too.
-            directions = 2 if attrs["direction"] == "bidirectional" else 1
-            weights, dropout = _first_layer_input_only(weights, num_layers, directions), 0.0
-        transpose = torch_states and not attrs["time_major"]
+            weights = _first_layer_input_only(weights, num_layers, attributes.num_dirs)
+            dropout = 0.0
+        transpose = torch_states and not attributes.time_major
         if transpose:  # the op's batch-major states are [B, L·D, ·]
             h0, c0 = h0.transpose(0, 1), None if c0 is None else c0.transpose(0, 1)
         # A trace records the forward that keeps what backward needs, whatever the grad
@@ -137,12 +154,10 @@ class SeededRNN:
         # traces backpropagate: a frozen model's, to its input too).
         grad = torch.jit.is_tracing() or torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (input, h0, c0, *weights))
-        attrs = dict(attrs, dropout=dropout)
-        # read once: the seed and the route must agree
-        by_layer = layerwise.by_layer(self, input.device, dropout > 0)
-        seed = None if by_layer else self._seed(input, dropout)
-        output, h_n, c_n = apply(input, h0, c0, weights, sequence_lengths, seed, attrs,
-                                 has_biases, self.training or grad, by_layer)
+        attributes = attributes.replace(dropout=dropout, is_training=self.training or grad)
+        seed = None if way is Route.LAYERWISE else self._seed(input, dropout)
+        output, h_n, c_n = run_op(way, input, h0, c0, weights, has_biases, sequence_lengths,
+                                  seed, attributes)
         if transpose:
             h_n = h_n.transpose(0, 1).contiguous()
             c_n = c_n.transpose(0, 1).contiguous() if c0 is not None else c_n
@@ -154,7 +169,7 @@ class SeededRNN:
         then the call holds no CPU tensor for the seed, and CUDA graphs can take it."""
         if dropout == 0:
             return None
-        if not kernels.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
+        if not op_backends.on_gpu(input):  # a fresh mask per step, from PyTorch's generator
             return _draw_seed()
         return torch.tensor(self.gpu_seed, dtype=torch.int64)  # cuDNN advances its state
 
@@ -165,6 +180,16 @@ def _first_layer_input_only(weights, num_layers, directions):
     group = len(weights) // (num_layers * directions)
     return [w * 0 if k >= group * directions and k % group == 0 else w
             for k, w in enumerate(weights)]
+
+
+def _empty_batch(data, h0, c0, weights, time_major, width):
+    """The results for a batch of 0 sequences, connected to every argument for autograd
+    (their gradients are zeros, as torch.nn's)."""
+    tie = torch_kernels.zero_tie(data, *weights)
+    T = data.shape[0] if time_major else data.shape[1]
+    shape = (T, 0, width) if time_major else (0, T, width)
+    output = data.new_zeros(shape) + tie
+    return output, h0 + tie, data.new_empty((0,)) if c0 is None else c0 + tie
 
 
 class FlatRNN(SeededRNN, torch.nn.Module):
@@ -231,6 +256,6 @@ class FlatRNN(SeededRNN, torch.nn.Module):
         if input.device.type == "meta":
             raise TypeError("input: expected a tensor with data, got a tensor on the meta "
                             "device (it has no values to compute with)")
-        attrs = dict(self.layer_attrs, time_major=time_major)
+        attributes = Attributes(time_major=time_major, **self.layer_attrs)
         return self._run(input, h0, c0, [self.params], None, lengths_tensor(sequence_lengths),
-                         attrs, self.config.num_layers)
+                         attributes, self.config.num_layers)

@@ -15,14 +15,14 @@ import torch
 from ..core import checks, layout
 from ..core.config import GATES
 from ..core.lru import LRU
-from . import kernels
+from . import op_backends
 
 
 class _FlatShape:
     """The shape, rank and dtype of the flat params that a list of weights makes."""
 
     def __init__(self, size, dtype):
-        self.shape, self.ndim, self.dtype = (size,), 1, kernels.numpy_dtype(dtype)
+        self.shape, self.ndim, self.dtype = (size,), 1, op_backends.numpy_dtype(dtype)
 
 
 def weight_offsets(shapes, has_biases: bool, projection: bool):
@@ -67,8 +67,8 @@ def weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_trai
     slot. Reads no data: works on fake tensors. Remembered for tensors of known sizes
     (the op's kernels ask at every call).
     """
-    key = kernels.known_sizes_key(input, input_h, input_c, list(weights), has_biases,
-                                  tuple(attrs.items()), is_training)
+    key = op_backends.known_sizes_key(input, input_h, input_c, list(weights), has_biases,
+                                      tuple(attrs.items()), is_training)
     build = lambda: _weights_problem(input, input_h, input_c, weights, has_biases,  # noqa: E731
                                      attrs, is_training)
     return build() if key is None else _problems.get(key, build)
@@ -110,7 +110,7 @@ def _weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_tra
     assert offsets == [offset for offset, _ in expected], "weight_offsets disagrees with layout"
     slots = list(zip(offsets, (shape for _, shape in expected)))
     params = _FlatShape(layout.params_size(config), first.dtype)
-    return kernels.problem(input, input_h, input_c, params, attrs, is_training), slots
+    return op_backends.problem(input, input_h, input_c, params, attrs, is_training), slots
 
 
 class Weights:

@@ -3,8 +3,7 @@
 The checks (``check_devices``, ``lengths_tensor``, ``seed_tensor``) serve the modules too:
 every tensor on the input's device (meta refused by name), lengths that are integers,
 a seed that is an integer or a 0-d integer tensor. ``InputValueError`` and
-``InputTypeError`` are what the modules raise for bad calls: the library's ValueError or
-TypeError and, at once, the exception torch.nn raises there.
+``InputTypeError`` (``errors``, named here too) are what the modules raise for bad calls.
 """
 
 from __future__ import annotations
@@ -13,19 +12,11 @@ import numpy as np
 import torch
 
 from ..core.checks import dropout_seed
-from . import kernels, layerwise, native
-from .autograd import apply
-from .ops import op_attrs
-
-
-class InputValueError(ValueError, RuntimeError):
-    """A bad shape or value given to a module: torch.nn raises RuntimeError there, the
-    library's contract says ValueError; this is both."""
-
-
-class InputTypeError(TypeError, ValueError, RuntimeError):
-    """A bad dtype, device or kind of argument: the library's TypeError, and what
-    torch.nn raises for it (ValueError for the input's dtype, RuntimeError otherwise)."""
+from ..core.config import Attributes
+from . import layerwise, torch_kernels
+from .errors import InputTypeError, InputValueError  # noqa: F401  (named here too)
+from .ops import check_call
+from .route import Route, choose, run_op
 
 
 def check_devices(device, names_and_tensors):
@@ -132,22 +123,24 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     if input.device.type == "meta":
         raise TypeError("input: expected a tensor with data, got a tensor on the meta device "
                         "(it has no values to compute with)")
-    attrs = op_attrs(rnn_mode, input_mode, direction, float(dropout), int(num_proj),
-                   bool(time_major))
+    # is_training as given, for the op's checks to name a bad one; a bool past them
+    attributes = Attributes(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                            dropout=float(dropout), num_proj=int(num_proj),
+                            time_major=bool(time_major), is_training=is_training)
     sizes = {name: value for name, value in (("num_layers", num_layers), ("num_units", num_units),
                                              ("input_size", input_size)) if value is not None}
     if sizes:
-        kernels.problem(input, input_h, input_c, params, {**attrs, **sizes}, is_training)
+        check_call(input, input_h, input_c, params, attributes, **sizes)
     lengths, seed = lengths_tensor(sequence_lengths), seed_tensor(seed, seed2)
-    if not layerwise.draws_masks(input_h, attrs["dropout"], attrs["direction"],
-                                 attrs["time_major"], is_training, malformed=True):
+    input_c = input_c if lstm else None
+    way = choose(input, input_h, [input_h, params] + ([input_c] if lstm else []), None,
+                 attributes)
+    if way is Route.TORCH_KERNELS:
+        # The op's checks of the shapes first (torch_kernels.rnn checks the lengths)
+        check_call(input, input_h, input_c, params, attributes)
+        return torch_kernels.rnn(input, input_h, input_c, [params], None, lengths, rnn_mode,
+                                 direction, time_major, is_training=bool(is_training))
+    if not layerwise.draws_masks(input_h, attributes, malformed=True):
         seed = None  # no CPU tensor for a seed nothing uses (CUDA graphs can take the call)
-        if native.takes(input, [input_h, params] + ([input_c] if lstm else []), input_mode):
-            # The op's checks of the shapes first (native.rnn checks the lengths)
-            kernels.problem(input, input_h, input_c if lstm else None, params, attrs,
-                            is_training)
-            return native.rnn(input, input_h, input_c if lstm else None, [params], None,
-                              lengths, rnn_mode, direction, time_major,
-                              is_training=bool(is_training))
-    return apply(input, input_h, input_c if lstm else None, [params], lengths, seed, attrs,
-                 None, bool(is_training))
+    return run_op(way, input, input_h, input_c, [params], None, lengths, seed,
+                  attributes.replace(is_training=bool(is_training)))

@@ -22,8 +22,7 @@ import torch
 
 from ..core import layout
 from ..core.config import RNNConfig
-from . import kernels
-from .ops import op_attrs
+from .ops import check_call
 
 _lock = threading.Lock()
 _depth = 0  # how many second_order_dropout() contexts are open, on any thread
@@ -131,51 +130,51 @@ def _call_key(owner, device):
     return id(owner), hash(generator.get_state().numpy().tobytes())
 
 
-def draws_masks(input_h, dropout, direction, time_major, is_training, malformed=False) -> bool:
-    """Whether a forward draws dropout masks: in training, with dropout, between layers
-    (so with more than one: input_h's L·D above D). `malformed`: what an input_h that is
-    not a 3-D tensor counts as (the op then names what is wrong)."""
-    if not (is_training and dropout > 0):
+def draws_masks(input_h, attributes, malformed=False) -> bool:
+    """Whether a forward with `attributes` draws dropout masks: in training, with dropout,
+    between layers (so with more than one: input_h's L·D above D). `malformed`: what an
+    input_h that is not a 3-D tensor counts as (the op then names what is wrong)."""
+    a = attributes
+    if not (a.is_training and a.dropout > 0):
         return False
     if not isinstance(input_h, torch.Tensor) or input_h.dim() != 3:
         return malformed
-    return input_h.shape[0 if time_major else 1] > (2 if direction == "bidirectional" else 1)
+    return input_h.shape[0 if a.time_major else 1] > a.num_dirs
 
 
-def rnn(run, input, input_h, input_c, weights, sequence_lengths, options):
+def rnn(run, input, input_h, input_c, weights, has_biases, sequence_lengths, attributes):
     """``(output, output_h, output_c)`` of a forward, layer by layer: ``run(input,
-    input_h, input_c, weights, sequence_lengths, seed, options)`` runs each layer alone,
-    and dropout is drawn on its output before the next one. Arguments as for
+    input_h, input_c, weights, has_biases, sequence_lengths, seed, attributes)`` runs each
+    layer alone, and dropout is drawn on its output before the next one. Arguments as for
     ``autograd.apply`` (`weights` ``[params]`` or torch.nn's list)."""
-    (rnn_mode, input_mode, direction, dropout, num_proj, time_major, has_biases,
-     is_training) = options
-    D = 2 if direction == "bidirectional" else 1
-    axis = 0 if time_major else 1
+    D = attributes.num_dirs
+    axis = 0 if attributes.time_major else 1
     num_layers = input_h.shape[axis] // D
-    layers = _layer_weights(input, input_h, input_c, weights, options, num_layers)
+    layers = _layer_weights(input, input_h, input_c, weights, has_biases, attributes,
+                            num_layers)
+    first = attributes.replace(dropout=0.0)
+    later = first.replace(input_mode="linear_input")
     output, states_h, states_c = input, [], []
     for index, layer_weights in enumerate(layers):
         if index:
-            output = torch.nn.functional.dropout(output, dropout, training=True)
-        alone = (rnn_mode, input_mode if index == 0 else "linear_input", direction, 0.0,
-                 num_proj, time_major, has_biases, is_training)
+            output = torch.nn.functional.dropout(output, attributes.dropout, training=True)
         h, c = (None if s is None else s.narrow(axis, index * D, D) for s in (input_h, input_c))
-        output, output_h, output_c = run(output, h, c, layer_weights, sequence_lengths, None,
-                                         alone)
+        output, output_h, output_c = run(output, h, c, layer_weights, has_biases,
+                                         sequence_lengths, None, later if index else first)
         states_h.append(output_h)
         states_c.append(output_c)
     output_c = torch.cat(states_c, axis) if input_c is not None else output_c
     return output, torch.cat(states_h, axis), output_c
 
 
-def _layer_weights(input, input_h, input_c, weights, options, num_layers):
+def _layer_weights(input, input_h, input_c, weights, has_biases, attributes, num_layers):
     """Each layer's weights, in the form the call took them: ``[params]`` (its slices of
     the cuDNN-layout buffer) or its share of torch.nn's list."""
-    if options[6] is not None:  # torch.nn's list: a layer's weights, direction by direction
+    if has_biases is not None:  # torch.nn's list: a layer's weights, direction by direction
         share = len(weights) // num_layers
         return [weights[k * share:(k + 1) * share] for k in range(num_layers)]
     (params,) = weights
-    config = _config(input, input_h, input_c, params, options, num_layers)
+    config = _config(input, input_h, input_c, params, attributes, num_layers)
     pieces = []
     for index in range(num_layers):
         _, matrices, biases = layout.layer(config, index)
@@ -183,23 +182,22 @@ def _layer_weights(input, input_h, input_c, weights, options, num_layers):
     return pieces
 
 
-def _config(input, input_h, input_c, params, options, num_layers):
+def _config(input, input_h, input_c, params, attributes, num_layers):
     """The ``RNNConfig`` of a call on a flat `params` buffer."""
+    a = attributes
     if not torch.compiler.is_compiling():  # checked, and remembered for these sizes
-        attrs = op_attrs(*options[:6])
-        return kernels.problem(input, input_h, input_c, params, attrs, True).config
+        return check_call(input, input_h, input_c, params, a.replace(is_training=True)).config
     # Under a trace, from the sizes alone (which may be symbolic, and which the problem's
     # cache and checks do not take); each layer's own call checks its sizes.
-    rnn_mode, input_mode, direction, _, num_proj, time_major = options[:6]
-    num_units = (input_c if rnn_mode == "lstm" else input_h).shape[-1]
+    num_units = (input_c if a.lstm else input_h).shape[-1]
     input_size = input.shape[-1]
-    skip = input_size == num_units if input_mode == "auto_select" else \
-        input_mode == "skip_input"
-    config = RNNConfig(rnn_mode, skip, direction == "bidirectional", num_layers, num_units,
-                       input_size, num_proj)
+    skip = input_size == num_units if a.input_mode == "auto_select" else \
+        a.input_mode == "skip_input"
+    config = RNNConfig(a.rnn_mode, skip, a.num_dirs == 2, num_layers, num_units, input_size,
+                       a.num_proj)
     # A buffer with a tail no layer reads, or one for more layers than input_h has,
     # passes every layer's own check: refused here, as the op refuses it.
-    axis = 0 if time_major else 1
+    axis = 0 if a.time_major else 1
     _check_size("params", "elements", params.shape[0], layout.params_size(config))
     if input_c is not None:
         _check_size("input_c", "layers and directions", input_c.shape[axis],

@@ -27,8 +27,10 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from ..core import layout
 from ..core.checks import make_config
-from . import flat_weights, native
-from .functional import InputTypeError, InputValueError, check_devices, lengths_tensor
+from ..core.config import Attributes
+from . import flat_weights
+from .errors import InputTypeError, InputValueError
+from .functional import check_devices, lengths_tensor
 from .ops import autocast_dtype
 from .base import SeededRNN
 
@@ -289,7 +291,7 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
                 f"padded input and its lengths instead: module(padded, "
                 f"sequence_lengths=lengths), which they take") from error
         output, h_n, c_n = self._call(padded, hx, padded.shape[1], lengths, True, True, packed)
-        if isinstance(output, PackedSequence):  # torch.nn's own call on it (native.packed)
+        if isinstance(output, PackedSequence):  # torch.nn's own call on it (torch_kernels.packed)
             return output, self._state_result(h_n, c_n)
         # Pack in the input's own order, so that its sorted/unsorted indices stay valid.
         order = packed.sorted_indices
@@ -315,26 +317,15 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         if data.shape[0 if time_major else 1] == 0:
             raise InputValueError(f"Expected sequence length to be larger than 0 in RNN; input "
                                   f"has shape {_shown(data, batched)}")
-        if batch == 0:  # nothing to run (the op needs a batch): empty results, as torch.nn
-            return _empty_batch(data, h0, c0, weights, time_major,
-                                self._num_directions() * (self.proj_size or self.hidden_size))
-        if packed is not None and self._draws_masks() and native.takes(data, weights):
-            # torch.nn's own call, on the rows in the order it packed them: a seed gives the
-            # masks torch.nn's gives (it draws them on the packed rows, equal lengths too)
-            return native.packed(packed, h0, c0, weights, bool(self.bias), self.rnn_mode,
-                                 self.bidirectional, float(self.dropout))
-        attrs = dict(rnn_mode=self.rnn_mode, input_mode="linear_input",
-                     direction="bidirectional" if self.bidirectional else "unidirectional",
-                     num_proj=self.proj_size, time_major=time_major)
+        attributes = Attributes(
+            rnn_mode=self.rnn_mode,
+            direction="bidirectional" if self.bidirectional else "unidirectional",
+            num_proj=self.proj_size, time_major=time_major)
         # A packed batch's rows run in its own order, as torch.nn runs them: tied lengths
         # summed into the weights' gradients in another order would round otherwise.
-        return self._run(data, h0, c0, weights, bool(self.bias), lengths, attrs,
+        return self._run(data, h0, c0, weights, bool(self.bias), lengths, attributes,
                          self.num_layers, zero_states=hx is None, torch_states=True,
-                         order=None if packed is None else packed.sorted_indices)
-
-    def _draws_masks(self) -> bool:
-        """Whether a call draws dropout masks now (training, dropout, two layers or more)."""
-        return self.training and self.dropout > 0 and self.num_layers > 1
+                         packed=packed)
 
     def _num_directions(self):
         return 2 if self.bidirectional else 1
@@ -446,16 +437,6 @@ def _copy_weights(source, target):
 def _flatten_after_load(module, incompatible_keys):
     # load_state_dict(assign=True) puts new parameters in: one buffer again.
     module.flatten_parameters()
-
-
-def _empty_batch(data, h0, c0, weights, time_major, width):
-    """The results for a batch of 0 sequences, connected to every argument for autograd
-    (their gradients are zeros, as torch.nn's)."""
-    tie = native.zero_tie(data, *weights)
-    T = data.shape[0] if time_major else data.shape[1]
-    shape = (T, 0, width) if time_major else (0, T, width)
-    output = data.new_zeros(shape) + tie
-    return output, h0 + tie, data.new_empty((0,)) if c0 is None else c0 + tie
 
 
 class LSTM(_DropIn):

@@ -50,17 +50,17 @@ def exporting() -> bool:
     return bool(getattr(flags, "_is_onnx_exporting", False))
 
 
-def rnn(input, input_h, input_c, weights, sequence_lengths, options):
+def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, attributes):
     """``(output, output_h, output_c)`` as ONNX nodes; arguments as ``autograd.apply``'s."""
-    (rnn_mode, input_mode, direction, dropout, num_proj, time_major, has_biases,
-     is_training) = options
-    if num_proj:
+    rnn_mode, direction, time_major = (attributes.rnn_mode, attributes.direction,
+                                       attributes.time_major)
+    if attributes.num_proj:
         raise NotImplementedError(
             "pycudnnrnn: ONNX export of an LSTM with a projection (proj_size / num_proj > 0): "
             "ONNX's LSTM operator has no projection (torch.nn.LSTM(proj_size=...)'s own export "
             "does not run in onnxruntime either). Export a model without one")
-    if is_training and dropout > 0 and input_h.shape[0 if time_major else 1] > (
-            2 if direction == "bidirectional" else 1):
+    if attributes.is_training and attributes.dropout > 0 and \
+            input_h.shape[0 if time_major else 1] > attributes.num_dirs:
         raise NotImplementedError(
             "pycudnnrnn: ONNX export of dropout between layers in training mode: ONNX's "
             "recurrent operators have no dropout. Call model.eval() before exporting")
@@ -72,7 +72,7 @@ def rnn(input, input_h, input_c, weights, sequence_lengths, options):
     # No projection: the states' width is hidden_size.
     config = make_config(rnn_mode=rnn_mode, num_layers=int(input_h.shape[0]) // D,
                          num_units=int(input_h.shape[2]), input_size=int(input.shape[2]),
-                         input_mode=input_mode, direction=direction, num_proj=0)
+                         input_mode=attributes.input_mode, direction=direction, num_proj=0)
     layers = _layer_weights(weights, has_biases, config)
     lengths = None if sequence_lengths is None else sequence_lengths.to(torch.int32)
     # Sizes: SymInts under torch.export, tensors under TorchScript's tracing (whose ONNX

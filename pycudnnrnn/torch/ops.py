@@ -19,7 +19,7 @@ dropout mask is drawn; lengths and a dropout seed are host tensors (cuDNN's desc
 and dropout state need host values, and a captured graph would hold the lengths it was
 captured with), so Inductor's CUDA-graph trees skip graphs with them. Outputs are always
 fresh tensors (never views of the inputs); the reserve space's size depends on shapes
-and attributes alone, never on the lengths (``kernels.reserve_nbytes``).
+and attributes alone, never on the lengths (``op_backends.reserve_nbytes``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from torch import Tensor
 
 from .. import errors
 from ..core import layout
-from . import flat_weights, kernels
+from ..core.config import Attributes
+from . import flat_weights, op_backends
 
 _LIB = "pycudnnrnn"
 
@@ -129,8 +130,8 @@ def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: T
             is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.forward``: (output, output_h, output_c, reserve_space)."""
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
-    outputs = kernels.run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs,
-                                  is_training)
+    outputs = op_backends.run_forward(input, input_h, input_c, params, sequence_lengths, seed,
+                                      attrs, is_training)
     return _fresh_all(outputs, _tensors(input, input_h, input_c, params))
 
 
@@ -140,7 +141,7 @@ def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_m
     _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
                  sequence_lengths=sequence_lengths, seed=seed)
     attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
-    problem = kernels.problem(input, input_h, input_c, params, attrs, is_training)
+    problem = op_backends.problem(input, input_h, input_c, params, attrs, is_training)
     return _forward_results(problem, input, input_h, input_c)
 
 
@@ -158,8 +159,8 @@ def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
     """
     attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
     params = _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training)
-    outputs = kernels.run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs,
-                                  is_training)
+    outputs = op_backends.run_forward(input, input_h, input_c, params, sequence_lengths, seed,
+                                      attrs, is_training)
     return _fresh_all(outputs, _tensors(input, input_h, input_c, *weights))
 
 
@@ -187,10 +188,10 @@ def _forward_results(problem, input, input_h, input_c):
 
 
 def _fake_reserve_nbytes(problem, like):
-    """``kernels.reserve_nbytes``, or None where no GPU can tell it (tracing for CUDA on
+    """``op_backends.reserve_nbytes``, or None where no GPU can tell it (tracing for CUDA on
     a machine without one: a PyTorch without CUDA, or no cuDNN)."""
     try:
-        return kernels.reserve_nbytes(problem, like)
+        return op_backends.reserve_nbytes(problem, like)
     except errors.CudnnError:
         raise
     except (errors.CudnnUnavailableError, RuntimeError, AssertionError):
@@ -275,11 +276,11 @@ def _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, outpu
                   output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                   attrs, gradients, weights, trust_reserve):
     lstm = attrs["rnn_mode"] == "lstm"
-    grads = kernels.run_backprop(input, input_h, input_c if lstm else None, params,
-                                 sequence_lengths, seed, output, output_h,
-                                 output_c if lstm else None, output_backprop, output_h_backprop,
-                                 output_c_backprop if lstm else None, reserve_space, attrs,
-                                 gradients, trust_reserve)
+    grads = op_backends.run_backprop(input, input_h, input_c if lstm else None, params,
+                                     sequence_lengths, seed, output, output_h,
+                                     output_c if lstm else None, output_backprop, output_h_backprop,
+                                     output_c_backprop if lstm else None, reserve_space, attrs,
+                                     gradients, trust_reserve)
     given = _Storages(_tensors(input, input_h, input_c, *weights, output, output_h, output_c,
                                output_backprop, output_h_backprop, output_c_backprop,
                                reserve_space))
@@ -384,6 +385,58 @@ def op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major):
     """The op's attributes as the functional API's keyword arguments."""
     return dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction, dropout=dropout,
                 num_proj=num_proj, time_major=time_major)
+
+
+# The adapter above the ops carries a call's attributes as one ``Attributes`` (its seed
+# and seed2 unused: the seed travels as a tensor, a graph input) and, beside it,
+# `has_biases`: None where the weights are ``[params]``, the flat cuDNN-layout buffer,
+# else torch.nn's ``bias`` for its list of weights. The ops' schema takes scalars: the
+# functions below are where one becomes the other.
+
+def schema_attributes(rnn_mode, input_mode, direction, dropout, num_proj, time_major,
+                      is_training) -> Attributes:
+    """The forward schema's scalar attributes as one ``Attributes``."""
+    return Attributes(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                      dropout=dropout, num_proj=num_proj, time_major=time_major,
+                      is_training=is_training)
+
+
+def check_call(input, input_h, input_c, params, attributes, **sizes):
+    """The op's checks of a forward's shapes and dtypes (``op_backends.problem``), raising
+    its errors; `sizes`: ``num_layers``, ``num_units``, ``input_size`` to hold them to."""
+    a = attributes
+    attrs = op_attrs(a.rnn_mode, a.input_mode, a.direction, a.dropout, a.num_proj,
+                     a.time_major)
+    return op_backends.problem(input, input_h, input_c, params, {**attrs, **sizes}, a.is_training)
+
+
+def call_forward(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
+                 attributes):
+    """``forward`` on ``[params]`` (`has_biases` None) or ``forward_weights`` on torch.nn's
+    `weights`: ``(output, output_h, output_c, reserve_space)``."""
+    a = attributes
+    if has_biases is None:
+        return forward(input, input_h, input_c, weights[0], sequence_lengths, seed, a.rnn_mode,
+                       a.input_mode, a.direction, a.dropout, a.num_proj, a.time_major,
+                       a.is_training)
+    return forward_weights(input, input_h, input_c, list(weights), has_biases, sequence_lengths,
+                           seed, a.rnn_mode, a.direction, a.dropout, a.num_proj, a.time_major,
+                           a.is_training)
+
+
+def call_backprop(input, input_h, input_c, weights, has_biases, sequence_lengths, seed, results,
+                  grads, reserve_space, attributes, gradients):
+    """The backprop op for ``call_forward``'s call, whose `results` ``(output, output_h,
+    output_c)`` and `reserve_space` it trusts as that forward's own: ``(dx, dh, dc,
+    dparams)``, dparams flat (cuDNN's layout) either way."""
+    a = attributes
+    if has_biases is None:
+        return backprop(input, input_h, input_c, weights[0], sequence_lengths, seed, *results,
+                        *grads, reserve_space, a.rnn_mode, a.input_mode, a.direction, a.dropout,
+                        a.num_proj, a.time_major, gradients, True)
+    return backprop_weights(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,
+                            *results, *grads, reserve_space, a.rnn_mode, a.direction, a.dropout,
+                            a.num_proj, a.time_major, gradients, True)
 
 
 def _tensors(*tensors):

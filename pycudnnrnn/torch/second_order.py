@@ -6,7 +6,7 @@ torch.func's transforms), the backprop op runs inside ``_FirstOrder``: an
 ``autograd.Function`` whose results are the op's gradients and whose own backward (and
 ``jvp``) runs only when something differentiates those gradients again (a gradient
 penalty, a Hessian-vector product, MAML). That backward recomputes the call's forward on
-PyTorch's twice-differentiable kernels (``native.rnn``, with cuDNN off for them: PyTorch's
+PyTorch's twice-differentiable kernels (``torch_kernels.rnn``, with cuDNN off for them: PyTorch's
 cuDNN RNN has no second order either), takes its first-order gradient with a graph, and
 differentiates that.
 
@@ -35,14 +35,15 @@ import threading
 
 import torch
 
-from . import native
+from . import torch_kernels
 
 
-def first_order(run, options, data, weights, grads, extras):
+def first_order(run, attributes, has_biases, data, weights, grads, extras):
     """``run(*data, weights, *grads, extras)``'s first-order gradients
     ``[dx, dh, dc, *weight_grads]`` (None where not computed), differentiable once more
     where a transform or ``create_graph`` may differentiate them (see the module docstring).
 
+    `attributes`, `has_biases`: the forward's (``ops.call_forward``);
     `data`: ``(input, input_h, input_c)`` of the forward (input_c None unless LSTM);
     `weights`: ``[params]`` or torch.nn's list; `grads`: the output gradients backward was
     given (None for none); `extras`: the other tensors `run` needs (lengths, seed, the
@@ -53,7 +54,7 @@ def first_order(run, options, data, weights, grads, extras):
     if not transformed and not (torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)):
         return run(*data, weights, *grads, extras)
-    call = _Call(run, options, len(weights), extras[0], data[1])
+    call = _Call(run, attributes, has_biases, len(weights), extras[0], data[1])
     if not transformed and any(_legacy_batched(t) for t in inputs):
         return _recorded(call, data, weights, grads)
     results = _FirstOrder.apply(call, *inputs, *extras)
@@ -94,12 +95,10 @@ def _recorded(call, data, weights, grads):
 class _Call:
     """One op call, as ``_FirstOrder`` needs it besides its tensors."""
 
-    def __init__(self, run, options, num_weights, sequence_lengths, input_h):
-        (self.rnn_mode, self.input_mode, self.direction, self.dropout, self.num_proj,
-         self.time_major, self.has_biases, self.is_training) = options
+    def __init__(self, run, attributes, has_biases, num_weights, sequence_lengths, input_h):
+        self.attributes, self.has_biases = attributes, has_biases
         self.run, self.num_weights, self.sequence_lengths = run, num_weights, sequence_lengths
-        self.num_layers = input_h.shape[0 if self.time_major else 1] // (
-            2 if self.direction == "bidirectional" else 1)
+        self.num_layers = input_h.shape[0 if attributes.time_major else 1] // attributes.num_dirs
         self.present = None  # which first-order results the forward computed
 
     def split(self, args):
@@ -221,13 +220,12 @@ def _by_autograd(call, inputs, cotangents):
     return [torch.zeros_like(v) if g is None else g for v, g in zip(variables, found)]
 
 
-def forward_jvp(options, data, sequence_lengths, weights, tangents):
+def forward_jvp(attributes, has_biases, data, sequence_lengths, weights, tangents):
     """The forward's ``(output, output_h, output_c)`` tangents (forward mode: torch.func's
     ``jvp``, ``jacfwd``, ``hessian``) for the `tangents` of `data` and `weights` (None for
     zero), recomputed on PyTorch's kernels."""
-    lstm = options[0] == "lstm"
-    data = (*data[:2], data[2] if lstm else None)
-    call = _Call(None, options, len(weights), sequence_lengths, data[1])
+    data = (*data[:2], data[2] if attributes.lstm else None)
+    call = _Call(None, attributes, has_biases, len(weights), sequence_lengths, data[1])
     refuse_dropout(call)
     inputs = [*data, *weights]
     moving = [_floating(t) and d is not None for t, d in zip(inputs, tangents)]
@@ -333,19 +331,20 @@ def recompute(call, data, weights):
         # ("output with shape [...] doesn't match the broadcast shape"). Tied to them by a
         # zero that depends on them, the states are batched where they are; values and
         # derivatives are the same.
-        tie = native.zero_tie(input, *weights)
+        tie = torch_kernels.zero_tie(input, *weights)
         input_h = input_h + tie
         input_c = None if input_c is None else input_c + tie
-    has_biases = call.has_biases
-    return native.rnn(input, input_h, input_c, list(weights), has_biases,
-                      call.sequence_lengths, call.rnn_mode, call.direction, call.time_major,
-                      input_mode=call.input_mode)
+    a = call.attributes
+    return torch_kernels.rnn(input, input_h, input_c, list(weights), call.has_biases,
+                             call.sequence_lengths, a.rnn_mode, a.direction, a.time_major,
+                             input_mode=a.input_mode)
 
 
 def refuse_dropout(call):
     """Raise where the forward drew dropout masks (between layers) that cannot be drawn
     again."""
-    if not (call.is_training and call.dropout > 0 and call.num_layers > 1):
+    if not (call.attributes.is_training and call.attributes.dropout > 0 and
+            call.num_layers > 1):
         return
     raise NotImplementedError(
         "pycudnnrnn: a second derivative (double backward: a gradient penalty, a "

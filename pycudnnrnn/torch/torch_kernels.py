@@ -96,16 +96,18 @@ def takes(input, weights, input_mode="linear_input") -> bool:
 
 
 def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode, direction,
-        time_major, dropout=0.0, train=False, is_training=True, zero_states=False,
+        time_major, dropout=0.0, dropout_active=False, is_training=True, zero_states=False,
         torch_states=False, input_mode="linear_input", order=None):
     """``(output, output_h, output_c)`` as the op gives them, on PyTorch's kernels.
 
     Arguments in the op's layout and convention; `weights` torch.nn's list (`has_biases`
     as torch.nn's ``bias``), or ``[params]`` in cuDNN's layout (`has_biases` None).
-    `dropout` and `train` as ``torch.nn``'s; `is_training` False is an inference call,
-    whose results refuse a backward as the op's do. `zero_states`: the initial states are
-    zeros (then not reordered for packing). `torch_states`: states in and out are
-    ``[L·D, B, ·]`` even when batch-major, as torch.nn's (no transposes either way).
+    `dropout`: torch.nn's p; `dropout_active`: whether its masks are drawn (the ``train``
+    argument of torch.nn's kernels: its module's training mode). `is_training` False, the
+    op's attribute, is an inference call, whose results refuse a backward as the op's do.
+    `zero_states`: the initial states are zeros (then not reordered for packing).
+    `torch_states`: states in and out are ``[L·D, B, ·]`` even when batch-major, as
+    torch.nn's (no transposes either way).
     `input_mode` "skip_input" (flat params only): layer 0 adds its input to every gate, as
     an input matrix of stacked identities would (what ``second_order`` recomputes with).
     `order`: the rows' order for PyTorch's kernel on packed rows (a PackedSequence's
@@ -144,10 +146,10 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
     if empty and not sequence_lengths.any():  # no row runs
         output, states = _none_runs(input, hx if lstm else [hx], weights, bidirectional)
     elif not ragged:
-        output, *states = kernel(input, hx, weights, has_biases, num_layers, dropout, train,
-                                 bidirectional, not time_major)
+        output, *states = kernel(input, hx, weights, has_biases, num_layers, dropout,
+                                 dropout_active, bidirectional, not time_major)
     elif (route := _ragged_route(rnn_mode, input, hx, weights, time_major, sequence_lengths,
-                                 bool(dropout) and train and num_layers > 1)) == "runs":
+                                 bool(dropout) and dropout_active and num_layers > 1)) == "runs":
         output, states = _runs(kernel, input, hx if lstm else [hx], weights, has_biases,
                                bidirectional, time_major, sequence_lengths)
     elif route == "zeroed":
@@ -155,8 +157,8 @@ def rnn(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode
                                          bidirectional, time_major, sequence_lengths)
     else:
         output, states = _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout,
-                                 train, bidirectional, time_major, sequence_lengths, lstm,
-                                 zero_states, empty, order)
+                                 dropout_active, bidirectional, time_major, sequence_lengths,
+                                 lstm, zero_states, empty, order)
     output_h = states[0]
     output_c = states[1] if lstm else output.new_empty((0,))
     if transpose:
@@ -195,7 +197,7 @@ def _ragged_lengths(lengths, input, time_major) -> tuple[bool, bool]:
     raise AssertionError("unreachable: check_lengths refuses what is out of range")
 
 
-def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
+def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, dropout_active,
             bidirectional, time_major, lengths, lstm, zero_states, empty, order=None):
     """The kernel on packed rows, results in the caller's order (``torch.nn``'s recipe for
     a PackedSequence of unsorted lengths); rows of length 0, which packing refuses, are
@@ -217,7 +219,7 @@ def _ragged(kernel, input, hx, weights, has_biases, num_layers, dropout, train,
                      for s in states]
     data, *finals = kernel(packed.data, packed.batch_sizes,
                            sorted_states if lstm else sorted_states[0], weights, has_biases,
-                           num_layers, dropout, train, bidirectional)
+                           num_layers, dropout, dropout_active, bidirectional)
     if not empty:
         unsorted = torch.argsort(rows)
         output, _ = pad_packed_sequence(

@@ -30,7 +30,7 @@ from .. import api, plan
 from ..core import checks, gpu
 from ..core.arrays import host_lengths
 from ..core.lru import LRU
-from . import native
+from . import torch_kernels
 
 _NUMPY_DTYPES = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
                  torch.float64: np.dtype(np.float64)}
@@ -127,7 +127,7 @@ def reserve_nbytes(problem, like: torch.Tensor):
     if not problem.is_training:
         return 0
     if not on_gpu(like):
-        return native.RESERVE_NBYTES if native.runs_kernels(problem) else \
+        return torch_kernels.RESERVE_NBYTES if torch_kernels.runs_kernels(problem) else \
             plan.reserve_nbytes(problem, None)
     with _on_device(like), _library_memory(like):  # a plan may be built: see there
         return plan.reserve_nbytes(problem, _plan_device(like))
@@ -181,11 +181,11 @@ def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, 
     """
     input, input_h, input_c, params = _detached(input, input_h, input_c, params)
     lengths = host_lengths(sequence_lengths)
-    if not on_gpu(input) and input.dtype in native.DTYPES:
+    if not on_gpu(input) and input.dtype in torch_kernels.DTYPES:
         checked = _host_problem(input, input_h, input_c, params, lengths, attrs, is_training)
-        if native.runs_kernels(checked):
-            return native.forward_kernel(checked, input, input_h, input_c, params,
-                                         _lengths_tensor(lengths), attrs)
+        if torch_kernels.runs_kernels(checked):
+            return torch_kernels.forward_kernel(checked, input, input_h, input_c, params,
+                                                _lengths_tensor(lengths), attrs)
     params = _flat(params)  # every other backend takes the flat params
     if not on_gpu(input):
         return api.forward(input, input_h, input_c, params, lengths, **split_seed(seed),
@@ -205,17 +205,17 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
     `trust_reserve`: `reserve_space` is known to be the forward's (the ops' autograd
     formula), so on CUDA no header is read back from the GPU (a sync, refused under
     CUDA-graph capture) even when the tensor object is not forward's own; on the CPU's
-    PyTorch kernels the forward's graph runs once (``native.backprop_kernel``).
+    PyTorch kernels the forward's graph runs once (``torch_kernels.backprop_kernel``).
     """
     arrays = _detached(input, input_h, input_c, params, output, output_h, output_c,
                        output_backprop, output_h_backprop, output_c_backprop)
     lengths = host_lengths(sequence_lengths)
-    if not on_gpu(input) and native.runs_backprop(reserve_space):  # PyTorch's kernels
+    if not on_gpu(input) and torch_kernels.runs_backprop(reserve_space):  # PyTorch's kernels
         checked = _host_problem(*arrays[:4], lengths, attrs, True)
         _check_backprop_arrays(checked, arrays[4:])
-        return native.backprop_kernel(checked, *arrays[:4], _lengths_tensor(lengths),
-                                      arrays[7:], reserve_space, attrs, gradients,
-                                      own=trust_reserve)
+        return torch_kernels.backprop_kernel(checked, *arrays[:4], _lengths_tensor(lengths),
+                                             arrays[7:], reserve_space, attrs, gradients,
+                                             own=trust_reserve)
     arrays[3] = _flat(arrays[3])  # every other backend takes the flat params
     if not on_gpu(input):
         return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,

@@ -16,7 +16,7 @@ import numbers
 import numpy as np
 
 from .core import checks, dtypes, gpu, layout, reserve_header
-from .core.arrays import device_kind, host_lengths, readable, results_like
+from .core.arrays import host_lengths, readable_kind, results_like, to_backend
 from .core.config import Problem, describe_lengths
 from .core.lru import LRU
 from .cpu import executor as cpu_executor
@@ -379,14 +379,11 @@ class RNNPlan:
                 arrays[name] = None
                 continue
             if type(a) is not xp.ndarray and type(a) is not dtypes.Bfloat16Bits:
-                a = readable(name, a)
-                kind = device_kind(name, a)
+                a, kind = readable_kind(name, a)
                 if kind != ("cpu" if index is None else "cuda"):
                     raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
                                     f"device), got one on {kind}")
-                a = np.asarray(a) if isinstance(a, np.ndarray) and xp is np else \
-                    dtypes.from_dlpack(xp, name, a)
-                arrays[name] = a
+                arrays[name] = a = to_backend(xp, name, a)
             if index is not None and a.device.id != index:
                 raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
                                 f"device), got one on cuda:{a.device.id}")

@@ -737,8 +737,9 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
                 fake_cuda.synchronize_all()
                 imported.clear()
         monkeypatch.setattr(plan.RNNPlan, name, drained)
-    kind = plan.device_kind
-    monkeypatch.setattr(plan, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
+    from pycudnnrnn.core import arrays
+    kind = arrays.device_kind
+    monkeypatch.setattr(arrays, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
         a, torch.Tensor) else kind(name, a, strict))
     imports, imported = [], []
     take = fake_cuda.FakeCupy.from_dlpack

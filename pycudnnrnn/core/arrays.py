@@ -133,6 +133,21 @@ def readable(name, array):
     return array
 
 
+def readable_kind(name, array):
+    """`array` (argument `name`) as DLPack can export it (``readable``), and where it
+    lives (``device_kind``): the first half of taking a caller's array in."""
+    array = readable(name, array)
+    return array, device_kind(name, array)
+
+
+def to_backend(xp, name, array):
+    """A readable array (see ``readable_kind``) as an array of `xp`, the backend of its
+    kind (NumPy for "cpu", CuPy for "cuda"), without a copy: the second half."""
+    if xp is not np:
+        return dtypes.cupy_array(xp, name, array)
+    return np.asarray(array) if isinstance(array, np.ndarray) else \
+        dtypes.numpy_from_dlpack(name, array)
+
 
 def from_dlpack_like(template):
     """A function making arrays of `template`'s library from DLPack.

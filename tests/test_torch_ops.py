@@ -850,10 +850,10 @@ def test_the_planned_path_imports_each_tensor_once_and_exports_nothing(torch_on_
     """Stand-in GPU: the ops' CUDA path took every tensor in through DLPack once (inputs,
     PyTorch-allocated results and workspace) and then exported the plan's results back
     to PyTorch, four DLPack round trips a call it threw away."""
-    from pycudnnrnn import plan
+    from pycudnnrnn.plan import rnn_plan
     from pycudnnrnn.torch import kernels
     exports = []
-    monkeypatch.setattr(plan, "results_like",
+    monkeypatch.setattr(rnn_plan, "results_like",
                         lambda like, xp, results: exports.append(results) or results)
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
@@ -993,12 +993,12 @@ def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_st
     """The kernels' planned path (CUDA) hands the plan buffers PyTorch has just allocated:
     the per-call pass over every array that refuses shared memory (for callers' own
     out=) is not paid."""
-    from pycudnnrnn import plan as plans
+    from pycudnnrnn.plan import rnn_plan
     from pycudnnrnn.torch import kernels
 
     def refuse(*args):
         raise AssertionError("the op ran the overlap check")
-    monkeypatch.setattr(plans, "_refuse_overlaps", refuse)
+    monkeypatch.setattr(rnn_plan, "refuse_overlaps", refuse)
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
     fwd = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
     grads = [torch.randn_like(t) for t in fwd[:3]]

@@ -36,11 +36,20 @@ from .staging import Staging, into
 
 
 class Executor:
-    """One problem on one device, with everything a run needs that the data does not."""
+    """One problem on one device, with everything a run needs that the data does not.
+
+    It keeps the contract every backend's executor keeps (``pycudnnrnn.plan.backend``),
+    and runs on device addresses too (``forward_at``, ``backprop_at``).
+    """
+
+    kind = "cuda"
+    #: cuDNN fixes the seed in its dropout state: another seed needs another plan.
+    reseeds = False
 
     def __init__(self, problem: Problem, device: int):
-        self.cupy = cp = gpu.cupy()
+        self.xp = self.cupy = cp = gpu.cupy()
         self.problem, self.device = problem, device
+        self.device_name = f"cuda:{device}"
         c, dtype = problem.config, problem.dtype
         self.tf32 = gpu.get_allow_tf32()
         # What buffers are made of: the dtype, or bfloat16's bits with a CuPy older than
@@ -98,6 +107,28 @@ class Executor:
                                y_desc=self.y_desc, h_desc=self.h_desc, c_desc=self.c_desc,
                                weight_bytes=self.weight_bytes, work_bytes=self.work_bytes,
                                reserve_bytes=self.reserve_bytes)
+
+    @staticmethod
+    def traced_reserve_nbytes(problem: Problem) -> None:
+        """None: cuDNN tells the reserve space's size, to a built plan only."""
+        return None
+
+    def reseeded(self, problem: Problem):
+        raise ValueError("only a CPU plan can change its seed (cuDNN fixes it in its "
+                         "dropout state)")
+
+    def on_device(self):
+        """The plan's device, made current."""
+        return self.cupy.cuda.Device(self.device)
+
+    def remember_reserve(self, buffer, reserve=None, address=None):
+        """Note `buffer` (a caller's object) as holding this plan's forward's reserve
+        space, at `address` (else that of `reserve`, the backend's array over it, else
+        of `buffer`): its backprop then reads no header back. Nothing in inference."""
+        if self.training:
+            if address is None:
+                address = (buffer if reserve is None else reserve).data.ptr
+            reserve_header.remember(buffer, address, self.head)
 
     # ------------------------------------------------------------------ streams
     def _enter(self):

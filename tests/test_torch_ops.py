@@ -952,6 +952,7 @@ def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand
     not run in place."""
     from conftest import assert_ulp_close
     from pycudnnrnn import plan
+    from pycudnnrnn.core.arrays import ForwardAddresses
     from pycudnnrnn.torch import kernels
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _time_major_call()
@@ -978,14 +979,14 @@ def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand
     monkeypatch.setattr(plan.RNNPlan, "forward_at",
                         lambda self, *a, **k: seen.append(a) or at(self, *a, **k))
     kernels.planned_forward(x, h, c, gru_params, lengths, seed, gru, False)
-    assert seen[0][2] == 0  # a GRU's cell state is no argument of cuDNN's: NULL
+    assert seen[0][0].input_c == 0  # a GRU's cell state is no argument of cuDNN's: NULL
     training = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
     with pytest.raises(ValueError, match="needs a reserve_space"):
-        training.forward_at(*(1,) * 8, 0)
+        training.forward_at(ForwardAddresses(*(1,) * 8, 0))
     ragged = kernels._plan(*_stand_in_call()[:-1], _stand_in_call()[-1], False)
     assert not ragged.runs_in_place
     with pytest.raises(ValueError, match="does not run in place"):
-        ragged.forward_at(*(0,) * 9)
+        ragged.forward_at(ForwardAddresses(*(0,) * 9))
 
 
 def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_stand_in,

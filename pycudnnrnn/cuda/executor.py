@@ -6,9 +6,10 @@
 ours by ``pycudnnrnn.cuda.weight_space``), the workspace and reserve sizes and the
 device copy of the lengths; its ``Staging`` (``pycudnnrnn.cuda.staging``) holds the
 running rows' index and the padding mask, its ``ReserveSpace``
-(``pycudnnrnn.cuda.reserve``) the reserve header. Building one makes no host sync either: its uploads are queued, and an event
-orders them before runs on other streams. A run is then pointers and cuDNN calls on
-CuPy's current stream: no host↔device copy, no sync, no size query. Per run:
+(``pycudnnrnn.cuda.reserve``) the reserve header. Building one makes no host sync
+either: its uploads are queued, and an event orders them before runs on other streams.
+A run is then pointers and cuDNN calls on CuPy's current stream: no host↔device copy,
+no sync, no size query. Per run:
 
 * sequences of length zero, which cuDNN rejects, are left out of the cuDNN call: it runs
   on the other rows, and the run fills in zeros and passed-through states;
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 
 from ..core import dtypes, gpu, layout, reserve_header
+from ..core.arrays import BackpropAddresses, ForwardAddresses
 from ..core.config import Problem
 from ..cudnn import rnn
 from . import lifetime, resources, weight_space
@@ -186,10 +188,9 @@ class Executor:
         finally:
             self._leave(stream)
 
-    def forward_at(self, x: int, hx: int, cx: int, params: int, y: int, hy: int, cy: int,
-                   work: int, reserve: int, restart_dropout=False, dropout_key=None):
-        """Forward on device addresses (ints, 0 for none), for an adapter whose buffers
-        another library allocated: no array crosses into CuPy (a DLPack import each).
+    def forward_at(self, addresses: ForwardAddresses, restart_dropout=False, dropout_key=None):
+        """Forward on device addresses (0 for none), for an adapter whose buffers another
+        library allocated: no array crosses into CuPy (a DLPack import each).
 
         Only for a plan that runs ``in_place``, on buffers the caller vouches for: C-
         contiguous, of the problem's shapes and dtype, on the plan's device. `reserve`:
@@ -199,13 +200,15 @@ class Executor:
         ``forward_workspace_nbytes`` bytes, or 0 to take them from CuPy's allocator.
         `restart_dropout` and `dropout_key` as for ``forward``.
         """
+        x, hx, cx, params, y, hy, cy, work, reserve = addresses
         if self.training and not reserve:
             raise ValueError("forward_at: a training forward needs a reserve_space address")
         stream = self._enter()
         try:
             if self.training:  # device to device, on the stream: no host copy, no sync
                 runtime = self.cupy.cuda.runtime
-                runtime.memcpyAsync(reserve, self.reserves.head_ptr, reserve_header.IDENTITY_BYTES,
+                runtime.memcpyAsync(reserve, self.reserves.head_ptr,
+                                    reserve_header.IDENTITY_BYTES,
                                     runtime.memcpyDeviceToDevice, stream.ptr)
             taken = None if work else self._buffer(None, self.work_bytes)
             self._run_forward(stream, x, y, hx, hy, cx, cy, params,
@@ -290,10 +293,7 @@ class Executor:
             self._leave(stream)
         return grads if gradients != "weights" else (None, None, None, grads[3])
 
-    def backprop_at(self, x: int, hx: int, cx: int, params: int, y: int, dy: int, dhy: int,
-                    dcy: int, dx: int, dhx: int, dcx: int, dparams: int, work: int,
-                    work_nbytes: int, reserve: int, reserve_nbytes: int,
-                    trusted=False) -> bool:
+    def backprop_at(self, addresses: BackpropAddresses, trusted=False) -> bool:
         """Backprop on device addresses (0 for none), as ``forward_at`` runs forward: for
         a training plan that runs ``in_place``, on buffers the caller vouches for, the
         data gradients always computed (`dparams` 0: no weight pass). Returns False,
@@ -302,19 +302,21 @@ class Executor:
         custom_vjp does), not one this process noted for it (``reserve_header.known``):
         the checked path then reads and checks its header.
         """
+        (x, hx, cx, params, y, dy, dhy, dcy, dx, dhx, dcx, dparams, work, work_nbytes,
+         reserve, reserve_nbytes) = addresses
         if reserve_nbytes != HEADER + self.reserve_bytes or \
                 not trusted and reserve_header.known(reserve) != self.head:
             return False
-        runtime, n = self.cupy.cuda.runtime, self.reserve_bytes
+        runtime, n, offset = self.cupy.cuda.runtime, self.reserve_bytes, self.reserves.copy_offset
         stream = self._enter()
         try:
             if dparams:  # cuDNN adds the weight gradients
                 runtime.memsetAsync(dparams, 0, self.weight_bytes, stream.ptr)
             taken = None
-            if work_nbytes < self.reserves.copy_offset + n:  # no room for the reserve's copy
-                taken = self.cupy.empty(max(self.reserves.copy_offset + n, 1), self.cupy.uint8)
+            if work_nbytes < offset + n:  # no room for the reserve's copy
+                taken = self.cupy.empty(max(offset + n, 1), self.cupy.uint8)
                 work = taken.data.ptr
-            scratch = work + self.reserves.copy_offset  # cuDNN may write there: see ReserveSpace.copy
+            scratch = work + offset  # cuDNN may write there: see ReserveSpace.copy
             if n:
                 runtime.memcpyAsync(scratch, reserve + HEADER, n,
                                     runtime.memcpyDeviceToDevice, stream.ptr)

@@ -13,7 +13,8 @@ import dataclasses
 import numpy as np
 
 from ..core import checks, dtypes, gpu, layout
-from ..core.arrays import host_lengths, readable_kind, results_like, to_backend
+from ..core.arrays import (BackpropAddresses, ForwardAddresses, host_lengths, readable_kind,
+                           results_like, to_backend)
 from ..core.config import Problem, describe_lengths
 from ..results import BackpropResult, ForwardResult
 from .backend import executor_type
@@ -244,10 +245,9 @@ class RNNPlan:
                 return False
         return True
 
-    def forward_at(self, input: int, input_h: int, input_c: int, params: int, output: int,
-                   output_h: int, output_c: int, workspace: int, reserve_space: int,
-                   restart_dropout=False, dropout_key=None):
-        """Forward on device addresses (ints, 0 for none), for an adapter whose buffers
+    def forward_at(self, addresses: ForwardAddresses, restart_dropout=False,
+                   dropout_key=None):
+        """Forward on device addresses (``ForwardAddresses``), for an adapter whose buffers
         another library allocated: no DLPack import, no check. The caller vouches for
         the buffers: C-contiguous, of the plan's shapes and dtype, on its device, the
         results fresh; ``forward_workspace_nbytes`` of workspace (or 0: CuPy's
@@ -260,32 +260,22 @@ class RNNPlan:
             raise ValueError(f"forward_at: {self!r} does not run in place (on the GPU, "
                              f"time-major, every row its full length); use forward")
         with self._executor.on_device():
-            self._executor.forward_at(input, input_h, input_c, params, output, output_h,
-                                      output_c, workspace, reserve_space, restart_dropout,
-                                      dropout_key)
+            self._executor.forward_at(addresses, restart_dropout, dropout_key)
 
-    def backprop_at(self, input: int, input_h: int, input_c: int, params: int, output: int,
-                    output_backprop: int, output_h_backprop: int, output_c_backprop: int,
-                    input_backprop: int, input_h_backprop: int, input_c_backprop: int,
-                    params_backprop: int, workspace: int, workspace_nbytes: int,
-                    reserve_space: int, reserve_nbytes: int, trusted=False) -> bool:
-        """Backprop on device addresses, as ``forward_at`` runs forward (the caller
-        vouches for the buffers; ``workspace_nbytes`` of workspace leave room for the
-        reserve's copy): the data gradients always, the weight gradients when
-        `params_backprop` is not 0. Returns False, having run nothing, when the reserve
-        space is not of the plan's size or, unless `trusted` (the caller knows it is
-        this plan's forward's, as XLA's custom_vjp does), not one this process noted for
-        this plan (``trust_reserve``): call ``backprop``, which reads and checks its
-        header. Only where ``runs_in_place``, in training."""
+    def backprop_at(self, addresses: BackpropAddresses, trusted=False) -> bool:
+        """Backprop on device addresses (``BackpropAddresses``), as ``forward_at`` runs
+        forward (the caller vouches for the buffers; ``workspace_nbytes`` of workspace
+        leave room for the reserve's copy): the data gradients always, the weight
+        gradients when `params_backprop` is not 0. Returns False, having run nothing,
+        when the reserve space is not of the plan's size or, unless `trusted` (the
+        caller knows it is this plan's forward's, as XLA's custom_vjp does), not one this
+        process noted for this plan (``trust_reserve``): call ``backprop``, which reads
+        and checks its header. Only where ``runs_in_place``, in training."""
         if not (self.runs_in_place and self.problem.is_training):
             raise ValueError(f"backprop_at: {self!r} does not run in place in training (on "
                              f"the GPU, time-major, every row its full length); use backprop")
         with self._executor.on_device():
-            return self._executor.backprop_at(
-                input, input_h, input_c, params, output, output_backprop, output_h_backprop,
-                output_c_backprop, input_backprop, input_h_backprop, input_c_backprop,
-                params_backprop, workspace, workspace_nbytes, reserve_space, reserve_nbytes,
-                trusted)
+            return self._executor.backprop_at(addresses, trusted)
 
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan",
                     check_overlaps=False, restart_dropout=False, dropout_key=None):

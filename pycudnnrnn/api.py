@@ -17,6 +17,7 @@ import numpy as np
 from . import plan
 from .core import checks, dtypes, gpu, layout
 from .core.arrays import host_lengths, readable_kind, results_like, to_backend
+from .core.config import Attributes
 from .cuda import foreign
 from .results import BackpropResult, ForwardResult
 
@@ -247,13 +248,12 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
     lstm = checks.rnn_mode(rnn_mode) == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
                         params=params))
-    attributes = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
-                      dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
-                      time_major=time_major, is_training=is_training, num_layers=num_layers,
-                      num_units=num_units, input_size=input_size)
+    attributes = Attributes(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
+                            time_major, is_training)
     with route.on_stream():
         run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes,
-                            route.device)
+                            route.device, num_layers=num_layers, num_units=num_units,
+                            input_size=input_size)
         return ForwardResult(*route.outputs(run.run_forward(route.arrays, reference="input")))
 
 
@@ -308,12 +308,11 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
                         output_h_backprop=output_h_backprop,
                         output_c_backprop=output_c_backprop if lstm else None,
                         reserve_space=reserve_space))
-    attributes = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
-                      dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
-                      time_major=time_major, is_training=True, num_layers=num_layers,
-                      num_units=num_units, input_size=input_size)
+    attributes = Attributes(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
+                            time_major, is_training=True)
     with route.on_stream():
         run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes,
-                            route.device)
+                            route.device, num_layers=num_layers, num_units=num_units,
+                            input_size=input_size)
         return BackpropResult(*route.outputs(run.run_backprop(route.arrays, reference="input",
                                                               gradients=gradients)))

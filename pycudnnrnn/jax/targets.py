@@ -46,6 +46,7 @@ import numpy as np
 
 from ..core import blas, dtypes
 from ..core.arrays import BackpropAddresses, ForwardAddresses
+from ..core.config import Attributes
 from . import xla_ffi
 from .xla_ffi import DataType
 
@@ -183,8 +184,8 @@ def _run(call_frame, target: str, place):
         described = {n: _Described(b) for n, b in (*operands.items(), *call.results.items())}
         for name in ("input_c", "output_c", "output_c_backprop"):
             described.setdefault(name, None)  # not LSTM
-        plan = plans.for_call(described, lengths, {**call.op, "is_training": call.is_training},
-                              place.device)
+        plan = plans.for_call(described, lengths,
+                              Attributes(**call.op, is_training=call.is_training), place.device)
         with place.temporaries():  # not the plan's build: its buffers outlive the call
             if not (place.device is not None and plan.runs_in_place and
                     (target == FORWARD or plan.is_training) and

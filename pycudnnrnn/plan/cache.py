@@ -11,7 +11,7 @@ import dataclasses
 import numbers
 
 from ..core import checks, gpu
-from ..core.config import Problem
+from ..core.config import Attributes, Problem
 from ..core.lru import LRU
 from .backend import executor_type
 from .rnn_plan import FORWARD_NAMES, RNNPlan
@@ -20,28 +20,35 @@ _plans = LRU(64)
 _dropout_plans = LRU(4)  # each may hold a seed's GPU dropout states (~6 MiB)
 
 
-def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
+def for_call(arrays: dict, lengths, attributes: Attributes, device, *, num_layers=None,
+             num_units=None, input_size=None) -> RNNPlan:
     """The cached plan for a functional call (its arrays checked in full on a miss).
 
-    Where the backend reseeds a plan (the CPU's), the dropout seeds are left out of the
-    key (a hit is reseeded), so training with a fresh seed per step finds its plan.
+    `attributes` as the caller gave them (checked with the arrays, on a miss);
+    `num_layers`, `num_units` and `input_size`, when given, are checked against the
+    shapes. Where the backend reseeds a plan (the CPU's), the dropout seeds are left out
+    of the key (a hit is reseeded), so training with a fresh seed per step finds its plan.
     """
-    dropout = attributes.get("dropout", 0)
+    dropout = attributes.dropout
     plain = isinstance(dropout, numbers.Real) and dropout == 0
     reseed = not plain and executor_type(device).reseeds
-    keyed = attributes if not reseed else {
-        name: None if name in ("seed", "seed2") else value for name, value in attributes.items()}
-    try:
+    # The fields' values, not the dataclass: its own hash costs more, for every lookup.
+    values = tuple(vars(attributes).values())
+    keyed = tuple(vars(attributes.replace(seed=None, seed2=None)).values()) if reseed \
+        else values
+    sizes = (num_layers, num_units, input_size)
+    try:  # the values' types too: True and 1 are one key, not one argument
         key = (device, arrays["input"].dtype, _shapes(arrays), lengths_key(lengths),
-               gpu.get_allow_tf32(), tuple(keyed), tuple(map(type, attributes.values())),
-               tuple(keyed.values()))
+               gpu.get_allow_tf32(), keyed, sizes, tuple(map(type, values + sizes)))
         hash(key)
     except (TypeError, AttributeError):  # not an array, or an unhashable attribute:
         key = None                        # the checks say what is wrong
 
     def build():
         problem = checks.check_forward(arrays["input"], arrays["input_h"], arrays["input_c"],
-                                       arrays["params"], lengths, **attributes)
+                                       arrays["params"], lengths, **attributes.keywords(),
+                                       num_layers=num_layers, num_units=num_units,
+                                       input_size=input_size)
         return RNNPlan.from_problem(problem, device)
 
     if key is None:
@@ -49,8 +56,7 @@ def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
     cached = (_plans if plain else _dropout_plans).get(key, build)
     if not reseed:
         return cached
-    return cached._with_seed(checks.dropout_seed(attributes.get("seed", 0),
-                                                 attributes.get("seed2", 0)))
+    return cached._with_seed(checks.dropout_seed(attributes.seed, attributes.seed2))
 
 
 _adapter_plans = LRU(64)  # the same plans, by a framework adapter's own key

@@ -29,6 +29,7 @@ import torch
 from .. import api, plan
 from ..core import checks, gpu
 from ..core.arrays import BackpropAddresses, ForwardAddresses, host_lengths
+from ..core.config import Attributes
 from ..core.lru import LRU
 from . import native
 
@@ -381,7 +382,7 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
     device = _plan_device(input)
 
     def build():
-        attributes = dict(attrs, **split_seed(seed), is_training=is_training)
+        attributes = Attributes(**attrs, **split_seed(seed), is_training=is_training)
         with _library_memory(input):
             return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths,
                                  attributes, device)

@@ -138,6 +138,16 @@ def test_nothing_but_main_imports_the_tools():
     assert importers == {"pycudnnrnn.__main__"}
 
 
+def test_the_plan_picks_a_backend_in_one_place():
+    """Only ``plan.backend`` names the backends' executors: ``RNNPlan`` and the caches ask
+    an executor (its contract, ``plan.backend.Executor``), so that a new backend needs no
+    edit of them."""
+    imports = imports_of(PACKAGE)
+    naming = {m for m, targets in imports.items() if part(m) == "plan"
+              and any(part(t) in ("cpu", "cuda") for t in targets)}
+    assert naming == {"pycudnnrnn.plan.backend"}
+
+
 def test_the_top_level_stays_small():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= MAX_TOP_LEVEL, top

@@ -3,7 +3,8 @@
 An executor is one validated problem on one device, built once, with everything a run
 needs that the data does not. ``RNNPlan`` checks the caller's arrays and hands the
 executor backend arrays (NumPy or CuPy); it never asks which backend it holds. A new
-backend writes an executor that keeps ``Executor`` and names it in ``executor_type``.
+backend writes an executor that keeps ``Executor``, names it in ``executor_type`` and
+its caches, if any, in ``clear_backend_caches``.
 """
 
 from __future__ import annotations
@@ -83,3 +84,10 @@ def executor_type(device: int | None) -> type:
         return cpu_executor.Executor
     from ..cuda import executor as cuda_executor
     return cuda_executor.Executor
+
+
+def clear_backend_caches():
+    """Drop what the backends cache across plans: the cuDNN backend's descriptors and
+    dropout states (freed once no plan holds them)."""
+    from ..cuda import resources
+    resources.clear_caches()

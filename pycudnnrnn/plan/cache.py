@@ -13,7 +13,7 @@ import numbers
 from ..core import checks, gpu
 from ..core.config import Attributes, Problem
 from ..core.lru import LRU
-from .backend import executor_type
+from .backend import clear_backend_caches, executor_type
 from .rnn_plan import FORWARD_NAMES, RNNPlan
 
 _plans = LRU(64)
@@ -130,5 +130,4 @@ def clear_caches():
     _dropout_plans.clear()
     _adapter_plans.clear()
     _buffer_sizes.clear()
-    from ..cuda import resources
-    resources.clear_caches()
+    clear_backend_caches()

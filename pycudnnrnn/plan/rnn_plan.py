@@ -292,12 +292,8 @@ class RNNPlan:
         continues the state.
         """
         checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
-        out = NO_OUT if out is None else checked_outputs(out, self._results_of["forward"],
-                                                         self._adopt, self._bits)
-        workspace = None if workspace is None else \
-            checked_workspace(workspace, self.forward_workspace_nbytes, self._adopt)
-        if check_overlaps and (out is not NO_OUT or workspace is not None):
-            refuse_overlaps(self._results_of["forward"], out, workspace, arrays)
+        out, workspace = self._buffers("forward", out, workspace, self.forward_workspace_nbytes,
+                                       arrays, check_overlaps)
         if self._bits:
             arrays = {n: dtypes.storage(a) for n, a in arrays.items()}
         with self._executor.on_device():
@@ -317,12 +313,8 @@ class RNNPlan:
         gradients = checks.check_gradients(gradients)
         checks.check_arrays(arrays, self._backprop_shapes, self.dtype, reference)
         checks.check_reserve_space(arrays["reserve_space"])
-        out = NO_OUT if out is None else checked_outputs(out, self._results_of["backprop"],
-                                                         self._adopt, self._bits)
-        workspace = None if workspace is None else \
-            checked_workspace(workspace, self.workspace_nbytes, self._adopt)
-        if check_overlaps and (out is not NO_OUT or workspace is not None):
-            refuse_overlaps(self._results_of["backprop"], out, workspace, arrays)
+        out, workspace = self._buffers("backprop", out, workspace, self.workspace_nbytes,
+                                       arrays, check_overlaps)
         a = {n: arrays[n] for n in _BACKPROP_NAMES}
         if not self._lstm:
             a.update(input_c=None, output_c=None, output_c_backprop=None)
@@ -332,6 +324,17 @@ class RNNPlan:
             results = self._executor.backprop(**a, out=out, workspace=workspace,
                                               gradients=gradients)
         return self._as_bfloat16(results) if self._bits else results
+
+    def _buffers(self, run, out, workspace, nbytes, arrays, check_overlaps):
+        """The caller's `out` and `workspace` (of at least `nbytes`) for `run`, "forward"
+        or "backprop", checked (see ``run_forward`` for `check_overlaps`)."""
+        results = self._results_of[run]
+        out = NO_OUT if out is None else checked_outputs(out, results, self._adopt, self._bits)
+        workspace = None if workspace is None else \
+            checked_workspace(workspace, nbytes, self._adopt)
+        if check_overlaps and (out is not NO_OUT or workspace is not None):
+            refuse_overlaps(results, out, workspace, arrays)
+        return out, workspace
 
     def _results_like(self, template, results):
         """Backend results in the library of `template` (the caller's input)."""

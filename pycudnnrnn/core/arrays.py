@@ -187,6 +187,8 @@ def to_backend(xp, name, array):
     kind (NumPy for "cpu", CuPy for "cuda"), without a copy: the second half."""
     if xp is not np:
         return dtypes.cupy_array(xp, name, array)
+    if type(array) is np.ndarray:  # the common case: no call
+        return array
     return np.asarray(array) if isinstance(array, np.ndarray) else \
         dtypes.numpy_from_dlpack(name, array)
 

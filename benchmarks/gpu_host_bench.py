@@ -145,11 +145,11 @@ def _torch_forward(monkeypatch, cupy, x, h, c, w):
         from pycudnnrnn.torch import op_backends as kernels
     except ImportError:
         return None
-    from pycudnnrnn import plan
+    from pycudnnrnn.core import arrays
     from pycudnnrnn.core.arrays import host_lengths
     monkeypatch.setattr(kernels, "_plan_device", lambda tensor: 0)
-    kind = plan.device_kind
-    monkeypatch.setattr(plan, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
+    kind = arrays.device_kind
+    monkeypatch.setattr(arrays, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
         a, torch.Tensor) else kind(name, a, strict))
     take = type(cupy).from_dlpack
 

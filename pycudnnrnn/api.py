@@ -16,8 +16,8 @@ import numpy as np
 
 from . import plan
 from .core import checks, dtypes, gpu, layout
-from .core.arrays import device_kind as _device_kind
-from .core.arrays import host_lengths, readable, results_like
+from .core.arrays import host_lengths, readable_kind, results_like, to_backend
+from .core.config import Attributes
 from .cuda import foreign
 from .results import BackpropResult, ForwardResult
 
@@ -36,8 +36,7 @@ class _Route:
         kinds = {}
         for name, a in arrays.items():
             if a is not None:
-                arrays[name] = a = readable(name, a)
-                kinds[name] = _device_kind(name, a)
+                arrays[name], kinds[name] = readable_kind(name, a)
         if len(set(kinds.values())) > 1:
             detail = ", ".join(f"{n} on {k}" for n, k in kinds.items())
             raise TypeError(f"arrays must all be NumPy (CPU) or all CUDA, got {detail}")
@@ -45,14 +44,10 @@ class _Route:
         self.device = None  # a CUDA device number when on the GPU
         self.template = next((a for a in arrays.values() if a is not None), None)
         self.stream, self.foreign = None, ()
+        self.xp = xp = gpu.cupy() if self.cuda else np
+        self.arrays = {n: a if a is None else to_backend(xp, n, a) for n, a in arrays.items()}
         if not self.cuda:
-            self.xp = np
-            self.arrays = {n: a if a is None or isinstance(a, np.ndarray)
-                           else dtypes.numpy_from_dlpack(n, a) for n, a in arrays.items()}
             return
-        self.xp = cupy = gpu.cupy()
-        self.arrays = {n: a if a is None else dtypes.cupy_array(cupy, n, a)
-                       for n, a in arrays.items()}
         devices = {n: a.device.id for n, a in self.arrays.items() if a is not None}
         if len(set(devices.values())) > 1:
             detail = ", ".join(f"{n} on cuda:{d}" for n, d in devices.items())
@@ -61,10 +56,10 @@ class _Route:
         # Other libraries' arrays: run on a PyTorch caller's stream (its allocator
         # reuses freed memory in that stream's order); others are kept alive until the
         # work reading them is done (foreign.keep_until_done).
-        self.stream = foreign.caller_stream(cupy, self.template, self.device)
+        self.stream = foreign.caller_stream(xp, self.template, self.device)
         if self.stream is None:
             self.foreign = tuple(a for a in arrays.values()
-                                 if a is not None and not isinstance(a, cupy.ndarray))
+                                 if a is not None and not isinstance(a, xp.ndarray))
 
     def on_stream(self):
         """Where the call's GPU work goes: the arrays' device, made current for the whole
@@ -253,13 +248,12 @@ def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode=
     lstm = checks.rnn_mode(rnn_mode) == "lstm"
     route = _Route(dict(input=input, input_h=input_h, input_c=input_c if lstm else None,
                         params=params))
-    attributes = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
-                      dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
-                      time_major=time_major, is_training=is_training, num_layers=num_layers,
-                      num_units=num_units, input_size=input_size)
+    attributes = Attributes(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
+                            time_major, is_training)
     with route.on_stream():
         run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes,
-                            route.device)
+                            route.device, num_layers=num_layers, num_units=num_units,
+                            input_size=input_size)
         return ForwardResult(*route.outputs(run.run_forward(route.arrays, reference="input")))
 
 
@@ -314,12 +308,11 @@ def backprop(input, input_h, input_c, params, sequence_lengths, output, output_h
                         output_h_backprop=output_h_backprop,
                         output_c_backprop=output_c_backprop if lstm else None,
                         reserve_space=reserve_space))
-    attributes = dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
-                      dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
-                      time_major=time_major, is_training=True, num_layers=num_layers,
-                      num_units=num_units, input_size=input_size)
+    attributes = Attributes(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
+                            time_major, is_training=True)
     with route.on_stream():
         run = plan.for_call(route.arrays, host_lengths(sequence_lengths), attributes,
-                            route.device)
+                            route.device, num_layers=num_layers, num_units=num_units,
+                            input_size=input_size)
         return BackpropResult(*route.outputs(run.run_backprop(route.arrays, reference="input",
                                                               gradients=gradients)))

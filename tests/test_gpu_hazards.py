@@ -745,7 +745,7 @@ def test_gpu_whether_cudnn_writes_the_reserve_space(cuda_only, monkeypatch):
     backend does); whether cuDNN changed the reserve's bytes, and whether a second
     in-place backprop still agreed, goes to the report: if cuDNN never writes it, the
     copy (one reserve-sized read and write per backprop) could go."""
-    from pycudnnrnn.cuda import executor as cuda_executor
+    from pycudnnrnn.cuda import reserve as cuda_reserve
     case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", T=12, B=6,
                      input_size=8, num_units=16, dtype=np.float32)
     args = _put_all(cuda_only, case)
@@ -758,9 +758,9 @@ def test_gpu_whether_cudnn_writes_the_reserve_space(cuda_only, monkeypatch):
 
     copied = backprop()
     before = _digest(cuda_only, out[3])
-    monkeypatch.setattr(cuda_executor.Executor, "_reserve_copy",
+    monkeypatch.setattr(cuda_reserve.ReserveSpace, "copy",
                         lambda self, reserve, workspace:
-                        reserve[cuda_executor._HEADER:cuda_executor._HEADER + self.reserve_bytes])
+                        reserve[cuda_reserve.HEADER:cuda_reserve.HEADER + self.reserve_bytes])
     in_place = backprop()
     written = _digest(cuda_only, out[3]) != before
     again = backprop()

@@ -279,7 +279,7 @@ def test_a_plan_built_in_a_captures_warm_up_takes_no_block_of_its_pool(fake_gpu)
     captured = graphs.capture(
         lambda: pycudnnrnn.forward(x, h, c, w, case.sequence_lengths, **case.attrs))
     (built,) = {id(p): p for p in captured._held}.values()
-    buffers = [built.dev_lengths, built.valid, built.head_device,
+    buffers = [built.dev_lengths, built.staging.valid, built.reserves.head_device,
                built.rnn.dropout.states.buffer]
     pools = {id(fake_cuda._root(b).release[0]) for b in buffers}
     assert pools == {id(fake_cuda.FakeCupy.get_default_memory_pool())}

@@ -737,8 +737,9 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
                 fake_cuda.synchronize_all()
                 imported.clear()
         monkeypatch.setattr(plan.RNNPlan, name, drained)
-    kind = plan.device_kind
-    monkeypatch.setattr(plan, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
+    from pycudnnrnn.core import arrays
+    kind = arrays.device_kind
+    monkeypatch.setattr(arrays, "device_kind", lambda name, a, strict=True: "cuda" if isinstance(
         a, torch.Tensor) else kind(name, a, strict))
     imports, imported = [], []
     take = fake_cuda.FakeCupy.from_dlpack
@@ -849,10 +850,10 @@ def test_the_planned_path_imports_each_tensor_once_and_exports_nothing(torch_on_
     """Stand-in GPU: the ops' CUDA path took every tensor in through DLPack once (inputs,
     PyTorch-allocated results and workspace) and then exported the plan's results back
     to PyTorch, four DLPack round trips a call it threw away."""
-    from pycudnnrnn import plan
+    from pycudnnrnn.plan import rnn_plan
     from pycudnnrnn.torch import op_backends as kernels
     exports = []
-    monkeypatch.setattr(plan, "results_like",
+    monkeypatch.setattr(rnn_plan, "results_like",
                         lambda like, xp, results: exports.append(results) or results)
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
@@ -951,6 +952,7 @@ def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand
     not run in place."""
     from conftest import assert_ulp_close
     from pycudnnrnn import plan
+    from pycudnnrnn.core.arrays import ForwardAddresses
     from pycudnnrnn.torch import op_backends as kernels
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _time_major_call()
@@ -977,14 +979,14 @@ def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand
     monkeypatch.setattr(plan.RNNPlan, "forward_at",
                         lambda self, *a, **k: seen.append(a) or at(self, *a, **k))
     kernels.planned_forward(x, h, c, gru_params, lengths, seed, gru, False)
-    assert seen[0][2] == 0  # a GRU's cell state is no argument of cuDNN's: NULL
+    assert seen[0][0].input_c == 0  # a GRU's cell state is no argument of cuDNN's: NULL
     training = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
     with pytest.raises(ValueError, match="needs a reserve_space"):
-        training.forward_at(*(1,) * 8, 0)
+        training.forward_at(ForwardAddresses(*(1,) * 8, 0))
     ragged = kernels._plan(*_stand_in_call()[:-1], _stand_in_call()[-1], False)
     assert not ragged.runs_in_place
     with pytest.raises(ValueError, match="does not run in place"):
-        ragged.forward_at(*(0,) * 9)
+        ragged.forward_at(ForwardAddresses(*(0,) * 9))
 
 
 def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_stand_in,
@@ -992,12 +994,12 @@ def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_st
     """The kernels' planned path (CUDA) hands the plan buffers PyTorch has just allocated:
     the per-call pass over every array that refuses shared memory (for callers' own
     out=) is not paid."""
-    from pycudnnrnn import plan as plans
+    from pycudnnrnn.plan import rnn_plan
     from pycudnnrnn.torch import op_backends as kernels
 
     def refuse(*args):
         raise AssertionError("the op ran the overlap check")
-    monkeypatch.setattr(plans, "_refuse_overlaps", refuse)
+    monkeypatch.setattr(rnn_plan, "refuse_overlaps", refuse)
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
     fwd = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
     grads = [torch.randn_like(t) for t in fwd[:3]]

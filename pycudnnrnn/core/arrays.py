@@ -1,12 +1,15 @@
 """What kind of array an argument is, and moving arrays between libraries by DLPack.
 
 CPU arrays (NumPy, or any DLPack array on the CPU) run on the NumPy backend, CUDA
-arrays on cuDNN; results go back to the library of the call's first array.
+arrays on cuDNN; results go back to the library of the call's first array. An adapter
+whose buffers another library allocated may pass their device addresses instead
+(``ForwardAddresses``, ``BackpropAddresses``).
 """
 
 from __future__ import annotations
 
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -132,6 +135,62 @@ def readable(name, array):
         array = array.resolve_neg()
     return array
 
+
+class ForwardAddresses(NamedTuple):
+    """The device addresses of a forward's arrays (``RNNPlan.forward_at``); 0 for none:
+    a cell state other than an LSTM's, an inference reserve space, a workspace left to
+    CuPy's allocator."""
+
+    input: int
+    input_h: int
+    input_c: int
+    params: int
+    output: int
+    output_h: int
+    output_c: int
+    workspace: int
+    reserve_space: int
+
+
+class BackpropAddresses(NamedTuple):
+    """The device addresses of a backprop's arrays (``RNNPlan.backprop_at``), 0 for none
+    (`params_backprop` 0: no weight gradients), and the sizes of the two buffers whose
+    size the plan does not fix."""
+
+    input: int
+    input_h: int
+    input_c: int
+    params: int
+    output: int
+    output_backprop: int
+    output_h_backprop: int
+    output_c_backprop: int
+    input_backprop: int
+    input_h_backprop: int
+    input_c_backprop: int
+    params_backprop: int
+    workspace: int
+    workspace_nbytes: int
+    reserve_space: int
+    reserve_nbytes: int
+
+
+def readable_kind(name, array):
+    """`array` (argument `name`) as DLPack can export it (``readable``), and where it
+    lives (``device_kind``): the first half of taking a caller's array in."""
+    array = readable(name, array)
+    return array, device_kind(name, array)
+
+
+def to_backend(xp, name, array):
+    """A readable array (see ``readable_kind``) as an array of `xp`, the backend of its
+    kind (NumPy for "cpu", CuPy for "cuda"), without a copy: the second half."""
+    if xp is not np:
+        return dtypes.cupy_array(xp, name, array)
+    if type(array) is np.ndarray:  # the common case: no call
+        return array
+    return np.asarray(array) if isinstance(array, np.ndarray) else \
+        dtypes.numpy_from_dlpack(name, array)
 
 
 def from_dlpack_like(template):

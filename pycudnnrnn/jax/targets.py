@@ -45,6 +45,8 @@ import math
 import numpy as np
 
 from ..core import blas, dtypes
+from ..core.arrays import BackpropAddresses, ForwardAddresses
+from ..core.config import Attributes
 from . import xla_ffi
 from .xla_ffi import DataType
 
@@ -182,8 +184,8 @@ def _run(call_frame, target: str, place):
         described = {n: _Described(b) for n, b in (*operands.items(), *call.results.items())}
         for name in ("input_c", "output_c", "output_c_backprop"):
             described.setdefault(name, None)  # not LSTM
-        plan = plans.for_call(described, lengths, {**call.op, "is_training": call.is_training},
-                              place.device)
+        plan = plans.for_call(described, lengths,
+                              Attributes(**call.op, is_training=call.is_training), place.device)
         with place.temporaries():  # not the plan's build: its buffers outlive the call
             if not (place.device is not None and plan.runs_in_place and
                     (target == FORWARD or plan.is_training) and
@@ -206,24 +208,24 @@ def _at_addresses(plan, operands: dict, results: dict, target: str) -> bool:
         if training and reserve.shape[0] < plan.reserve_nbytes:
             return False
         # As in _checked: masks depend on the seed alone, for XLA's rematerialisation.
-        plan.forward_at(
+        plan.forward_at(ForwardAddresses(
             operands["input"].data, operands["input_h"].data, at("input_c", operands),
             operands["params"].data, results["output"].data, results["output_h"].data,
             at("output_c", results),
             workspace.data if workspace.shape[0] >= plan.forward_workspace_nbytes else 0,
-            reserve.data if training else 0, restart_dropout=True)
+            reserve.data if training else 0), restart_dropout=True)
         return True
     reserve = operands["reserve_space"]
     if reserve.shape[0] < plan.reserve_nbytes:
         return False
     # custom_vjp hands backprop the residual of our own forward (see _checked): trusted.
-    return plan.backprop_at(
+    return plan.backprop_at(BackpropAddresses(
         operands["input"].data, operands["input_h"].data, at("input_c", operands),
         operands["params"].data, operands["output"].data, operands["output_backprop"].data,
         operands["output_h_backprop"].data, at("output_c_backprop", operands),
         results["input_backprop"].data, results["input_h_backprop"].data,
         at("input_c_backprop", results), results["params_backprop"].data,
-        workspace.data, workspace.shape[0], reserve.data, plan.reserve_nbytes, trusted=True)
+        workspace.data, workspace.shape[0], reserve.data, plan.reserve_nbytes), trusted=True)
 
 
 def _checked(plan, call: _Call, target: str, place):

@@ -28,7 +28,8 @@ import torch
 
 from .. import api, plan
 from ..core import checks, gpu
-from ..core.arrays import host_lengths
+from ..core.arrays import BackpropAddresses, ForwardAddresses, host_lengths
+from ..core.config import Attributes
 from ..core.lru import LRU
 from . import torch_kernels
 
@@ -287,8 +288,9 @@ def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_tr
     workspace = _workspace(run.forward_workspace_nbytes, input)
     if run.runs_in_place and _plain(lstm, (input, input_h, params), (input_c,)):
         # The common case: cuDNN runs on the tensors' addresses, none crosses DLPack.
-        run.forward_at(*map(_address, (input, input_h, input_c if lstm else None, params,
-                                      *out[:3], workspace, reserve)), dropout_key=key)
+        run.forward_at(ForwardAddresses(*map(_address, (
+            input, input_h, input_c if lstm else None, params, *out[:3], workspace,
+            reserve))), dropout_key=key)
     else:
         # Each tensor crosses DLPack once, into the plan; the results are `out` already,
         # so they are not exported back (return_results=False).
@@ -348,11 +350,11 @@ def planned_backprop(input, input_h, input_c, params, output, output_h, output_c
         if trust_reserve:
             run.trust_reserve(reserve_space, reserve_space.data_ptr())
         c = (lambda t: t) if lstm else (lambda t: None)  # noqa: E731
-        if run.backprop_at(*map(_address, (
+        if run.backprop_at(BackpropAddresses(*map(_address, (
                 input, input_h, c(input_c), params, output, output_backprop,
                 output_h_backprop, c(output_c_backprop), *out, workspace)),
                 0 if workspace is None else workspace.numel(), reserve_space.data_ptr(),
-                reserve_space.numel()):
+                reserve_space.numel())):
             return _gradients(out, (True, True, True, True if weights else None), input)
         # a reserve space this process did not note: the checked path reads its header
     grads = run.backprop(input, input_h, input_c, params, output, output_h, output_c,
@@ -380,7 +382,7 @@ def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
     device = _plan_device(input)
 
     def build():
-        attributes = dict(attrs, **split_seed(seed), is_training=is_training)
+        attributes = Attributes(**attrs, **split_seed(seed), is_training=is_training)
         with _library_memory(input):
             return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths,
                                  attributes, device)

@@ -2,29 +2,26 @@
 
 The plan/run split of cuFFT plans: a plan fixes the op's attributes, the sizes, the
 sequence lengths, the dtype and the device; each run then only checks its arrays'
-shapes, dtypes and device and calls the backend. The functional ``forward`` and
-``backprop`` keep a bounded cache of plans keyed on what fixes one.
+shapes, dtypes and device and calls its backend's executor (``.backend``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import numbers
 
 import numpy as np
 
-from .core import checks, dtypes, gpu, layout, reserve_header
-from .core.arrays import device_kind, host_lengths, readable, results_like
-from .core.config import Problem, describe_lengths
-from .core.lru import LRU
-from .cpu import executor as cpu_executor
-from .cpu import rnn as cpu_rnn
-from .results import BackpropResult, ForwardResult
+from ..core import checks, dtypes, gpu, layout
+from ..core.arrays import (BackpropAddresses, ForwardAddresses, host_lengths, readable_kind,
+                           results_like, to_backend)
+from ..core.config import Problem, describe_lengths
+from ..results import BackpropResult, ForwardResult
+from .backend import executor_type
+from .buffers import NO_OUT, checked_outputs, checked_workspace, refuse_overlaps
 
-_FORWARD_NAMES = ("input", "input_h", "input_c", "params")
-_BACKPROP_NAMES = _FORWARD_NAMES + ("output", "output_h", "output_c", "output_backprop",
+FORWARD_NAMES = ("input", "input_h", "input_c", "params")
+_BACKPROP_NAMES = FORWARD_NAMES + ("output", "output_h", "output_c", "output_backprop",
                                     "output_h_backprop", "output_c_backprop", "reserve_space")
 
 
@@ -99,13 +96,8 @@ class RNNPlan:
     def _build(self, problem: Problem, device):
         self.problem, self.device_index = problem, device
         c = problem.config
-        if device is None:
-            self._xp, self._executor = np, cpu_executor.Executor(problem)
-            self.device = "cpu"
-        else:
-            from .cuda import executor as cuda_executor
-            self._xp, self._executor = gpu.cupy(), cuda_executor.Executor(problem, device)
-            self.device = f"cuda:{device}"
+        self._executor = executor = executor_type(device)(problem, device)
+        self._xp, self.device = executor.xp, executor.device_name
         self.dtype = problem.dtype
         self._lstm = c.is_lstm
         # bfloat16 with a CuPy older than 14: arrays cross as their bits (dtypes.Bfloat16Bits)
@@ -145,21 +137,18 @@ class RNNPlan:
         return self.problem.is_training
 
     def _with_seed(self, seed: int) -> "RNNPlan":
-        """This CPU plan with another combined dropout seed; it shares everything else.
+        """This plan with another combined dropout seed; it shares everything else.
 
         The NumPy backend draws its masks from the seed at run time, so a fresh seed per
-        training step (as PyTorch's modules draw) needs no new plan.
+        training step (as PyTorch's modules draw) needs no new plan; where the backend
+        fixes the seed (cuDNN's dropout state), a ValueError.
         """
-        if self.device_index is not None:
-            raise ValueError("only a CPU plan can change its seed (cuDNN fixes it in its "
-                             "dropout state)")
-        if seed == self.problem.config.seed:
+        if seed == self.problem.config.seed and self._executor.reseeds:
             return self
         seeded = copy.copy(self)
         seeded.problem = dataclasses.replace(
             self.problem, config=dataclasses.replace(self.problem.config, seed=seed))
-        seeded._executor = copy.copy(self._executor)
-        seeded._executor.problem = seeded.problem
+        seeded._executor = self._executor.reseeded(seeded.problem)
         return seeded
 
     def __repr__(self):
@@ -195,11 +184,10 @@ class RNNPlan:
         results = self.run_forward(arrays, out=out, workspace=workspace,
                                    check_overlaps=check_overlaps, dropout_key=dropout_key)
         given = out[3] if out is not None and len(out) == 4 else None
-        if given is not None and given is not results[3] and self.device_index is not None \
-                and self.problem.is_training:
+        if given is not None and given is not results[3]:
             # A framework's buffer, seen here through a DLPack view that dies with this
             # call: remember its header by the buffer itself, so backprop need not read it.
-            reserve_header.remember(given, results[3].data.ptr, self._executor.head)
+            self._executor.remember_reserve(given, reserve=results[3])
         if not return_results:
             return None
         return ForwardResult._make(self._results_like(input, results))
@@ -236,15 +224,13 @@ class RNNPlan:
         as the array object does (as long as any buffer noted with that header).
         `pointer`: the address of its first byte, for a framework's buffer (larger than
         ``reserve_nbytes``, of which forward was given the start)."""
-        if self.device_index is not None and self.problem.is_training:
-            reserve_header.remember(reserve_space, reserve_space.data.ptr if pointer is None
-                                    else pointer, self._executor.head)
+        self._executor.remember_reserve(reserve_space, address=pointer)
 
     @property
     def runs_in_place(self) -> bool:
         """Whether ``forward_at`` can run this plan: on the GPU, time-major, with every
         row running its full length (the caller's buffers are then cuDNN's as they are)."""
-        return self.device_index is not None and self._executor.in_place
+        return self._executor.in_place
 
     def describes(self, arrays: dict, backprop=False) -> bool:
         """Whether `arrays` by name (anything with ``shape`` and ``dtype``: an adapter's
@@ -259,10 +245,9 @@ class RNNPlan:
                 return False
         return True
 
-    def forward_at(self, input: int, input_h: int, input_c: int, params: int, output: int,
-                   output_h: int, output_c: int, workspace: int, reserve_space: int,
-                   restart_dropout=False, dropout_key=None):
-        """Forward on device addresses (ints, 0 for none), for an adapter whose buffers
+    def forward_at(self, addresses: ForwardAddresses, restart_dropout=False,
+                   dropout_key=None):
+        """Forward on device addresses (``ForwardAddresses``), for an adapter whose buffers
         another library allocated: no DLPack import, no check. The caller vouches for
         the buffers: C-contiguous, of the plan's shapes and dtype, on its device, the
         results fresh; ``forward_workspace_nbytes`` of workspace (or 0: CuPy's
@@ -274,33 +259,23 @@ class RNNPlan:
         if not self.runs_in_place:
             raise ValueError(f"forward_at: {self!r} does not run in place (on the GPU, "
                              f"time-major, every row its full length); use forward")
-        with self._on_device():
-            self._executor.forward_at(input, input_h, input_c, params, output, output_h,
-                                      output_c, workspace, reserve_space, restart_dropout,
-                                      dropout_key)
+        with self._executor.on_device():
+            self._executor.forward_at(addresses, restart_dropout, dropout_key)
 
-    def backprop_at(self, input: int, input_h: int, input_c: int, params: int, output: int,
-                    output_backprop: int, output_h_backprop: int, output_c_backprop: int,
-                    input_backprop: int, input_h_backprop: int, input_c_backprop: int,
-                    params_backprop: int, workspace: int, workspace_nbytes: int,
-                    reserve_space: int, reserve_nbytes: int, trusted=False) -> bool:
-        """Backprop on device addresses, as ``forward_at`` runs forward (the caller
-        vouches for the buffers; ``workspace_nbytes`` of workspace leave room for the
-        reserve's copy): the data gradients always, the weight gradients when
-        `params_backprop` is not 0. Returns False, having run nothing, when the reserve
-        space is not of the plan's size or, unless `trusted` (the caller knows it is
-        this plan's forward's, as XLA's custom_vjp does), not one this process noted for
-        this plan (``trust_reserve``): call ``backprop``, which reads and checks its
-        header. Only where ``runs_in_place``, in training."""
+    def backprop_at(self, addresses: BackpropAddresses, trusted=False) -> bool:
+        """Backprop on device addresses (``BackpropAddresses``), as ``forward_at`` runs
+        forward (the caller vouches for the buffers; ``workspace_nbytes`` of workspace
+        leave room for the reserve's copy): the data gradients always, the weight
+        gradients when `params_backprop` is not 0. Returns False, having run nothing,
+        when the reserve space is not of the plan's size or, unless `trusted` (the
+        caller knows it is this plan's forward's, as XLA's custom_vjp does), not one this
+        process noted for this plan (``trust_reserve``): call ``backprop``, which reads
+        and checks its header. Only where ``runs_in_place``, in training."""
         if not (self.runs_in_place and self.problem.is_training):
             raise ValueError(f"backprop_at: {self!r} does not run in place in training (on "
                              f"the GPU, time-major, every row its full length); use backprop")
-        with self._on_device():
-            return self._executor.backprop_at(
-                input, input_h, input_c, params, output, output_backprop, output_h_backprop,
-                output_c_backprop, input_backprop, input_h_backprop, input_c_backprop,
-                params_backprop, workspace, workspace_nbytes, reserve_space, reserve_nbytes,
-                trusted)
+        with self._executor.on_device():
+            return self._executor.backprop_at(addresses, trusted)
 
     def run_forward(self, arrays: dict, out=None, workspace=None, reference="the plan",
                     check_overlaps=False, restart_dropout=False, dropout_key=None):
@@ -317,14 +292,11 @@ class RNNPlan:
         continues the state.
         """
         checks.check_arrays(arrays, self._forward_shapes, self.dtype, reference)
-        out = _NO_OUT if out is None else self._outputs(out, self._results_of["forward"])
-        workspace = None if workspace is None else \
-            self._workspace(workspace, self.forward_workspace_nbytes)
-        if check_overlaps and (out is not _NO_OUT or workspace is not None):
-            _refuse_overlaps(self._results_of["forward"], out, workspace, arrays)
+        out, workspace = self._buffers("forward", out, workspace, self.forward_workspace_nbytes,
+                                       arrays, check_overlaps)
         if self._bits:
             arrays = {n: dtypes.storage(a) for n, a in arrays.items()}
-        with self._on_device():
+        with self._executor.on_device():
             results = self._executor.forward(arrays["input"], arrays["input_h"],
                                              arrays["input_c"] if self._lstm else None,
                                              arrays["params"], out, workspace, restart_dropout,
@@ -341,19 +313,28 @@ class RNNPlan:
         gradients = checks.check_gradients(gradients)
         checks.check_arrays(arrays, self._backprop_shapes, self.dtype, reference)
         checks.check_reserve_space(arrays["reserve_space"])
-        out = _NO_OUT if out is None else self._outputs(out, self._results_of["backprop"])
-        workspace = None if workspace is None else self._workspace(workspace)
-        if check_overlaps and (out is not _NO_OUT or workspace is not None):
-            _refuse_overlaps(self._results_of["backprop"], out, workspace, arrays)
+        out, workspace = self._buffers("backprop", out, workspace, self.workspace_nbytes,
+                                       arrays, check_overlaps)
         a = {n: arrays[n] for n in _BACKPROP_NAMES}
         if not self._lstm:
             a.update(input_c=None, output_c=None, output_c_backprop=None)
         if self._bits:
             a = {n: dtypes.storage(v) for n, v in a.items()}
-        with self._on_device():
+        with self._executor.on_device():
             results = self._executor.backprop(**a, out=out, workspace=workspace,
                                               gradients=gradients)
         return self._as_bfloat16(results) if self._bits else results
+
+    def _buffers(self, run, out, workspace, nbytes, arrays, check_overlaps):
+        """The caller's `out` and `workspace` (of at least `nbytes`) for `run`, "forward"
+        or "backprop", checked (see ``run_forward`` for `check_overlaps`)."""
+        results = self._results_of[run]
+        out = NO_OUT if out is None else checked_outputs(out, results, self._adopt, self._bits)
+        workspace = None if workspace is None else \
+            checked_workspace(workspace, nbytes, self._adopt)
+        if check_overlaps and (out is not NO_OUT or workspace is not None):
+            refuse_overlaps(results, out, workspace, arrays)
+        return out, workspace
 
     def _results_like(self, template, results):
         """Backend results in the library of `template` (the caller's input)."""
@@ -371,7 +352,7 @@ class RNNPlan:
     def _adopt(self, arrays: dict) -> dict:
         """The arguments (a dict of the caller's, made for the call: it is updated in
         place and returned) as backend arrays on the plan's device, or a clear error."""
-        xp, lstm, index = self._xp, self._lstm, self.device_index
+        xp, lstm, index, kind = self._xp, self._lstm, self.device_index, self._executor.kind
         for name, a in arrays.items():
             if a is None:
                 continue
@@ -379,219 +360,15 @@ class RNNPlan:
                 arrays[name] = None
                 continue
             if type(a) is not xp.ndarray and type(a) is not dtypes.Bfloat16Bits:
-                a = readable(name, a)
-                kind = device_kind(name, a)
-                if kind != ("cpu" if index is None else "cuda"):
+                a, got = readable_kind(name, a)
+                if got != kind:
                     raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
-                                    f"device), got one on {kind}")
-                a = np.asarray(a) if isinstance(a, np.ndarray) and xp is np else \
-                    dtypes.from_dlpack(xp, name, a)
-                arrays[name] = a
+                                    f"device), got one on {got}")
+                arrays[name] = a = to_backend(xp, name, a)
             if index is not None and a.device.id != index:
                 raise TypeError(f"{name}: expected an array on {self.device} (the plan's "
                                 f"device), got one on cuda:{a.device.id}")
         return arrays
 
-    def _outputs(self, out, results):
-        """Caller buffers for the `results` (name, shape, dtype), checked; None where not
-        given or where there is no such result (output_c of other cells, an inference
-        reserve_space)."""
-        if out is None:  # (run_forward and run_backprop do not ask)
-            return _NO_OUT
-        if not isinstance(out, (tuple, list)) or len(out) != len(results):
-            names = ", ".join(name for name, _, _ in results)
-            if not isinstance(out, (tuple, list)):
-                raise TypeError(f"out: expected a tuple of {len(results)} buffers ({names}) "
-                                f"or None, got {type(out).__module__}."
-                                f"{type(out).__qualname__}")
-            raise ValueError(f"out: expected {len(results)} buffers ({names}) or None, got "
-                             f"{len(out)}")
-        checked = []
-        for (name, shape, dtype), buffer in zip(results, out):
-            if buffer is None or shape is None:
-                checked.append(None)
-                continue
-            label = "out " + name
-            buffer = self._adopt({label: buffer})[label]
-            if buffer.shape != shape or buffer.dtype != dtype:
-                checks.check_arrays({label: buffer}, [(label, shape, "(the result's)")],
-                                    dtype, "the result")
-            if not buffer.flags.c_contiguous:
-                raise ValueError(f"{label}: expected a C-contiguous buffer")
-            if not getattr(buffer.flags, "writeable", True):  # a read-only NumPy view, a
-                # JAX CPU array (CuPy's flags have no such field: its arrays are writable)
-                raise ValueError(f"{label}: expected a writable buffer, got a read-only one")
-            checked.append(dtypes.storage(buffer) if self._bits else buffer)
-        return tuple(checked)
 
-    def _workspace(self, workspace, nbytes=None):
-        """The caller's workspace, checked: at least `nbytes` (``workspace_nbytes``)."""
-        if workspace is None:
-            return None
-        nbytes = self.workspace_nbytes if nbytes is None else nbytes
-        workspace = self._adopt({"workspace": workspace})["workspace"]
-        if workspace.dtype != np.uint8:
-            raise TypeError(f"workspace: expected dtype uint8, got {workspace.dtype}")
-        if workspace.ndim != 1 or workspace.shape[0] < nbytes or \
-                not workspace.flags.c_contiguous or \
-                not getattr(workspace.flags, "writeable", True):
-            raise ValueError(f"workspace: expected a writable, contiguous 1-D uint8 buffer of "
-                             f"at least {nbytes} bytes, got shape {tuple(workspace.shape)}")
-        return workspace
-
-    def _on_device(self):
-        if self.device_index is None:
-            return contextlib.nullcontext()
-        return self._xp.cuda.Device(self.device_index)
-
-
-
-
-_NO_OUT = (None,) * 4  # every run has four results
 _C_NAMES = frozenset({"input_c", "output_c", "output_c_backprop"})  # LSTM only
-
-
-def _byte_range(array) -> tuple[int, int]:
-    """The bytes an array may touch, ``[low, high)`` (its strides' extent)."""
-    start = array.data.ptr if hasattr(array.data, "ptr") else array.ctypes.data
-    low = high = start
-    for n, stride in zip(array.shape, array.strides):
-        if n == 0:
-            return start, start
-        (low, high) = (low + stride * (n - 1), high) if stride < 0 else \
-            (low, high + stride * (n - 1))
-    return low, high + array.itemsize
-
-
-def _refuse_overlaps(results, out, workspace, inputs):
-    """A caller buffer that shares bytes with another, or with an input, would have one
-    result written over another (or over what is still being read): a ValueError naming
-    both. Checked by address range, which is exact for the contiguous buffers.
-
-    Run for ``forward``/``backprop``, the callers' entry points; the framework adapters
-    call ``run_forward``/``run_backprop`` with buffers their allocator just made.
-    """
-    if workspace is None and all(b is None for b in out):
-        return
-    buffers = [(f"out {name}", b) for (name, _, _), b in zip(results, out) if b is not None]
-    buffers += [("workspace", workspace)] if workspace is not None else []
-    given = buffers + [(name, a) for name, a in inputs.items() if a is not None]
-    ranges = [(name, _byte_range(dtypes.storage(a))) for name, a in given]
-    for i, (name, (low, high)) in enumerate(ranges[:len(buffers)]):
-        for other, (other_low, other_high) in ranges[i + 1:]:
-            if low < other_high and other_low < high:
-                raise ValueError(f"{name}: shares memory with {other}; each result needs a "
-                                 f"buffer of its own")
-
-
-# ---------------------------------------------------------------------- the plan cache
-
-_plans = LRU(64)
-_dropout_plans = LRU(4)  # each may hold a seed's GPU dropout states (~6 MiB)
-
-
-def for_call(arrays: dict, lengths, attributes: dict, device) -> RNNPlan:
-    """The cached plan for a functional call (its arrays checked in full on a miss).
-
-    On the CPU the dropout seeds are left out of the key (a hit is reseeded), so
-    training with a fresh seed per step finds its plan.
-    """
-    dropout = attributes.get("dropout", 0)
-    plain = isinstance(dropout, numbers.Real) and dropout == 0
-    reseed = device is None and not plain
-    keyed = attributes if not reseed else {
-        name: None if name in ("seed", "seed2") else value for name, value in attributes.items()}
-    try:
-        key = (device, arrays["input"].dtype, _shapes(arrays), lengths_key(lengths),
-               gpu.get_allow_tf32(), tuple(keyed), tuple(map(type, attributes.values())),
-               tuple(keyed.values()))
-        hash(key)
-    except (TypeError, AttributeError):  # not an array, or an unhashable attribute:
-        key = None                        # the checks say what is wrong
-
-    def build():
-        problem = checks.check_forward(arrays["input"], arrays["input_h"], arrays["input_c"],
-                                       arrays["params"], lengths, **attributes)
-        return RNNPlan.from_problem(problem, device)
-
-    if key is None:
-        return build()
-    cached = (_plans if plain else _dropout_plans).get(key, build)
-    if not reseed:
-        return cached
-    return cached._with_seed(checks.dropout_seed(attributes.get("seed", 0),
-                                                 attributes.get("seed2", 0)))
-
-
-_adapter_plans = LRU(64)  # the same plans, by a framework adapter's own key
-
-
-def for_adapter(key, build) -> RNNPlan:
-    """The plan a framework adapter remembered under `key`, else ``build()`` (its call
-    of ``for_call``) remembered under it: a key of the framework's own values (a
-    tensor's shape and dtype objects) costs less to make per call than ``for_call``'s.
-    `key` must fix everything ``for_call``'s key does (device, dtype, shapes, lengths,
-    TF32, and every attribute's name, type and value). Bounded, and cleared by
-    ``clear_caches`` like the functional API's plans."""
-    return _adapter_plans.get(key, build)
-
-
-_buffer_sizes = LRU(64)  # three ints each: no plan is kept
-
-
-def buffer_nbytes(problem: Problem, device: int | None, forward=False) -> tuple[int, int]:
-    """``(reserve_nbytes, workspace_nbytes)`` of a plan for `problem` on `device` (None: the
-    CPU), remembered: a framework sizes its buffers at every trace, and a cuDNN plan
-    costs descriptors (and, with dropout, a dropout state) to build. With `forward`,
-    the workspace is ``forward_workspace_nbytes``: what a forward call alone needs."""
-    def build():
-        built = RNNPlan.from_problem(problem, device)
-        return built.reserve_nbytes, built.workspace_nbytes, built.forward_workspace_nbytes
-
-    if problem.lengths is not None:  # an array: not a key (framework traces have none)
-        sizes = build()
-    else:  # the seed fixes no size
-        config = problem.config.with_dropout(problem.config.dropout, 0)
-        key = (dataclasses.replace(problem, config=config), device, gpu.get_allow_tf32())
-        sizes = _buffer_sizes.get(key, build)
-    return sizes[0], sizes[2 if forward else 1]
-
-
-def reserve_nbytes(problem: Problem, device: int | None) -> int | None:
-    """Bytes of the reserve space forward returns for `problem` on `device` (None: the
-    CPU) when every row runs, the most any lengths need: what a framework allocates
-    when it traces a call, before any lengths are known.
-
-    On the CPU, the NumPy backend's size: arithmetic on the shapes, so a trace's symbolic
-    sizes give a symbolic answer. On CUDA, cuDNN's (``buffer_nbytes``), which it tells
-    for numbers only: None while time or batch are symbolic.
-    """
-    if not problem.is_training:
-        return 0
-    if device is None:
-        return cpu_rnn.reserve_nbytes(problem)
-    if not all(isinstance(n, int) for n in (problem.max_time, problem.batch_size)):
-        return None
-    return buffer_nbytes(problem, device)[0]
-
-
-def _shapes(arrays):
-    return tuple(None if arrays[n] is None else arrays[n].shape for n in _FORWARD_NAMES)
-
-
-def lengths_key(lengths):
-    if lengths is None:
-        return None
-    return (lengths.dtype.str, lengths.shape, lengths.tobytes())
-
-
-def clear_caches():
-    """Drop the functional API's cached plans, the buffer sizes remembered for framework
-    traces, and the cuDNN backend's cached descriptors and dropout states (freed once no
-    plan you hold uses them)."""
-    _plans.clear()
-    _dropout_plans.clear()
-    _adapter_plans.clear()
-    _buffer_sizes.clear()
-    from .cuda import resources
-    resources.clear_caches()

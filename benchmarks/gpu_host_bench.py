@@ -26,7 +26,7 @@ those recorded before.
 The PyTorch op cannot run on CUDA tensors here (torch is a CPU build, and the CUDA path
 asks torch.cuda for the current stream and the caching allocator). It is timed on CPU
 tensors posed as tensors on the stand-in (as tests/test_torch_ops.py's
-``torch_on_stand_in``): "kernel" is ``kernels.planned_forward``, the op's CUDA body
+``torch_on_stand_in``): "kernel" is ``op_backends.planned_forward``, the op's CUDA body
 (torch.empty for its buffers, the plan cache, the plan's run on the tensors' addresses:
 this plan runs in place, so no DLPack import), without
 ``kernels._on_device`` (torch.cuda's stream and allocator, and CuPy's context for them);

@@ -88,11 +88,6 @@ def _is_torch(array) -> bool:
     return type(array).__module__.split(".")[0] == "torch"
 
 
-def from_dlpack(xp, name: str, array):
-    """`array` (argument `name`) as an array of `xp`, NumPy or CuPy, without a copy."""
-    return numpy_from_dlpack(name, array) if xp is np else cupy_from_dlpack(xp, name, array)
-
-
 def numpy_from_dlpack(name: str, array) -> np.ndarray:
     """A CPU DLPack array as a NumPy array without a copy, bfloat16 included."""
     if not is_bfloat16(getattr(array, "dtype", None)):

@@ -191,6 +191,33 @@ def test_tf_function_with_unknown_batch_and_time_and_xla():
         known(x[:, :3], h, p)  # T = 3 < 4
 
 
+def test_a_traced_call_adds_its_operations_to_the_callers_graph():
+    """Inside a tf.function the op is the caller's own operations, not a call of a nested
+    function (a call per run and per gradient: a quarter of a small Keras step); an
+    eager call runs one graph per static part, traced once."""
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged")
+    args = _tensors(case)
+    lengths = tf.constant(case.sequence_lengths)
+
+    @tf.function
+    def step(x, h, c, p):
+        with tf.GradientTape() as tape:
+            tape.watch(p)
+            y = ptf.rnn(x, h, c, p, lengths, **case.attrs)[0]
+        return y, tape.gradient(y, p)
+    graph = step.get_concrete_function(*args).graph
+    kinds = {op.type for op in graph.get_operations()}
+    assert not kinds & {"PartitionedCall", "StatefulPartitionedCall"}, kinds
+    assert kinds & {"While", "StatelessWhile"}
+    y, _ = step(*args)
+    assert_ulp_close(y.numpy(), case.forward()[0])
+    from pycudnnrnn.tensorflow import ops
+    ops._function.cache_clear()
+    for _ in range(2):
+        assert_ulp_close(ptf.rnn(*args, lengths, **case.attrs)[0].numpy(), case.forward()[0])
+    assert ops._function.cache_info().currsize == 1
+
+
 def test_second_order_equals_differences_of_the_first():
     """A gradient penalty's gradient: d/dp of |dL/dx|², against central differences of
     the NumPy backend's first-order gradient."""

@@ -8,8 +8,9 @@ Every call is checked when it is made (eagerly) or traced (``tf.function``): the
 attributes, and each shape TensorFlow knows then, by ``pycudnnrnn.core.checks``, whose
 messages name the argument. Sizes unknown at trace time (a dynamic batch or time) are
 checked when the graph runs, as TensorFlow's own ops check theirs
-(``InvalidArgumentError``). The computation is ``graph.rnn``, one ``tf.function`` per
-static part of a call, so an eager call runs a graph too; TensorFlow differentiates it.
+(``InvalidArgumentError``). The computation is ``graph.rnn``: an eager call runs it as
+one ``tf.function`` per static part of a call, and a traced call adds its operations to
+the caller's graph. TensorFlow differentiates it.
 """
 
 from __future__ import annotations
@@ -208,7 +209,12 @@ def _run(op, config, input, input_h, input_c, params, sequence_lengths, checked,
     shape = tf.shape(input)
     max_time = input.shape[time_axis] or shape[time_axis]
     lengths = _lengths_tensor(sequence_lengths, checked, shape[batch_axis], max_time)
-    function = _function(config, op.time_major, lengths is not None, tuple(sorted(masks)))
+    static = (config, op.time_major, lengths is not None, tuple(sorted(masks)))
+    # Eagerly, one graph per static part (not a Python loop of kernels); inside a trace,
+    # the ops join the caller's graph: a nested function there costs a call per run and
+    # its gradient's, about a quarter of a small Keras training step.
+    function = _function(*static) if tf.executing_eagerly() else \
+        functools.partial(_traced, *static)
     args = [input, input_h] + ([input_c] if config.is_lstm else []) + [params]
     output, output_h, output_c = function(*args, *([lengths] if lengths is not None else []),
                                           *(masks[k] for k in sorted(masks)))

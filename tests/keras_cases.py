@@ -44,6 +44,13 @@ def op_calls(monkeypatch):
         return real(rnn_mode, x, *rest, direction=direction)
 
     monkeypatch.setattr(loop, "_op", counting)
+    tensorflow_op = loop._tensorflow_op  # Keras's TensorFlow backend: the op fed Keras's weights
+
+    def counting_tensorflow(rnn_mode, x, *rest, direction="unidirectional"):
+        calls.append((rnn_mode, keras.backend.standardize_dtype(x.dtype), direction))
+        return tensorflow_op(rnn_mode, x, *rest, direction=direction)
+
+    monkeypatch.setattr(loop, "_tensorflow_op", counting_tensorflow)
     return calls
 
 
@@ -294,6 +301,24 @@ def test_fit_with_validation_follows_keras_with_dropout_in_a_pair(op_calls):
     for key in ("loss", "val_loss"):
         np.testing.assert_allclose(histories[1][key], histories[0][key], rtol=1e-4, err_msg=key)
     assert op_calls
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="Keras's weights as they are: on "
+                                                    "TensorFlow only")
+@pytest.mark.parametrize("pair", [False, True], ids=["layer", "bidirectional"])
+def test_tensorflow_feeds_the_op_keras_weights_and_mask_as_they_are(pair, op_calls,
+                                                                    monkeypatch):
+    """On TensorFlow the op is TensorFlow's operations: no params buffer is gathered and
+    cut, and no step is moved to the front (those were half the operations of a small
+    training step); each step runs or keeps its state as the mask says."""
+    def refused(*args, **kwargs):
+        raise AssertionError("a params buffer gathered, or steps moved")
+    monkeypatch.setattr(loop, "keras_params", refused)
+    monkeypatch.setattr(loop, "_compact", refused)
+    layer = ours.Bidirectional(ours.GRU(H, return_sequences=True)) if pair \
+        else ours.GRU(H, return_sequences=True)
+    y = numpy(layer(data(), mask=HOLES))
+    assert op_calls and np.all(np.isfinite(y))
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="lowered program: on JAX only")

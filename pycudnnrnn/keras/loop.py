@@ -24,6 +24,10 @@ The weights enter as Keras holds them (``kernel`` [in, G·H], ``recurrent_kernel
 gradients reach the Keras variables. The gather's indices come from
 ``pycudnnrnn.convert.from_keras`` applied to index arrays: the layout is the library's
 own, not a second copy of it.
+
+On TensorFlow the op is written in TensorFlow's operations (``pycudnnrnn.tensorflow``),
+so there is no buffer to fill: its graph takes Keras's weights and mask as they are
+(``_tensorflow_op``), with about half the operations around its loops.
 """
 
 from __future__ import annotations
@@ -99,6 +103,20 @@ def _op(rnn_mode, x, h0, c0, params, lengths, direction="unidirectional"):
                    time_major=False)
     raise NotImplementedError(f"pycudnnrnn.keras runs on the jax, torch and tensorflow "
                               f"backends, not {name}")
+
+
+def _tensorflow_op(rnn_mode, x, h0, c0, weights, mask, carry_output,
+                   direction="unidirectional"):
+    """The op's computation on TensorFlow (``pycudnnrnn.tensorflow.graph``), fed Keras's
+    weights and mask as they are: ``[(y, h, c)]`` per direction.
+
+    No params buffer is gathered and cut, and no step is moved: each step runs or keeps
+    its row's state as the mask says, which is what the compacted run computes. It is
+    the op's own graph, with about half the operations around its loops.
+    """
+    del direction  # (the number of weight triples says it; named for the tests' count)
+    from ..tensorflow import graph
+    return graph.keras_layers(rnn_mode, x, h0, c0, weights, mask, carry_output)
 
 
 def _compact(x, mask):
@@ -189,10 +207,15 @@ def run(rnn_mode, sequences, initial_state, mask, *, kernel, recurrent_kernel, b
     x = ops.cast(sequences, dtype)
     h0 = ops.cast(initial_state[0], dtype)
     c0 = ops.cast(initial_state[1], dtype) if rnn_mode == "lstm" else None
-    params = keras_params(rnn_mode, [(kernel, recurrent_kernel, bias)], dtype)
     if go_backwards:
         x = ops.flip(x, axis=1)
         mask = None if mask is None else ops.flip(mask, axis=1)
+    if backend.backend() == "tensorflow":
+        [(y, h, c)] = _tensorflow_op(rnn_mode, x, [h0], None if c0 is None else [c0],
+                                     [(kernel, recurrent_kernel, bias)], mask,
+                                     not zero_output_for_mask)
+        return y[:, -1], y, [h] + ([c] if rnn_mode == "lstm" else [])
+    params = keras_params(rnn_mode, [(kernel, recurrent_kernel, bias)], dtype)
     lengths = None
     if mask is not None:
         x, lengths = _compact(x, mask)
@@ -218,6 +241,13 @@ def run_bidirectional(rnn_mode, sequences, forward_state, backward_state, mask, 
     x = ops.cast(sequences, dtype)
     lstm = rnn_mode == "lstm"
     states = [[ops.cast(s, dtype) for s in pair] for pair in zip(forward_state, backward_state)]
+    if backend.backend() == "tensorflow":
+        (y_f, h_f, c_f), (y_b, h_b, c_b) = _tensorflow_op(
+            rnn_mode, x, states[0], states[1] if lstm else None,
+            [forward_weights, backward_weights], mask, not zero_output_for_mask,
+            direction="bidirectional")
+        return ((y_f[:, -1], y_f, [h_f] + ([c_f] if lstm else [])),
+                (y_b[:, 0], y_b, [h_b] + ([c_b] if lstm else [])))
     h0 = ops.stack(states[0], axis=1)  # [B, 2, H]: pseudo-layers forward, backward
     c0 = ops.stack(states[1], axis=1) if lstm else None
     params = keras_params(rnn_mode, [forward_weights, backward_weights], dtype)

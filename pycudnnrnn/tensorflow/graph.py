@@ -17,6 +17,9 @@ and a SavedModel stores: a model saved with it loads and runs without this libra
   keyed by the seed and the layer: reproducible from the seed, and not the NumPy
   backend's masks (nor cuDNN's), as the masks of the two backends differ.
 * float16 and bfloat16 compute in float32 and round once, when results leave.
+
+``keras_layers`` runs the same loops on a Keras layer's own weights and mask, for
+``pycudnnrnn.keras`` on Keras's TensorFlow backend.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def rnn(config, time_major, input, input_h, input_c, params, lengths, dropout_ma
         outputs = []
         for direction in range(config.num_dirs):
             k = layer * config.num_dirs + direction
-            cell = _Cell(config, blocks[k])
+            cell = _Cell.from_blocks(config, blocks[k])
             y, h, c = rows.run(cell, x, h0[k], None if c0 is None else c0[k],
                                reverse=direction == 1)
             outputs.append(y)
@@ -85,6 +88,32 @@ def rnn(config, time_major, input, input_h, input_c, params, lengths, dropout_ma
     return leave(x), leave(tf.stack(output_h)), output_c
 
 
+def keras_layers(rnn_mode, x, h0, c0, weights, mask, carry_output):
+    """Keras recurrent layers' loops on Keras's weights: ``[(y, h, c)]``, one per direction.
+
+    `x` [B, T, F] batch-major; `weights` ``[(kernel, recurrent_kernel, bias)]``, one
+    triple per direction, used as they are (no params buffer to gather and cut); `h0`,
+    `c0` (None but for an LSTM) a state [B, H] per direction; `mask` [B, T] bool or None.
+    The first direction runs forward, the second (if any) backward over the reversed
+    time axis, its outputs back in time order. A masked step keeps the state and outputs
+    zero, or with `carry_output` the last output. Results in `x`'s dtype.
+    """
+    dtype = x.dtype
+    cdt = tf.float32 if dtype.size == 2 else dtype
+    cast = lambda a: None if a is None else tf.cast(tf.cast(a, dtype), cdt)  # noqa: E731
+    rows = _Rows(None, None, None if mask is None else tf.transpose(mask))
+    x = rows.zero_padding(tf.transpose(cast(x), [1, 0, 2]))  # time-major
+    results = []
+    for direction, triple in enumerate(weights):
+        cell = _Cell.from_keras(rnn_mode, *map(cast, triple))
+        y, h, c = rows.run(cell, x, cast(h0[direction]),
+                           None if c0 is None else cast(c0[direction]),
+                           reverse=direction == 1, carry_output=carry_output)
+        results.append((tf.cast(tf.transpose(y, [1, 0, 2]), dtype), tf.cast(h, dtype),
+                        None if c is None else tf.cast(c, dtype)))
+    return results
+
+
 def _split(params, pseudo_layers):
     """Each pseudo-layer's blocks as tensors (``{name: tensor or None}``), cut from
     `params` by one ``tf.split`` (``layout.tiles``)."""
@@ -98,20 +127,42 @@ def _split(params, pseudo_layers):
 
 
 class _Cell:
-    """One pseudo-layer's cell: its mode and weights, arranged for the products."""
+    """One pseudo-layer's cell: its mode and weights, arranged for the products.
 
-    def __init__(self, config, blocks):
-        self.mode = config.rnn_mode
-        self.gates = config.num_gates
+    `w_input_t` [in, G·H] (None for skip_input), `w_rec_t` [P, G·H], `w_proj_t` [H, P] or
+    None; `bias` is added to the input's product; a GRU's `b_rec` stays inside the reset
+    gate's product. `gru_gates` is the order of a GRU's gates in the columns: cuDNN's
+    "rzn", or Keras's "zrn".
+    """
+
+    def __init__(self, mode, w_input_t, w_rec_t, bias, b_rec=None, w_proj_t=None,
+                 gru_gates="rzn"):
+        self.mode = mode
+        self.gates = {"lstm": 4, "gru": 3}.get(mode, 1)
+        self.w_input_t, self.w_rec_t, self.w_proj_t = w_input_t, w_rec_t, w_proj_t
+        self.bias, self.b_rec = bias, b_rec
+        self.gru_gates = gru_gates
+
+    @classmethod
+    def from_blocks(cls, config, blocks):
+        """The cell of one pseudo-layer's blocks, cut from the params (``_split``)."""
         w_input, b_input, b_rec = blocks["w_input"], blocks["b_input"], blocks["b_recurrent"]
-        self.w_input_t = None if w_input is None else tf.transpose(w_input)
-        self.w_rec_t = tf.transpose(blocks["w_recurrent"])
         w_proj = blocks["w_projection"]
-        self.w_proj_t = None if w_proj is None else tf.transpose(w_proj)
+        gru = config.rnn_mode == "gru"
         # A GRU's recurrent bias stays inside the reset gate's product; elsewhere the
         # two biases are one.
-        self.bias = b_input if self.mode == "gru" else b_input + b_rec
-        self.b_rec = b_rec if self.mode == "gru" else None
+        return cls(config.rnn_mode, None if w_input is None else tf.transpose(w_input),
+                   tf.transpose(blocks["w_recurrent"]), b_input if gru else b_input + b_rec,
+                   b_rec if gru else None, None if w_proj is None else tf.transpose(w_proj))
+
+    @classmethod
+    def from_keras(cls, mode, kernel, recurrent_kernel, bias):
+        """The cell of a Keras layer's weights, used as they are: ``kernel`` [in, G·H] and
+        ``recurrent_kernel`` [H, G·H] are the transposed matrices, with an LSTM's gates
+        in cuDNN's order (i, f, c, o); a GRU's ``bias`` [2, 3H] is input and recurrent."""
+        if mode == "gru":
+            return cls(mode, kernel, recurrent_kernel, bias[0], bias[1], gru_gates="zrn")
+        return cls(mode, kernel, recurrent_kernel, bias)
 
     def input_products(self, x):
         """``W x + b`` for every step at once: [T, B, G·H] from [T, B, in]."""
@@ -131,6 +182,8 @@ class _Cell:
         if self.mode == "gru":  # (split, not sliced: a slice's gradient is a padded copy)
             x_r, x_z, x_n = tf.split(xw, 3, axis=-1)
             h_r, h_z, h_n = tf.split(h @ self.w_rec_t + self.b_rec, 3, axis=-1)
+            if self.gru_gates == "zrn":
+                x_r, x_z, h_r, h_z = x_z, x_r, h_z, h_r
             r, z = tf.sigmoid(x_r + h_r), tf.sigmoid(x_z + h_z)
             n = tf.tanh(x_n + r * h_n)
             return (h - n) * z + n, None
@@ -139,32 +192,49 @@ class _Cell:
 
 
 class _Rows:
-    """Which rows run at which step, and the loop over steps that honours it."""
+    """Which rows run at which step, and the loop over steps that honours it.
 
-    def __init__(self, lengths, max_time):
-        self.lengths = lengths
+    From `lengths` (the op's: each row runs its first steps), or from a Keras `mask`
+    ([T, B] bool, time-major: any steps, holes too). A row keeps its state through the
+    steps it does not run. Reversed, a row runs its own steps backwards: from its last
+    one with lengths, over the whole reversed time axis with a mask (Keras's
+    ``go_backwards``), which is the same for right-padded rows.
+    """
+
+    def __init__(self, lengths, max_time, mask=None):
+        self.lengths, self.running = lengths, mask
         if lengths is not None:
             self.running = tf.transpose(tf.sequence_mask(lengths, max_time))  # [T, B]
             self.started = (lengths > 0)[:, None]
+        elif mask is not None:
+            self.started = tf.reduce_any(mask, 0)[:, None]
 
     def zero_padding(self, x):
-        if self.lengths is None:
+        if self.running is None:
             return x
         return tf.where(self.running[..., None], x, tf.zeros_like(x))
 
     def _reverse(self, a):
-        """`a` [T, B, W] with each row's own steps in reverse order (padding stays)."""
+        """`a` [T, B, W] with each row's own steps in reverse order (padding stays, with
+        lengths)."""
         if self.lengths is None:
             return tf.reverse(a, [0])
         return tf.reverse_sequence(a, self.lengths, seq_axis=0, batch_axis=1)
 
-    def run(self, cell, x, h0, c0, reverse):
-        """``(y [T, B, P], h, c)`` of `cell` over the steps of `x` [T, B, in]."""
+    def run(self, cell, x, h0, c0, reverse, carry_output=False):
+        """``(y [T, B, P], h, c)`` of `cell` over the steps of `x` [T, B, in].
+
+        A step a row does not run outputs zero, or with `carry_output` the row's last
+        output (zero before its first), as Keras's TensorFlow loop does.
+        """
         xw = cell.input_products(x)
+        running = self.running
         if reverse:
             xw = self._reverse(xw)
-        ragged = self.lengths is not None
-        if ragged:  # a row of length 0 never runs: no value of its state reaches the weights
+            if self.lengths is None and running is not None:
+                running = tf.reverse(running, [0])
+        ragged = running is not None
+        if ragged:  # a row that never runs: no value of its state reaches the weights
             h, c = (None if s is None else tf.where(self.started, s, tf.zeros_like(s))
                     for s in (h0, c0))
         else:
@@ -174,23 +244,24 @@ class _Rows:
         outputs = tf.TensorArray(h.dtype, size=steps)
         lstm = c is not None
 
-        def body(t, h, c, outputs):
+        def body(t, h, c, last, outputs):
             new_h, new_c = cell.step(inputs.read(t), h, c if lstm else None)
             if ragged:
-                run = self.running[t][:, None]
+                run = running[t][:, None]
                 new_h = tf.where(run, new_h, h)
                 new_c = tf.where(run, new_c, c) if lstm else c
-                y = tf.where(run, new_h, tf.zeros_like(new_h))
+                y = tf.where(run, new_h, last if carry_output else tf.zeros_like(new_h))
             else:
                 new_c = new_c if lstm else c
                 y = new_h
-            return t + 1, new_h, new_c, outputs.write(t, y)
+            return t + 1, new_h, new_c, (y if carry_output else last), outputs.write(t, y)
 
         c_loop = c if lstm else tf.zeros((), h.dtype)
+        last = tf.zeros_like(h) if carry_output else tf.zeros((), h.dtype)
         # maximum_iterations: the gradient's accumulators can be allocated once, at their
         # size, as Keras's own loop has them
-        _, h, c_loop, outputs = tf.while_loop(
-            lambda t, *_: t < steps, body, (tf.constant(0), h, c_loop, outputs),
+        _, h, c_loop, _, outputs = tf.while_loop(
+            lambda t, *_: t < steps, body, (tf.constant(0), h, c_loop, last, outputs),
             maximum_iterations=steps)
         y = outputs.stack()
         if reverse:

@@ -400,10 +400,30 @@ def _refuse_meta(**tensors):
 def schema_attributes(rnn_mode, input_mode, direction, dropout, num_proj, time_major,
                       is_training) -> Attributes:
     """The schema's scalar attributes as one ``Attributes`` (seed and seed2 0: the op's
-    seed is a tensor); backprop's, which has no is_training, are training's (True)."""
-    return Attributes(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
-                      dropout=dropout, num_proj=num_proj, time_major=time_major,
-                      is_training=is_training)
+    seed is a tensor); backprop's, which has no is_training, are training's (True).
+
+    Made once per distinct attributes and then remembered: every op call makes one, and a
+    frozen dataclass costs several times a dict to build. Keyed on the values' types too
+    (True and 1, 0 and 0.0 are one key, not one attribute).
+    """
+    key = (rnn_mode, input_mode, direction, dropout, num_proj, time_major, is_training,
+           type(dropout), type(num_proj), type(time_major), type(is_training))
+    try:
+        found = _schema_attributes.get(key)
+    except TypeError:  # an unhashable value: the checks will name it
+        found, key = None, None
+    if found is None:
+        found = Attributes(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                           dropout=dropout, num_proj=num_proj, time_major=time_major,
+                           is_training=is_training)
+        if key is not None:
+            if len(_schema_attributes) >= 256:  # a bound: a process uses a few
+                _schema_attributes.clear()
+            _schema_attributes[key] = found
+    return found
+
+
+_schema_attributes: dict = {}  # the schema's scalars (and their types) → their Attributes
 
 
 def check_call(input, input_h, input_c, params, attributes, **sizes):

@@ -544,14 +544,15 @@ def test_the_planned_path_cuda_takes_equals_the_functional_api(mode, gradients):
     x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
     names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
     attrs = dict(zip(names, attrs[:6]))
-    planned = kernels.planned_forward(x, h, c, params, lengths.numpy(), seed, attrs, True)
+    planned = kernels.planned_forward(x, h, c, params, lengths.numpy(), seed,
+                                      _attributes(attrs, True))
     direct = pycudnnrnn.forward(x, h, c, params, lengths, **kernels.split_seed(seed), **attrs)
     assert all(isinstance(t, torch.Tensor) for t in planned)
     for ours, theirs in zip(planned, direct):
         assert torch.equal(ours, theirs)
     grads = [torch.randn_like(t) for t in planned[:3]]
     ours = kernels.planned_backprop(x, h, c, params, *planned[:3], *grads, planned[3],
-                                    lengths.numpy(), seed, attrs, gradients)
+                                    lengths.numpy(), seed, _attributes(attrs), gradients)
     theirs = pycudnnrnn.backprop(x, h, c, params, lengths, *direct[:3], *grads, direct[3],
                                  **kernels.split_seed(seed), **attrs, gradients=gradients)
     for a, b in zip(ours, theirs):
@@ -762,6 +763,13 @@ def torch_on_stand_in(fake_gpu, monkeypatch):
     return imports
 
 
+def _attributes(attrs, is_training=True):
+    """The op's ``Attributes`` of the functional API's keywords `attrs` (what the ops'
+    bodies hand ``op_backends``)."""
+    from pycudnnrnn.core.config import Attributes
+    return Attributes(**attrs, is_training=is_training)
+
+
 def _stand_in_call(mode="lstm", dropout=0.0):
     x, h, c, params, lengths, seed, *attrs = _op_args(mode, dropout=dropout)
     x, h, c, params = (None if t is None else t.detach() for t in (x, h, c, params))
@@ -780,7 +788,7 @@ def test_a_trusted_reserve_is_not_read_back_on_the_stand_in_gpu(torch_on_stand_i
     from conftest import assert_ulp_close
     from pycudnnrnn.torch import op_backends as kernels
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
-    fwd = list(kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True))
+    fwd = list(kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, True)))
     grads = [torch.randn_like(t) for t in fwd[:3]]
     # another tensor object over the same memory (no view: its _base would keep forward's)
     fwd[3] = _rebuilt(fwd[3])
@@ -790,7 +798,7 @@ def test_a_trusted_reserve_is_not_read_back_on_the_stand_in_gpu(torch_on_stand_i
     for trust in (False, True):  # untrusted first: the stand-in keeps views it saw alive
         fake_cuda.reset_counts()
         results.append(kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3],
-                                                lengths, seed, attrs, "all", trust))
+                                                lengths, seed, _attributes(attrs), "all", trust))
         fake_cuda.synchronize_all()
         counts = {k: fake_cuda.COUNTS[k] for k in ("device_to_host", "sync")}
         assert counts == ({"device_to_host": 0, "sync": 0} if trust else
@@ -800,10 +808,10 @@ def test_a_trusted_reserve_is_not_read_back_on_the_stand_in_gpu(torch_on_stand_i
     wrong = dict(attrs, direction="unidirectional")  # still a wrong identity is refused
     fwd2 = kernels.planned_forward(x, h[:, :2].contiguous(), c[:, :2].contiguous(),
                                    params[:_params_size(wrong)],
-                                   lengths, seed, wrong, True)
+                                   lengths, seed, _attributes(wrong, True))
     with pytest.raises(ValueError, match="reserve_space"):
         kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, _rebuilt(fwd2[3]),
-                                 lengths, seed, attrs, "all", False)
+                                 lengths, seed, _attributes(attrs), "all", False)
 
 
 def _rebuilt(tensor):
@@ -857,13 +865,13 @@ def test_the_planned_path_imports_each_tensor_once_and_exports_nothing(torch_on_
                         lambda like, xp, results: exports.append(results) or results)
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
-    fwd = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    fwd = kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, True))
     # x, h, c, params; output, output_h, output_c, reserve; workspace
     assert (len(imports), exports) == (9, [])
     imports.clear()
     grads = [torch.randn_like(t) for t in fwd[:3]]
-    kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed, attrs,
-                             "all", True)
+    kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed,
+                             _attributes(attrs), "all", True)
     # 11 arguments; dx, dh, dc, dparams; workspace
     assert (len(imports), exports) == (16, [])
 
@@ -904,8 +912,8 @@ def test_a_plan_that_runs_in_place_takes_the_tensors_addresses(torch_on_stand_in
                                   else 0xFF))
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _time_major_call(mode)
-    assert kernels._plan(x, h, c, params, lengths, seed, attrs, True).runs_in_place
-    fwd = list(kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True))
+    assert kernels._plan(x, h, c, params, lengths, seed, _attributes(attrs, True)).runs_in_place
+    fwd = list(kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, True)))
     assert imports == []
     numpy_c = None if c is None else c.numpy()
     want = pycudnnrnn.forward(x.numpy(), h.numpy(), numpy_c, params.numpy(), **attrs)
@@ -917,7 +925,7 @@ def test_a_plan_that_runs_in_place_takes_the_tensors_addresses(torch_on_stand_in
     reserve = fwd[3].clone()
     fake_cuda.reset_counts()
     first, second = (kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3],
-                                              lengths, seed, attrs, "all", True)
+                                              lengths, seed, _attributes(attrs), "all", True)
                      for _ in range(2))
     assert imports == [] and fake_cuda.COUNTS["device_to_host"] == 0
     assert torch.equal(fwd[3], reserve)
@@ -929,18 +937,18 @@ def test_a_plan_that_runs_in_place_takes_the_tensors_addresses(torch_on_stand_in
     gc.collect()
     fake_cuda.reset_counts()
     dx = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed,
-                                  attrs, "all", False)[0]
+                                  _attributes(attrs), "all", False)[0]
     assert fake_cuda.COUNTS["device_to_host"] == 1  # the header, read back and accepted
     assert imports != []
     assert_ulp_close(dx.numpy(), want_grads[0])
     imports.clear()
     dparams = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths,
-                                       seed, attrs, "weights", True)[3]
+                                       seed, _attributes(attrs), "weights", True)[3]
     assert imports != []  # no data gradients asked for: the checked path, which makes them
     assert_ulp_close(dparams.numpy(), want_grads[3])
     with pytest.raises(ValueError, match="output_backprop: expected shape"):  # the checks'
         kernels.planned_backprop(x, h, c, params, *fwd[:3], grads[0][:-1].contiguous(),
-                                 *grads[1:], fwd[3], lengths, seed, attrs, "all", True)
+                                 *grads[1:], fwd[3], lengths, seed, _attributes(attrs), "all", True)
 
 
 def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand_in,
@@ -956,20 +964,20 @@ def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand
     from pycudnnrnn.torch import op_backends as kernels
     imports = torch_on_stand_in
     x, h, c, params, lengths, seed, attrs = _time_major_call()
-    plain = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    plain = kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, False))
     strided = torch.empty(4, B, 2 * H, dtype=h.dtype)[..., :H]
     strided.copy_(h)
-    again = kernels.planned_forward(x, strided, c, params, lengths, seed, attrs, False)
+    again = kernels.planned_forward(x, strided, c, params, lengths, seed, _attributes(attrs, False))
     assert len(imports) > 0
     for got, want in zip(again[:3], plain[:3]):
         assert_ulp_close(got.numpy(), want.numpy())
     negated = torch._neg_view(-h)  # h's values over -h's memory: a lazy sign
     assert negated.is_contiguous() and negated.is_neg()
-    again = kernels.planned_forward(x, negated, c, params, lengths, seed, attrs, False)
+    again = kernels.planned_forward(x, negated, c, params, lengths, seed, _attributes(attrs, False))
     for got, want in zip(again[:3], plain[:3]):
         assert_ulp_close(got.numpy(), want.numpy())
     with pytest.raises(TypeError, match="params: expected dtype"):
-        kernels.planned_forward(x, h, c, params.float(), lengths, seed, attrs, False)
+        kernels.planned_forward(x, h, c, params.float(), lengths, seed, _attributes(attrs, False))
     gru = dict(attrs, rnn_mode="gru")
     gru_params = torch.rand(pycudnnrnn.params_size(
         rnn_mode="gru", num_layers=2, num_units=H, input_size=I, direction="bidirectional"),
@@ -978,12 +986,12 @@ def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand
     at = plan.RNNPlan.forward_at
     monkeypatch.setattr(plan.RNNPlan, "forward_at",
                         lambda self, *a, **k: seen.append(a) or at(self, *a, **k))
-    kernels.planned_forward(x, h, c, gru_params, lengths, seed, gru, False)
+    kernels.planned_forward(x, h, c, gru_params, lengths, seed, _attributes(gru, False))
     assert seen[0][0].input_c == 0  # a GRU's cell state is no argument of cuDNN's: NULL
-    training = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
+    training = kernels._plan(x, h, c, params, lengths, seed, _attributes(attrs, True))
     with pytest.raises(ValueError, match="needs a reserve_space"):
         training.forward_at(ForwardAddresses(*(1,) * 8, 0))
-    ragged = kernels._plan(*_stand_in_call()[:-1], _stand_in_call()[-1], False)
+    ragged = kernels._plan(*_stand_in_call()[:-1], _attributes(_stand_in_call()[-1], False))
     assert not ragged.runs_in_place
     with pytest.raises(ValueError, match="does not run in place"):
         ragged.forward_at(ForwardAddresses(*(0,) * 9))
@@ -1001,10 +1009,10 @@ def test_the_ops_skip_the_overlap_check_their_fresh_buffers_need_not(torch_on_st
         raise AssertionError("the op ran the overlap check")
     monkeypatch.setattr(rnn_plan, "refuse_overlaps", refuse)
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
-    fwd = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    fwd = kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, True))
     grads = [torch.randn_like(t) for t in fwd[:3]]
     got = kernels.planned_backprop(x, h, c, params, *fwd[:3], *grads, fwd[3], lengths, seed,
-                                   attrs, "all", True)
+                                   _attributes(attrs), "all", True)
     assert all(g is not None for g in got)
 
 
@@ -1021,13 +1029,13 @@ def test_the_fake_reserve_size_on_cuda_is_static_and_the_kernels(torch_on_stand_
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from pycudnnrnn.torch import op_backends as kernels
     x, h, c, params, lengths, seed, attrs = _stand_in_call(dropout=0.5)
-    real = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
-    run = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
+    real = kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, True))
+    run = kernels._plan(x, h, c, params, lengths, seed, _attributes(attrs, True))
     assert real[3].numel() > run.reserve_nbytes  # the empty row leaves cuDNN's part short
     grads = [torch.randn_like(t) for t in real[:3]]
     fake_cuda.reset_counts()
     kernels.planned_backprop(x, h, c, params, *real[:3], *grads, real[3], lengths, seed,
-                             attrs, "all", False)  # untrusted, yet known: no read-back
+                             _attributes(attrs), "all", False)  # untrusted, yet known: no read-back
     assert fake_cuda.COUNTS["device_to_host"] == 0
     monkeypatch.setattr(kernels, "_on_device", lambda t: contextlib.nullcontext())  # no CUDA
     monkeypatch.setattr(kernels, "on_gpu", lambda t: t.device.type == "cuda")
@@ -1148,8 +1156,8 @@ def test_the_forward_allocates_no_room_for_backprops_reserve_copy(torch_on_stand
 
     monkeypatch.setattr(kernels, "_empty", counted)
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
-    run = kernels._plan(x, h, c, params, lengths, seed, attrs, True)
-    results = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, True)
+    run = kernels._plan(x, h, c, params, lengths, seed, _attributes(attrs, True))
+    results = kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, True))
     assert 0 < run.forward_workspace_nbytes < run.workspace_nbytes
     assert sum(allocated) == sum(r.numel() * r.element_size() for r in results) + \
         run.forward_workspace_nbytes
@@ -1166,14 +1174,14 @@ def test_the_kernels_find_their_cuda_plan_by_the_tensors_own_key(torch_on_stand_
     for_call = plans.for_call
     monkeypatch.setattr(plans, "for_call", lambda *a, **k: built.append(1) or for_call(*a, **k))
     x, h, c, params, lengths, seed, attrs = _stand_in_call()
-    first = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
-    again = kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    first = kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, False))
+    again = kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, False))
     assert len(built) == 1
     torch.testing.assert_close(first[0], again[0])
-    kernels.planned_forward(x, h, c, params, None, seed, attrs, False)  # other lengths
+    kernels.planned_forward(x, h, c, params, None, seed, _attributes(attrs, False))  # other lengths
     assert len(built) == 2
     with pytest.raises(TypeError, match="params: expected dtype"):  # same key, wrong dtype
-        kernels.planned_forward(x, h, c, params.float(), lengths, seed, attrs, False)
+        kernels.planned_forward(x, h, c, params.float(), lengths, seed, _attributes(attrs, False))
     plans.clear_caches()
-    kernels.planned_forward(x, h, c, params, lengths, seed, attrs, False)
+    kernels.planned_forward(x, h, c, params, lengths, seed, _attributes(attrs, False))
     assert len(built) == 3

@@ -59,43 +59,44 @@ def layout_slots(config, has_biases):
     return slots
 
 
-def weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_training):
+def weights_problem(input, input_h, input_c, weights, has_biases, attributes):
     """``(problem, slots)`` of a forward call whose parameters are torch.nn's `weights`.
 
     The sizes come from `input`, `input_h` and ``weights[0]`` (``weight_ih_l0``,
     ``[gates·hidden_size, input_size]``); each weight's shape is checked against its
-    slot. Reads no data: works on fake tensors. Remembered for tensors of known sizes
-    (the op's kernels ask at every call).
+    slot; `attributes`: the call's ``Attributes``. Reads no data: works on fake tensors.
+    Remembered for tensors of known sizes (the op's kernels ask at every call).
     """
     key = op_backends.known_sizes_key(input, input_h, input_c, list(weights), has_biases,
-                                      tuple(attrs.items()), is_training)
+                                      op_backends.attributes_key(attributes))
     build = lambda: _weights_problem(input, input_h, input_c, weights, has_biases,  # noqa: E731
-                                     attrs, is_training)
+                                     attributes)
     return build() if key is None else _problems.get(key, build)
 
 
 _problems = LRU(64)
 
 
-def _weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_training):
-    if attrs["input_mode"] != "linear_input":
+def _weights_problem(input, input_h, input_c, weights, has_biases, attributes):
+    a = attributes
+    if a.input_mode != "linear_input":
         raise ValueError(f"input_mode: torch.nn's weights have input matrices, so expected "
-                         f"'linear_input', got {attrs['input_mode']!r}")
+                         f"'linear_input', got {a.input_mode!r}")
     if not weights or any(not isinstance(w, torch.Tensor) for w in weights):
         raise TypeError("weights: expected a non-empty list of tensors")
     first = weights[0]
-    gates = len(GATES[attrs["rnn_mode"]])
-    directions = 2 if attrs["direction"] == "bidirectional" else 1
-    layers_axis = 0 if attrs["time_major"] else 1
+    gates = len(GATES[a.rnn_mode])
+    directions = a.num_dirs
+    layers_axis = 0 if a.time_major else 1
     if first.dim() != 2 or input_h.dim() != 3 or input.dim() != 3:
         raise ValueError(f"weights[0]: expected weight_ih_l0 [gates·hidden_size, input_size] "
                          f"with 3-D input and input_h, got shapes {tuple(first.shape)}, "
                          f"{tuple(input.shape)} and {tuple(input_h.shape)}")
     config = checks.make_config(
-        rnn_mode=attrs["rnn_mode"],
+        rnn_mode=a.rnn_mode,
         num_layers=max(1, int(input_h.shape[layers_axis]) // directions),
         num_units=max(1, int(first.shape[0]) // gates), input_size=int(input.shape[2]),
-        input_mode="linear_input", direction=attrs["direction"], num_proj=attrs["num_proj"])
+        input_mode="linear_input", direction=a.direction, num_proj=a.num_proj)
     expected = layout_slots(config, has_biases)
     if len(weights) != len(expected):
         raise ValueError(f"weights: expected {len(expected)} tensors for this configuration, "
@@ -110,7 +111,7 @@ def _weights_problem(input, input_h, input_c, weights, has_biases, attrs, is_tra
     assert offsets == [offset for offset, _ in expected], "weight_offsets disagrees with layout"
     slots = list(zip(offsets, (shape for _, shape in expected)))
     params = _FlatShape(layout.params_size(config), first.dtype)
-    return op_backends.problem(input, input_h, input_c, params, attrs, is_training), slots
+    return op_backends.problem(input, input_h, input_c, params, attributes), slots
 
 
 class Weights:

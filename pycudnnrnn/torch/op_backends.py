@@ -67,16 +67,20 @@ class _Shape:
         self.ndim, self.dtype = tensor.dim(), numpy_dtype(tensor.dtype)
 
 
-def _shapes(input, input_h, input_c, params, attrs):
-    lstm = attrs["rnn_mode"] == "lstm"
-    state_axes = (0 if attrs["time_major"] else 1, 2)
+def _shapes(input, input_h, input_c, params, attributes):
+    lstm = attributes.lstm
+    state_axes = (0 if attributes.time_major else 1, 2)
     return dict(input=_Shape(input, (2,)), input_h=_Shape(input_h, state_axes),
                 input_c=_Shape(input_c, state_axes) if lstm and input_c is not None else None,
                 params=params if not isinstance(params, torch.Tensor) else _Shape(params, (0,)))
 
 
-def problem(input, input_h, input_c, params, attrs, is_training):
+def problem(input, input_h, input_c, params, attributes, **sizes):
     """The validated ``Problem`` of a forward call, from shapes and dtypes alone.
+
+    `attributes`: the call's ``Attributes`` (its seeds unused: the checks see seed 0, the
+    seed being a tensor); `sizes`: ``num_layers``, ``num_units``, ``input_size`` to hold
+    the shapes to (``ops.check_call``).
 
     Works on fake tensors (it reads no data, and no sequence lengths: no size depends
     on them), and raises the functional API's own errors. `params` may be a tensor
@@ -85,15 +89,23 @@ def problem(input, input_h, input_c, params, attrs, is_training):
     kernels ask at every call.
     """
     def build():
-        shapes = _shapes(input, input_h, input_c, params, attrs)
-        return checks.check_forward(*shapes.values(), None, seed=0, seed2=0,
-                                    is_training=is_training, **attrs)
+        shapes = _shapes(input, input_h, input_c, params, attributes)
+        keywords = attributes.keywords()
+        keywords.update(seed=0, seed2=0)
+        return checks.check_forward(*shapes.values(), None, **keywords, **sizes)
 
-    key = known_sizes_key(input, input_h, input_c, params, tuple(attrs.items()), is_training)
+    key = known_sizes_key(input, input_h, input_c, params, attributes_key(attributes),
+                          tuple(sizes.items()))
     return build() if key is None else _problems.get(key, build)
 
 
 _problems = LRU(64)
+
+
+def attributes_key(attributes: Attributes) -> tuple:
+    """`attributes`' values as a cheap cache key part: a plain tuple, hashed and compared
+    in C (a dataclass's ``__hash__`` and ``__eq__`` are Python)."""
+    return tuple(vars(attributes).values())
 
 
 def known_sizes_key(*parts):
@@ -174,7 +186,7 @@ def dropout_key(tensor):
 
 # --------------------------------------------------------------------------- the runs
 
-def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, is_training):
+def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attributes):
     """``pycudnnrnn.forward`` on tensors; returns (output, output_h, output_c, reserve).
 
     `params`: the flat params, or torch.nn's weights (``flat_weights.Weights``, checked),
@@ -183,22 +195,22 @@ def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs, 
     input, input_h, input_c, params = _detached(input, input_h, input_c, params)
     lengths = host_lengths(sequence_lengths)
     if not on_gpu(input) and input.dtype in torch_kernels.DTYPES:
-        checked = _host_problem(input, input_h, input_c, params, lengths, attrs, is_training)
+        checked = _host_problem(input, input_h, input_c, params, lengths, attributes)
         if torch_kernels.runs_kernels(checked):
             return torch_kernels.forward_kernel(checked, input, input_h, input_c, params,
-                                                _lengths_tensor(lengths), attrs)
+                                                _lengths_tensor(lengths), attributes)
     params = _flat(params)  # every other backend takes the flat params
     if not on_gpu(input):
-        return api.forward(input, input_h, input_c, params, lengths, **split_seed(seed),
-                           **attrs, is_training=is_training)
+        keywords = attributes.keywords()
+        keywords.update(split_seed(seed))
+        return api.forward(input, input_h, input_c, params, lengths, **keywords)
     with _on_device(input):
-        return planned_forward(input, input_h, input_c, params, lengths, seed, attrs,
-                               is_training)
+        return planned_forward(input, input_h, input_c, params, lengths, seed, attributes)
 
 
 def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                  output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                 attrs, gradients, trust_reserve=False):
+                 attributes, gradients, trust_reserve=False):
     """``pycudnnrnn.backprop`` on tensors; skipped gradients come back as None.
 
     `params` as for ``run_forward``.
@@ -208,21 +220,26 @@ def run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output
     CUDA-graph capture) even when the tensor object is not forward's own; on the CPU's
     PyTorch kernels the forward's graph runs once (``torch_kernels.backprop_kernel``).
     """
+    if not attributes.is_training:  # backprop's is training's (forward's attributes given)
+        attributes = attributes.replace(is_training=True)
     arrays = _detached(input, input_h, input_c, params, output, output_h, output_c,
                        output_backprop, output_h_backprop, output_c_backprop)
     lengths = host_lengths(sequence_lengths)
     if not on_gpu(input) and torch_kernels.runs_backprop(reserve_space):  # PyTorch's kernels
-        checked = _host_problem(*arrays[:4], lengths, attrs, True)
+        checked = _host_problem(*arrays[:4], lengths, attributes)
         _check_backprop_arrays(checked, arrays[4:])
         return torch_kernels.backprop_kernel(checked, *arrays[:4], _lengths_tensor(lengths),
-                                             arrays[7:], reserve_space, attrs, gradients,
+                                             arrays[7:], reserve_space, attributes, gradients,
                                              own=trust_reserve)
     arrays[3] = _flat(arrays[3])  # every other backend takes the flat params
     if not on_gpu(input):
-        return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space,
-                            **split_seed(seed), **attrs, gradients=gradients)
+        keywords = attributes.keywords()
+        del keywords["is_training"]  # (backprop has none: it is training's)
+        keywords.update(split_seed(seed))
+        return api.backprop(*arrays[:4], lengths, *arrays[4:], reserve_space, **keywords,
+                            gradients=gradients)
     with _on_device(input):
-        return planned_backprop(*arrays, reserve_space, lengths, seed, attrs, gradients,
+        return planned_backprop(*arrays, reserve_space, lengths, seed, attributes, gradients,
                                 trust_reserve)
 
 
@@ -276,15 +293,15 @@ _module_plans = ModulePlans()
 acquire_seed, release_seed = _module_plans.acquire, _module_plans.release
 
 
-def planned_forward(input, input_h, input_c, params, lengths, seed, attrs, is_training):
+def planned_forward(input, input_h, input_c, params, lengths, seed, attributes):
     """Forward on a cached ``RNNPlan``, into buffers PyTorch allocates (any device)."""
-    run = _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training)
-    lstm = attrs["rnn_mode"] == "lstm"
+    run = _plan(input, input_h, input_c, params, lengths, seed, attributes)
+    is_training, lstm = attributes.is_training, attributes.lstm
     reserve = _empty((_reserve_nbytes(run, input),), input, torch.uint8) if is_training \
         else None
     out = (_empty(run.output_shape, input), _empty(run.output_h_shape, input),
            _empty(run.output_c_shape, input) if lstm else None, _used(reserve, run))
-    key = dropout_key(input) if is_training and attrs["dropout"] > 0 else None
+    key = dropout_key(input) if is_training and attributes.dropout > 0 else None
     workspace = _workspace(run.forward_workspace_nbytes, input)
     if run.runs_in_place and _plain(lstm, (input, input_h, params), (input_c,)):
         # The common case: cuDNN runs on the tensors' addresses, none crosses DLPack.
@@ -327,10 +344,13 @@ def _plain(lstm, tensors, cell_states) -> bool:
 
 def planned_backprop(input, input_h, input_c, params, output, output_h, output_c,
                      output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                     lengths, seed, attrs, gradients, trust_reserve=False):
-    """Backprop on a cached ``RNNPlan``, into buffers PyTorch allocates (any device)."""
-    run = _plan(input, input_h, input_c, params, lengths, seed, attrs, True)
-    lstm = attrs["rnn_mode"] == "lstm"
+                     lengths, seed, attributes, gradients, trust_reserve=False):
+    """Backprop on a cached ``RNNPlan``, into buffers PyTorch allocates (any device);
+    `attributes` a forward's (its is_training unread: backprop's plan is training's)."""
+    if not attributes.is_training:
+        attributes = attributes.replace(is_training=True)
+    run = _plan(input, input_h, input_c, params, lengths, seed, attributes)
+    lstm = attributes.lstm
     data, weights = gradients in ("all", "data"), gradients in ("all", "weights")
     out = (_empty(run.input_shape, input) if data else None,
            _empty(run.output_h_shape, input) if data else None,
@@ -378,31 +398,33 @@ def _plain_reserve(reserve_space, like) -> bool:
         reserve_space.is_contiguous() and reserve_space.device == like.device
 
 
-def _plan(input, input_h, input_c, params, lengths, seed, attrs, is_training):
+def _plan(input, input_h, input_c, params, lengths, seed, attributes: Attributes):
+    """The plan for a call of `attributes` (their seeds unread: `seed`, the op's tensor,
+    is the call's)."""
     device = _plan_device(input)
 
     def build():
-        attributes = Attributes(**attrs, **split_seed(seed), is_training=is_training)
         with _library_memory(input):
-            return plan.for_call(_shapes(input, input_h, input_c, params, attrs), lengths,
-                                 attributes, device)
+            return plan.for_call(_shapes(input, input_h, input_c, params, attributes), lengths,
+                                 attributes.replace(**split_seed(seed)), device)
 
     if device is None:
         return build()
-    if not (is_training and attrs["dropout"] > 0):
+    # The attributes' values as a plain tuple (hashed and compared in C), seeds included:
+    # a training plan's seed is the call's `seed`, keyed beside them.
+    values = attributes_key(attributes)
+    if not (attributes.is_training and attributes.dropout > 0):
         # Keyed on the tensors' own shape and dtype objects and the attributes as given
         # (their types too: True and 1 are one key, not one argument): no per-call
         # conversion to what for_call's key reads (that runs on a miss, with the checks).
-        values = tuple(attrs.values())
         key = (device, input.dtype, input.shape, input_h.shape,
                None if input_c is None else input_c.shape, params.shape,
-               plan.lengths_key(lengths), gpu.get_allow_tf32(), tuple(attrs),
-               tuple(map(type, values)), values, seed_int(seed), is_training)
+               plan.lengths_key(lengths), gpu.get_allow_tf32(),
+               tuple(map(type, values)), values, seed_int(seed))
         return plan.for_adapter(key, build)
-    attributes = dict(attrs, **split_seed(seed), is_training=is_training)
     key = (str(input.dtype), tuple(None if t is None else tuple(t.shape)
                                    for t in (input, input_h, input_c, params)),
-           None if lengths is None else lengths.tolist(), sorted(attributes.items()),
+           None if lengths is None else lengths.tolist(), values, seed_int(seed),
            gpu.get_allow_tf32())
     return _module_plans.get(device, seed_int(seed), key, build)
 
@@ -491,10 +513,10 @@ def _allocator(cupy, device: int, stream):
     return allocator
 
 
-def _host_problem(input, input_h, input_c, params, lengths, attrs, is_training):
+def _host_problem(input, input_h, input_c, params, lengths, attributes):
     """The validated ``Problem`` of a CPU call, its lengths checked and in it (the reserve
     space's identity covers them)."""
-    checked = problem(input, input_h, input_c, params, attrs, is_training) \
+    checked = problem(input, input_h, input_c, params, attributes) \
         if isinstance(params, torch.Tensor) else params.problem
     if lengths is None:
         return checked

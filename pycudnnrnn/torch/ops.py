@@ -129,9 +129,10 @@ def forward(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: T
             input_mode: str, direction: str, dropout: float, num_proj: int, time_major: bool,
             is_training: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``pycudnnrnn.forward``: (output, output_h, output_c, reserve_space)."""
-    attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
+    attributes = schema_attributes(rnn_mode, input_mode, direction, dropout, num_proj,
+                                   time_major, is_training)
     outputs = op_backends.run_forward(input, input_h, input_c, params, sequence_lengths, seed,
-                                      attrs, is_training)
+                                      attributes)
     return _fresh_all(outputs, _tensors(input, input_h, input_c, params))
 
 
@@ -140,8 +141,9 @@ def _forward_fake(input, input_h, input_c, params, sequence_lengths, seed, rnn_m
                   direction, dropout, num_proj, time_major, is_training):
     _refuse_meta(input=input, input_h=input_h, input_c=input_c, params=params,
                  sequence_lengths=sequence_lengths, seed=seed)
-    attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
-    problem = op_backends.problem(input, input_h, input_c, params, attrs, is_training)
+    attributes = schema_attributes(rnn_mode, input_mode, direction, dropout, num_proj,
+                                   time_major, is_training)
+    problem = op_backends.problem(input, input_h, input_c, params, attributes)
     return _forward_results(problem, input, input_h, input_c)
 
 
@@ -157,10 +159,11 @@ def forward_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
     views of one cuDNN-layout buffer (the modules make them so) that buffer is the params,
     without a copy; otherwise they are concatenated once.
     """
-    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
-    params = _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training)
+    attributes = schema_attributes(rnn_mode, "linear_input", direction, dropout, num_proj,
+                                   time_major, is_training)
+    params = _weights_params(input, input_h, input_c, weights, has_biases, attributes)
     outputs = op_backends.run_forward(input, input_h, input_c, params, sequence_lengths, seed,
-                                      attrs, is_training)
+                                      attributes)
     return _fresh_all(outputs, _tensors(input, input_h, input_c, *weights))
 
 
@@ -169,9 +172,10 @@ def _forward_weights_fake(input, input_h, input_c, weights, has_biases, sequence
                           rnn_mode, direction, dropout, num_proj, time_major, is_training):
     _refuse_meta(input=input, input_h=input_h, input_c=input_c, sequence_lengths=sequence_lengths,
                  seed=seed, **{f"weights[{k}]": w for k, w in enumerate(weights)})
-    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
+    attributes = schema_attributes(rnn_mode, "linear_input", direction, dropout, num_proj,
+                                   time_major, is_training)
     problem, _ = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
-                                              attrs, is_training)
+                                              attributes)
     return _forward_results(problem, input, input_h, input_c)
 
 
@@ -198,10 +202,10 @@ def _fake_reserve_nbytes(problem, like):
         return None  # AssertionError: "Torch not compiled with CUDA enabled"
 
 
-def _weights_params(input, input_h, input_c, weights, has_biases, attrs, is_training):
+def _weights_params(input, input_h, input_c, weights, has_biases, attributes):
     """torch.nn's `weights` as the kernels' params (``flat_weights.Weights``), checked."""
     problem, slots = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
-                                                  attrs, is_training)
+                                                  attributes)
     return flat_weights.Weights([w.detach() for w in weights], slots,
                                 layout.params_size(problem.config), has_biases, problem)
 
@@ -221,10 +225,11 @@ def backprop(input: Tensor, input_h: Tensor, input_c: Optional[Tensor], params: 
     refused under CUDA-graph capture) when the tensor object is not forward's (CUDA-graph
     trees rebuild them). Left False, a reserve space of unknown origin is checked.
     """
-    attrs = op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major)
+    attributes = schema_attributes(rnn_mode, input_mode, direction, dropout, num_proj,
+                                   time_major, True)
     return _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                          output_c, output_backprop, output_h_backprop, output_c_backprop,
-                         reserve_space, attrs, gradients, [params], trust_reserve)
+                         reserve_space, attributes, gradients, [params], trust_reserve)
 
 
 @backprop.register_fake
@@ -250,11 +255,12 @@ def backprop_weights(input: Tensor, input_h: Tensor, input_c: Optional[Tensor],
                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``backprop`` with torch.nn's weights; the params gradient is flat (cuDNN's layout);
     `trust_reserve` as for ``backprop``."""
-    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
-    params = _weights_params(input, input_h, input_c, weights, has_biases, attrs, True)
+    attributes = schema_attributes(rnn_mode, "linear_input", direction, dropout, num_proj,
+                                   time_major, True)
+    params = _weights_params(input, input_h, input_c, weights, has_biases, attributes)
     return _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                          output_c, output_backprop, output_h_backprop, output_c_backprop,
-                         reserve_space, attrs, gradients, weights, trust_reserve)
+                         reserve_space, attributes, gradients, weights, trust_reserve)
 
 
 @backprop_weights.register_fake
@@ -265,22 +271,23 @@ def _backprop_weights_fake(input, input_h, input_c, weights, has_biases, sequenc
     _refuse_meta(input=input, input_h=input_h, input_c=input_c, sequence_lengths=sequence_lengths,
                  seed=seed, output=output, output_backprop=output_backprop,
                  reserve_space=reserve_space, **{f"weights[{k}]": w for k, w in enumerate(weights)})
-    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
+    attributes = schema_attributes(rnn_mode, "linear_input", direction, dropout, num_proj,
+                                   time_major, True)
     problem, _ = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
-                                              attrs, True)
+                                              attributes)
     size = (layout.params_size(problem.config),)
     return _backprop_results(input, input_h, input_c, size, rnn_mode, gradients)
 
 
 def _run_backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                   output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                  attrs, gradients, weights, trust_reserve):
-    lstm = attrs["rnn_mode"] == "lstm"
+                  attributes, gradients, weights, trust_reserve):
+    lstm = attributes.lstm
     grads = op_backends.run_backprop(input, input_h, input_c if lstm else None, params,
                                      sequence_lengths, seed, output, output_h,
                                      output_c if lstm else None, output_backprop, output_h_backprop,
-                                     output_c_backprop if lstm else None, reserve_space, attrs,
-                                     gradients, trust_reserve)
+                                     output_c_backprop if lstm else None, reserve_space,
+                                     attributes, gradients, trust_reserve)
     given = _Storages(_tensors(input, input_h, input_c, *weights, output, output_h, output_c,
                                output_backprop, output_h_backprop, output_c_backprop,
                                reserve_space))
@@ -328,12 +335,12 @@ for _op in (forward, forward_weights, backprop, backprop_weights):
 # not an op that takes a list of tensors: the ``_weights`` ops run as ``forward`` and
 # ``backprop`` on the weights laid out in one flat params, which that fallback takes.
 
-def _flat_params_of(input, input_h, input_c, weights, has_biases, attrs, is_training):
+def _flat_params_of(input, input_h, input_c, weights, has_biases, attributes):
     """torch.nn's `weights` as the flat params (checked as ``_weights_params`` checks
     them): the buffer they are views of, or their concatenation where some are batched
     (a batched tensor has no storage)."""
     problem, slots = flat_weights.weights_problem(input, input_h, input_c, weights, has_biases,
-                                                  attrs, is_training)
+                                                  attributes)
     size = layout.params_size(problem.config)
     if any(torch._C._functorch.is_legacy_batchedtensor(w) for w in weights):
         return flat_weights.concatenated(weights, slots, size)
@@ -343,8 +350,9 @@ def _flat_params_of(input, input_h, input_c, weights, has_biases, attrs, is_trai
 def _forward_weights_batched(input, input_h, input_c, weights, has_biases, sequence_lengths,
                              seed, rnn_mode, direction, dropout, num_proj, time_major,
                              is_training):
-    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
-    params = _flat_params_of(input, input_h, input_c, weights, has_biases, attrs, is_training)
+    attributes = schema_attributes(rnn_mode, "linear_input", direction, dropout, num_proj,
+                                   time_major, is_training)
+    params = _flat_params_of(input, input_h, input_c, weights, has_biases, attributes)
     return forward(input, input_h, input_c, params, sequence_lengths, seed, rnn_mode,
                    "linear_input", direction, dropout, num_proj, time_major, is_training)
 
@@ -354,8 +362,9 @@ def _backprop_weights_batched(input, input_h, input_c, weights, has_biases, sequ
                               output_h_backprop, output_c_backprop, reserve_space, rnn_mode,
                               direction, dropout, num_proj, time_major, gradients,
                               trust_reserve=False):
-    attrs = op_attrs(rnn_mode, "linear_input", direction, dropout, num_proj, time_major)
-    params = _flat_params_of(input, input_h, input_c, weights, has_biases, attrs, True)
+    attributes = schema_attributes(rnn_mode, "linear_input", direction, dropout, num_proj,
+                                   time_major, True)
+    params = _flat_params_of(input, input_h, input_c, weights, has_biases, attributes)
     return backprop(input, input_h, input_c, params, sequence_lengths, seed, output, output_h,
                     output_c, output_backprop, output_h_backprop, output_c_backprop,
                     reserve_space, rnn_mode, "linear_input", direction, dropout, num_proj,
@@ -381,33 +390,46 @@ def _refuse_meta(**tensors):
                             f"(for shapes alone use torch.export or FakeTensorMode)")
 
 
-def op_attrs(rnn_mode, input_mode, direction, dropout, num_proj, time_major):
-    """The op's attributes as the functional API's keyword arguments."""
-    return dict(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction, dropout=dropout,
-                num_proj=num_proj, time_major=time_major)
-
-
 # The adapter above the ops carries a call's attributes as one ``Attributes`` (its seed
 # and seed2 unused: the seed travels as a tensor, a graph input) and, beside it,
 # `has_biases`: None where the weights are ``[params]``, the flat cuDNN-layout buffer,
 # else torch.nn's ``bias`` for its list of weights. The ops' schema takes scalars: the
-# functions below are where one becomes the other.
+# functions below are where one becomes the other, and the ops' bodies (and fakes) make
+# one ``Attributes`` of their scalars, which ``op_backends`` and ``flat_weights`` take.
 
 def schema_attributes(rnn_mode, input_mode, direction, dropout, num_proj, time_major,
                       is_training) -> Attributes:
-    """The forward schema's scalar attributes as one ``Attributes``."""
-    return Attributes(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
-                      dropout=dropout, num_proj=num_proj, time_major=time_major,
-                      is_training=is_training)
+    """The schema's scalar attributes as one ``Attributes`` (seed and seed2 0: the op's
+    seed is a tensor); backprop's, which has no is_training, are training's (True).
+
+    Made once per distinct attributes and then remembered: every op call makes one, and a
+    frozen dataclass costs several times a dict to build. Keyed on the values' types too
+    (True and 1, 0 and 0.0 are one key, not one attribute).
+    """
+    key = (rnn_mode, input_mode, direction, dropout, num_proj, time_major, is_training,
+           type(dropout), type(num_proj), type(time_major), type(is_training))
+    try:
+        found = _schema_attributes.get(key)
+    except TypeError:  # an unhashable value: the checks will name it
+        found, key = None, None
+    if found is None:
+        found = Attributes(rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                           dropout=dropout, num_proj=num_proj, time_major=time_major,
+                           is_training=is_training)
+        if key is not None:
+            if len(_schema_attributes) >= 256:  # a bound: a process uses a few
+                _schema_attributes.clear()
+            _schema_attributes[key] = found
+    return found
+
+
+_schema_attributes: dict = {}  # the schema's scalars (and their types) → their Attributes
 
 
 def check_call(input, input_h, input_c, params, attributes, **sizes):
     """The op's checks of a forward's shapes and dtypes (``op_backends.problem``), raising
     its errors; `sizes`: ``num_layers``, ``num_units``, ``input_size`` to hold them to."""
-    a = attributes
-    attrs = op_attrs(a.rnn_mode, a.input_mode, a.direction, a.dropout, a.num_proj,
-                     a.time_major)
-    return op_backends.problem(input, input_h, input_c, params, {**attrs, **sizes}, a.is_training)
+    return op_backends.problem(input, input_h, input_c, params, attributes, **sizes)
 
 
 def call_forward(input, input_h, input_c, weights, has_biases, sequence_lengths, seed,

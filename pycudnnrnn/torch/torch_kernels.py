@@ -503,7 +503,7 @@ _RAW_KEY_SETS = hasattr(torch._C.DispatchKeySet, "from_raw_repr")
 _taken_out: dict = {}  # raw excluded key set → the same with autograd's keys taken out
 
 
-def _graph(input, input_h, input_c, params, lengths, attrs):
+def _graph(input, input_h, input_c, params, lengths, attributes):
     """``(leaves, offsets, results)``: the forward on PyTorch's kernels, recorded for
     backprop. Leaves: input, input_h, input_c, then each of torch.nn's weights on its own,
     at `offsets` in the flat params: views of `params`, or the weights themselves when
@@ -512,43 +512,44 @@ def _graph(input, input_h, input_c, params, lengths, attrs):
     if not (isinstance(params, torch.Tensor) or params.has_biases):
         # Zero biases as leaves: the flat gradient holds theirs, as every backend's does.
         params = params.flat()
-    offsets, weights, has_biases = _op_weights(params, input, input_h, input_c, attrs)
+    offsets, weights, has_biases = _op_weights(params, input, input_h, input_c, attributes)
     leaves = [None if t is None else t.detach().requires_grad_()
               for t in (input, input_h, input_c, *weights)]
     with _autograd():
-        results = rnn(*leaves[:3], leaves[3:], has_biases, lengths, attrs["rnn_mode"],
-                      attrs["direction"], attrs["time_major"])
+        results = rnn(*leaves[:3], leaves[3:], has_biases, lengths, attributes.rnn_mode,
+                      attributes.direction, attributes.time_major)
     return leaves, offsets, results
 
 
-def _op_weights(params, input, input_h, input_c, attrs):
+def _op_weights(params, input, input_h, input_c, attributes):
     """``(offsets, weights, has_biases)``: the op's `params` as torch.nn's weights and
     where each lies in the flat params. Flat params (states in the op's layout) are sliced
     into views; ``flat_weights.Weights`` are taken as they are."""
     if not isinstance(params, torch.Tensor):
         return params.offsets, params.tensors, params.has_biases
-    states = [t if attrs["time_major"] or t is None else t.transpose(0, 1)
+    states = [t if attributes.time_major or t is None else t.transpose(0, 1)
               for t in (input_h, input_c)]
-    bidirectional = attrs["direction"] == "bidirectional"
+    bidirectional = attributes.direction == "bidirectional"
     offsets, weights = zip(*_torch_weights(
-        params, attrs["rnn_mode"], bidirectional,
+        params, attributes.rnn_mode, bidirectional,
         states[0].shape[0] // (2 if bidirectional else 1), input.shape[-1],
-        states[1] if attrs["rnn_mode"] == "lstm" else None, states[0]))
+        states[1] if attributes.lstm else None, states[0]))
     return list(offsets), list(weights), True
 
 
-def forward_kernel(problem, input, input_h, input_c, params, lengths, attrs):
+def forward_kernel(problem, input, input_h, input_c, params, lengths, attributes):
     """The op's forward on CPU tensors for a validated `problem` (its lengths the host's):
     ``(output, output_h, output_c, reserve_space)``, fresh tensors with the fakes' strides.
     `params`: the flat params, or ``flat_weights.Weights``."""
     if not problem.is_training or torch.is_inference_mode_enabled():  # nothing to record
-        _, weights, has_biases = _op_weights(params, input, input_h, input_c, attrs)
+        _, weights, has_biases = _op_weights(params, input, input_h, input_c, attributes)
         with torch.no_grad():
             results = rnn(input, input_h, input_c, weights, has_biases, lengths,
-                          attrs["rnn_mode"], attrs["direction"], attrs["time_major"])
+                          attributes.rnn_mode, attributes.direction, attributes.time_major)
         leaves = offsets = None
     else:
-        leaves, offsets, results = _graph(input, input_h, input_c, params, lengths, attrs)
+        leaves, offsets, results = _graph(input, input_h, input_c, params, lengths,
+                                          attributes)
     if not problem.is_training:
         reserve = input.new_empty((0,), dtype=torch.uint8)
     else:
@@ -574,7 +575,7 @@ def runs_backprop(reserve_space) -> bool:
 
 
 def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, reserve_space,
-                    attrs, gradients, own=False):
+                    attributes, gradients, own=False):
     """The op's backprop on CPU tensors for the forward that made `reserve_space`, of the
     validated `problem` (refused, as the other backends refuse it, when its identity is
     another call's): ``(dx, dh, dc, dparams)``, None for the gradients `gradients` leaves
@@ -591,9 +592,9 @@ def backprop_kernel(problem, input, input_h, input_c, params, lengths, grads, re
     reserve_header.check(head, "uint8", reserve_space.numel(), RESERVE_NBYTES, problem,
                          _MAGIC, "PyTorch-kernel")
     if entry is None:  # its graph is gone (run already, a copy of the reserve, a pickle)
-        entry = head, *_graph(input, input_h, input_c, params, lengths, attrs)
+        entry = head, *_graph(input, input_h, input_c, params, lengths, attributes)
     _, leaves, offsets, results = entry
-    lstm = attrs["rnn_mode"] == "lstm"
+    lstm = attributes.lstm
     data, weights = gradients in ("all", "data"), gradients in ("all", "weights")
     data_wanted = [k for k, needed in enumerate((data, data, data and lstm)) if needed]
     wanted = [leaves[k] for k in data_wanted] + (leaves[3:] if weights else [])

@@ -159,12 +159,11 @@ def _torch_forward(monkeypatch, cupy, x, h, c, w):
 
     monkeypatch.setattr(type(cupy), "from_dlpack", from_dlpack)
 
-    def run_forward(input, input_h, input_c, params, sequence_lengths, seed, attrs,
-                    is_training):  # kernels.run_forward's CUDA branch, less _on_device
+    def run_forward(input, input_h, input_c, params, sequence_lengths, seed,
+                    attributes):  # kernels.run_forward's CUDA branch, less _on_device
         input, input_h, input_c, params = kernels._detached(input, input_h, input_c, params)
         return kernels.planned_forward(input, input_h, input_c, params,
-                                       host_lengths(sequence_lengths), seed, attrs,
-                                       is_training)
+                                       host_lengths(sequence_lengths), seed, attributes)
 
     monkeypatch.setattr(kernels, "run_forward", run_forward)
     tx, th, tc, tw = (torch.from_numpy(np.asarray(a).view(np.ndarray).copy())
@@ -173,15 +172,16 @@ def _torch_forward(monkeypatch, cupy, x, h, c, w):
     op = torch.ops.pycudnnrnn.forward
     names = ("rnn_mode", "input_mode", "direction", "dropout", "num_proj", "time_major")
     grads = [torch.ones_like(t) for t in (tx, th, tc)]
+    training, inference = (Attributes(**ATTRS, is_training=t) for t in (True, False))
 
     def training_step():
-        y, hy, cy, reserve = kernels.planned_forward(tx, th, tc, tw, None, seed, ATTRS, True)
+        y, hy, cy, reserve = kernels.planned_forward(tx, th, tc, tw, None, seed, training)
         kernels.planned_backprop(tx, th, tc, tw, y, hy, cy, *grads, reserve, None, seed,
-                                 ATTRS, "all", True)
+                                 training, "all", True)
 
     forward = {
         "forward PyTorch op, kernel": lambda: kernels.planned_forward(
-            tx, th, tc, tw, None, seed, ATTRS, False),
+            tx, th, tc, tw, None, seed, inference),
         "forward PyTorch op, dispatched": lambda: op(
             tx, th, tc, tw, None, seed, *(ATTRS[n] for n in names), False),
     }

@@ -1,6 +1,7 @@
 """The stand-in GPU itself: its weight-slot table is cuDNN's, its counters count, and it
 lives in time (streams, events, the pool, cuDNN's stream, dropout state, reserve writes)."""
 
+import importlib.util
 import json
 import os
 
@@ -67,6 +68,8 @@ def test_host_cost_benchmark_runs_on_the_stand_in(monkeypatch, capsys):
     benchmark_script("gpu_host_bench").main()
     out = capsys.readouterr().out
     assert "forward plan" in out and "fwd+bwd functional" in out
+    if importlib.util.find_spec("torch") is not None:  # the op's CUDA body, timed too
+        assert "forward PyTorch op, kernel" in out and "fwd+bwd PyTorch op, kernels" in out
 
 
 def test_the_light_stand_in_runs_plans_without_the_emulation(monkeypatch):

@@ -384,12 +384,16 @@ class _DropIn(SeededRNN, torch.nn.RNNBase):
         names = _STATE_NAMES[lstm]
         autocasting = autocast_dtype(data.device.type) is not None
         for k, (name, state, width) in enumerate(zip(names, states, [P, H])):
-            if tuple(state.shape) != (LD, batch, width):  # torch.nn's unbatched sizes too
+            try:  # torch.nn's own check and words (its unbatched sizes too), then ours
+                self.check_hidden_size(state, (LD, batch, width),
+                                       f"Expected hidden{f'[{k}]' if lstm else ''} size {{}}, "
+                                       f"got {{}}")
+            except RuntimeError as error:
                 raise InputValueError(
-                    f"Expected hidden{f'[{k}]' if lstm else ''} size {(LD, batch, width)}, got "
-                    f"{list(state.shape)}; {('h_0', 'c_0')[k]} is [num_layers·"
-                    f"num_directions, batch, {'proj_size' if width != H else 'hidden_size'}]"
-                    f"{', not batch-first even with batch_first=True' if self.batch_first else ''}")
+                    f"{error}; {('h_0', 'c_0')[k]} is [num_layers·num_directions, batch, "
+                    f"{'proj_size' if width != H else 'hidden_size'}]"
+                    f"{', not batch-first even with batch_first=True' if self.batch_first else ''}"
+                ) from None
             check_devices(data.device, [(name, state)])
             if not autocasting and state.dtype != data.dtype:
                 raise InputTypeError(f"{name}: expected dtype {data.dtype} (that of input), "

@@ -714,6 +714,17 @@ def test_obscure_argument_errors_are_clear():
             prt.rnn(x, h, None, model.params, rnn_mode="gru", seed=seed)
 
 
+def test_an_argument_of_the_wrong_type_is_refused_whatever_ran_before():
+    """The checked calls are cached by the attributes' values and types: an int where a
+    bool belongs is refused after a call with the bool too (True == 1 as keys)."""
+    model = prt.CudnnRNN(I, H, rnn_mode="gru")
+    x, h = torch.randn(T, B, I), torch.zeros(1, B, H)
+    for _ in range(2):
+        with pytest.raises(TypeError, match="is_training: expected a bool, got int 1"):
+            prt.rnn(x, h, None, model.params, rnn_mode="gru", is_training=1)
+        prt.rnn(x, h, None, model.params, rnn_mode="gru", is_training=True)
+
+
 @pytest.fixture
 def torch_on_stand_in(fake_gpu, monkeypatch):
     """CPU tensors taken as tensors on the stand-in GPU by kernels' planned path and the

@@ -103,9 +103,12 @@ _problems = LRU(64)
 
 
 def attributes_key(attributes: Attributes) -> tuple:
-    """`attributes`' values as a cheap cache key part: a plain tuple, hashed and compared
-    in C (a dataclass's ``__hash__`` and ``__eq__`` are Python)."""
-    return tuple(vars(attributes).values())
+    """`attributes`' values and their types as a cheap cache key part: a plain tuple,
+    hashed and compared in C (a dataclass's ``__hash__`` and ``__eq__`` are Python). The
+    types: True and 1 are equal keys but not the same argument (an int is_training is
+    refused, and a key without its type let it pass after a call with True)."""
+    values = tuple(vars(attributes).values())
+    return values + tuple(map(type, values))
 
 
 def known_sizes_key(*parts):
@@ -410,17 +413,15 @@ def _plan(input, input_h, input_c, params, lengths, seed, attributes: Attributes
 
     if device is None:
         return build()
-    # The attributes' values as a plain tuple (hashed and compared in C), seeds included:
-    # a training plan's seed is the call's `seed`, keyed beside them.
+    # The attributes as given (values and types), seeds included: a training plan's seed
+    # is the call's `seed`, keyed beside them.
     values = attributes_key(attributes)
     if not (attributes.is_training and attributes.dropout > 0):
-        # Keyed on the tensors' own shape and dtype objects and the attributes as given
-        # (their types too: True and 1 are one key, not one argument): no per-call
-        # conversion to what for_call's key reads (that runs on a miss, with the checks).
+        # Keyed on the tensors' own shape and dtype objects: no per-call conversion to
+        # what for_call's key reads (that runs on a miss, with the checks).
         key = (device, input.dtype, input.shape, input_h.shape,
                None if input_c is None else input_c.shape, params.shape,
-               plan.lengths_key(lengths), gpu.get_allow_tf32(),
-               tuple(map(type, values)), values, seed_int(seed))
+               plan.lengths_key(lengths), gpu.get_allow_tf32(), values, seed_int(seed))
         return plan.for_adapter(key, build)
     key = (str(input.dtype), tuple(None if t is None else tuple(t.shape)
                                    for t in (input, input_h, input_c, params)),

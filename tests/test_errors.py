@@ -522,3 +522,22 @@ def test_buffers_whose_flags_have_no_writeable_field_are_taken():
     got = plan.forward(*args, out=out + (None,),
                        workspace=np.empty(8, np.uint8).view(_CupyLikeFlags))
     np.testing.assert_array_equal(got.output, plan.forward(*args).output)
+
+
+def test_attributes_replace_is_dataclasses_and_refuses_unknown_names():
+    """``Attributes.replace`` (the PyTorch call's path replaces twice) makes what
+    ``dataclasses.replace`` makes, equal and hashed alike, and refuses a name it lacks."""
+    import dataclasses
+
+    from pycudnnrnn.core.config import Attributes
+    given = Attributes(rnn_mode="gru", direction="bidirectional", dropout=0.5, seed=3)
+    for changes in ({}, {"dropout": 0.0, "is_training": False}, {"seed": 7, "seed2": 9}):
+        copy, want = given.replace(**changes), dataclasses.replace(given, **changes)
+        assert copy == want and hash(copy) == hash(want) and type(copy) is Attributes
+        assert vars(copy) == vars(want) and copy is not given
+    assert given.without_dropout() == dataclasses.replace(given, dropout=0.0, seed=0, seed2=0)
+    assert given.dropout == 0.5  # unchanged
+    with pytest.raises(TypeError, match="Attributes has no attribute 'dropuot'"):
+        given.replace(dropuot=0.1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        given.replace(dropout=0.1).dropout = 0.2

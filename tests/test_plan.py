@@ -427,3 +427,18 @@ def test_a_plan_takes_the_lengths_the_functional_api_takes(lengths):
         sequence_lengths=lengths, device="cpu"))
     functional = outcome(lambda: pycudnnrnn.forward(x, h, h, np.zeros(n, np.float32), lengths))
     assert planned == functional
+
+
+def test_the_address_doors_take_a_named_tuple_or_bare_ints():
+    """``forward_at`` and ``backprop_at`` take their addresses as one named tuple, or as
+    the bare ints they took before, then their options positionally or by keyword."""
+    from pycudnnrnn.plan import BackpropAddresses, ForwardAddresses
+    from pycudnnrnn.plan.rnn_plan import _addresses
+    named = ForwardAddresses(*range(1, 10))
+    assert _addresses(ForwardAddresses, (named,), (False, None)) == (named, (False, None))
+    assert _addresses(ForwardAddresses, (*range(1, 10), True), (False, "k")) == \
+        (named, (True, "k"))
+    backprop = BackpropAddresses(*range(16))
+    assert _addresses(BackpropAddresses, (*range(16), True), (False,)) == (backprop, (True,))
+    with pytest.raises(TypeError, match="too many positional arguments: 2"):
+        _addresses(BackpropAddresses, (backprop, True, 1), (False,))

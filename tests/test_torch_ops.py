@@ -1002,6 +1002,10 @@ def test_what_a_plan_cannot_take_on_trust_goes_through_its_checks(torch_on_stand
     training = kernels._plan(x, h, c, params, lengths, seed, _attributes(attrs, True))
     with pytest.raises(ValueError, match="needs a reserve_space"):
         training.forward_at(ForwardAddresses(*(1,) * 8, 0))
+    with pytest.raises(ValueError, match="needs a reserve_space"):  # bare ints, the older form
+        training.forward_at(*(1,) * 8, 0, False, None)
+    with pytest.raises(TypeError, match="one ForwardAddresses or its 9 addresses, got 3"):
+        training.forward_at(1, 2, 3)
     ragged = kernels._plan(*_stand_in_call()[:-1], _attributes(_stand_in_call()[-1], False))
     assert not ragged.runs_in_place
     with pytest.raises(ValueError, match="does not run in place"):

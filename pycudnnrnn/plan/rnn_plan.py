@@ -245,32 +245,37 @@ class RNNPlan:
                 return False
         return True
 
-    def forward_at(self, addresses: ForwardAddresses, restart_dropout=False,
-                   dropout_key=None):
-        """Forward on device addresses (``ForwardAddresses``), for an adapter whose buffers
-        another library allocated: no DLPack import, no check. The caller vouches for
+    def forward_at(self, *addresses, restart_dropout=False, dropout_key=None):
+        """Forward on device addresses, for an adapter whose buffers another library
+        allocated: no DLPack import, no check. `addresses`: one ``ForwardAddresses``, or
+        its nine fields as ints (0 for none), then `restart_dropout` and `dropout_key`
+        as for ``run_forward``. The caller vouches for
         the buffers: C-contiguous, of the plan's shapes and dtype, on its device, the
         results fresh; ``forward_workspace_nbytes`` of workspace (or 0: CuPy's
         allocator gives it) and, in training, ``reserve_nbytes`` of reserve space, which
         it notes with ``trust_reserve(buffer, address)`` (or passes to ``backprop_at``
-        as `trusted`, knowing it is this forward's). `restart_dropout` and
-        `dropout_key` as for ``run_forward``. Only where ``runs_in_place``; ``describes``
-        checks the buffers' shapes and dtype for an adapter that has them at hand."""
+        as `trusted`, knowing it is this forward's). Only where ``runs_in_place``;
+        ``describes`` checks the buffers' shapes and dtype for an adapter that has them
+        at hand."""
+        addresses, (restart_dropout, dropout_key) = _addresses(
+            ForwardAddresses, addresses, (restart_dropout, dropout_key))
         if not self.runs_in_place:
             raise ValueError(f"forward_at: {self!r} does not run in place (on the GPU, "
                              f"time-major, every row its full length); use forward")
         with self._executor.on_device():
             self._executor.forward_at(addresses, restart_dropout, dropout_key)
 
-    def backprop_at(self, addresses: BackpropAddresses, trusted=False) -> bool:
-        """Backprop on device addresses (``BackpropAddresses``), as ``forward_at`` runs
-        forward (the caller vouches for the buffers; ``workspace_nbytes`` of workspace
-        leave room for the reserve's copy): the data gradients always, the weight
-        gradients when `params_backprop` is not 0. Returns False, having run nothing,
+    def backprop_at(self, *addresses, trusted=False) -> bool:
+        """Backprop on device addresses, as ``forward_at`` runs forward (the caller
+        vouches for the buffers; ``workspace_nbytes`` of workspace leave room for the
+        reserve's copy). `addresses`: one ``BackpropAddresses``, or its sixteen fields as
+        ints, then `trusted`. The data gradients always, the weight gradients when
+        `params_backprop` is not 0. Returns False, having run nothing,
         when the reserve space is not of the plan's size or, unless `trusted` (the
         caller knows it is this plan's forward's, as XLA's custom_vjp does), not one this
         process noted for this plan (``trust_reserve``): call ``backprop``, which reads
         and checks its header. Only where ``runs_in_place``, in training."""
+        addresses, (trusted,) = _addresses(BackpropAddresses, addresses, (trusted,))
         if not (self.runs_in_place and self.problem.is_training):
             raise ValueError(f"backprop_at: {self!r} does not run in place in training (on "
                              f"the GPU, time-major, every row its full length); use backprop")
@@ -372,3 +377,20 @@ class RNNPlan:
 
 
 _C_NAMES = frozenset({"input_c", "output_c", "output_c_backprop"})  # LSTM only
+
+
+def _addresses(kind, given, options):
+    """``(addresses, options)`` of an address door's positional arguments `given`: one
+    `kind` named tuple, or its fields as bare ints (the older form), either followed by
+    the door's `options` positionally (their keyword values otherwise)."""
+    if given and isinstance(given[0], kind):
+        addresses, more = given[0], given[1:]
+    else:
+        count = len(kind._fields)
+        if len(given) < count:
+            raise TypeError(f"expected one {kind.__name__} or its {count} addresses, got "
+                            f"{len(given)} positional arguments")
+        addresses, more = kind(*given[:count]), given[count:]
+    if len(more) > len(options):
+        raise TypeError(f"too many positional arguments: {len(more)} after the addresses")
+    return addresses, (*more, *options[len(more):])

@@ -106,7 +106,7 @@ def make_case(rnn_mode="lstm", direction="unidirectional", input_mode="linear_in
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """The stand-in GPU of fake_cuda.py; no plan built on it outlives the test."""
+    """The stand-in GPU of fake_cuda; no plan built on it outlives the test."""
     import fake_cuda
     from pycudnnrnn import plan
     yield fake_cuda.install(monkeypatch)
@@ -142,7 +142,7 @@ STEADY = ("host_to_device", "device_to_host", "sync")
 
 
 class Device:
-    """Moves arrays to and from one GPU, real or the stand-in of fake_cuda.py."""
+    """Moves arrays to and from one GPU, real or the stand-in of fake_cuda."""
 
     def __init__(self, kind, monkeypatch):
         import fake_cuda

@@ -1,6 +1,6 @@
 """The GPU hazards of issue 17, each pinned by a test that failed before its fix.
 
-Each runs on the stand-in GPU of ``fake_cuda.py``, which lives in time (queued work,
+Each runs on the stand-in GPU of ``fake_cuda``, which lives in time (queued work,
 poisoned reuse of freed memory, cuDNN writing its ``[in,out]`` reserve space, dropout
 state that advances) and, where it takes the ``device`` fixture, on a real GPU too
 (marked ``gpu``, in ``make gpu-check``). ``docs/gpu.md`` states each guarantee.

@@ -3,7 +3,7 @@ fenced, devices entered, dropout states ordered, JAX's forward workspace, trace-
 sizes on JAX's default device, another library's arrays released once read.
 
 Each stand-in test failed on the code before its fix: the stand-in GPU of
-``fake_cuda.py`` knows CUDA's capture modes (queries, syncs and waits refused as CUDA
+``fake_cuda`` knows CUDA's capture modes (queries, syncs and waits refused as CUDA
 refuses them), replays graphs by address (memory freed and reused since shows up as a
 wrong answer), several streams and devices. The ``gpu`` tests run the same stories on
 a real GPU with PyTorch, CuPy and JAX (``make gpu-check``); ``docs/gpu.md`` states each

@@ -767,6 +767,7 @@ def test_torch_func_on_cuda_leaves_cudnns_flag_and_equals_the_cpu(transform, mon
     """torch.func's second orders and jvp (the recompute under its transforms, and the
     forward's jvp) on tensors taken as CUDA ones: cuDNN's flag never seen off, the
     results those on the CPU."""
+    monkeypatch.setattr(native._choice, "kernels", "numpy")  # the op's first order: cuDNN's
     _, ours = _pair(torch.nn.LSTM, I, H + 1, 2, proj_size=1, bidirectional=True, seed=2)
     x = torch.randn(T, B, I, dtype=torch.float64)
     loss = (lambda x: ours(x)[0]) if transform == "jvp" else \
@@ -779,6 +780,54 @@ def test_torch_func_on_cuda_leaves_cudnns_flag_and_equals_the_cpu(transform, mon
         got = TRANSFORMS[transform](loss, x)
     assert seen and all(seen)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+#: (rnn_mode, bidirectional, num_layers, proj_size, bias, time_major, lengths)
+STEP_CASES = [
+    ("lstm", True, 2, 1, False, False, (3, 0, 4)),
+    ("lstm", False, 1, 0, True, True, (0, 0, 0)),
+    ("gru", True, 2, 0, False, True, (4, 4, 4)),
+    ("rnn_relu", True, 1, 0, True, False, (2, 4, 0)),
+    ("rnn_tanh", False, 3, 0, True, True, None),
+]
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_step_by_step_equals_pytorchs_fused_kernels(case):
+    """``second_order.step_by_step`` (CUDA's recompute) against ``native.rnn`` (PyTorch's
+    fused kernels) on torch.nn's weights, with and without biases: results, and first-
+    and second-order gradients."""
+    mode, bidirectional, L, P, bias, time_major, lengths = case
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(mode, torch.nn.RNN)
+    extra = dict(proj_size=P) if mode == "lstm" else dict(nonlinearity=mode[4:]) \
+        if cls is torch.nn.RNN else {}
+    module, _ = _pair(cls, I, H + 1, L, bias=bias, bidirectional=bidirectional, **extra)
+    weights = list(module.parameters())
+    D = 2 if bidirectional else 1
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    lengths = None if lengths is None else torch.tensor(lengths)
+    if lengths is not None:  # padding NaN: never read
+        x[torch.arange(T)[:, None] >= lengths] = float("nan")
+    x = x if time_major else x.transpose(0, 1)
+    state = (L * D, B) if time_major else (B, L * D)
+    h = torch.randn(*state, P or H + 1, dtype=torch.float64)
+    c = torch.randn(*state, H + 1, dtype=torch.float64) if mode == "lstm" else None
+    inputs = [t.requires_grad_() for t in (x, h, c, *weights) if t is not None]
+    direction = "bidirectional" if bidirectional else "unidirectional"
+    found = []
+    for run in (native.rnn, second_order.step_by_step):
+        outputs = run(x, h, c, weights, bias, lengths, mode, direction, time_major)
+        outputs = [o for o in outputs if o.numel()]
+        grads = torch.autograd.grad(sum(o.tanh().sum() for o in outputs), inputs,
+                                    create_graph=True, allow_unused=True)
+        penalty = sum(g.square().sum() for g in grads if g is not None)
+        found.append([*outputs, *grads, *torch.autograd.grad(penalty, inputs,
+                                                             allow_unused=True)])
+    for got, want in zip(*found, strict=True):
+        if want is None or got is None:
+            assert got is None or not got.any(), "a gradient where the fused kernels had none"
+            continue
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- GPU

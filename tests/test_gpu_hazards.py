@@ -776,3 +776,63 @@ def cuda_only(monkeypatch):
     from conftest import Device
     yield Device("cuda", monkeypatch)
     plans.clear_caches()
+
+
+# ------------------------------ review 2026-12-07, finding 9: cuDNN's flag left alone
+
+@pytest.mark.gpu
+def test_gpu_penalty_step_leaves_cudnns_flag_to_other_threads(monkeypatch):
+    """The fact ``other_thread_saw_cudnn_off``: a second thread, inside
+    ``torch.backends.cudnn.flags(enabled=True)`` from before a penalty step, samples
+    PyTorch's cuDNN flag at the step's recompute, then leaves its block. It must see the
+    flag on, and the step must still differentiate twice (the recompute never takes
+    cuDNN's RNN); its gradients are torch.nn's with cuDNN off."""
+    import threading
+    torch = _torch_cuda()
+    import pycudnnrnn.torch as prt
+    from pycudnnrnn.torch import second_order
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(3, 4, 2, bidirectional=True, dtype=torch.float64, device="cuda")
+    ours = prt.LSTM.from_torch(reference)
+    x = torch.randn(5, 2, 3, dtype=torch.float64, device="cuda")
+
+    def penalty_grads(module):
+        leaf = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(module(leaf)[0].tanh().sum(), leaf, create_graph=True)
+        return torch.autograd.grad(g.square().sum(), [leaf, *module.parameters()])
+
+    with torch.backends.cudnn.flags(enabled=False):
+        want = penalty_grads(reference)
+    entered, handed, done, saw = threading.Event(), threading.Event(), threading.Event(), []
+
+    def other():
+        with torch.backends.cudnn.flags(enabled=True):
+            entered.set()
+            handed.wait()
+            saw.append(torch.backends.cudnn.enabled)
+        done.set()
+
+    real = second_order.recompute
+
+    def hooked(*args):
+        if not handed.is_set():
+            handed.set()
+            done.wait(60)
+        return real(*args)
+    monkeypatch.setattr(second_order, "recompute", hooked)
+    thread = threading.Thread(target=other)
+    thread.start()
+    entered.wait(60)
+    try:
+        got = penalty_grads(ours)
+    finally:
+        recomputed = handed.is_set()
+        handed.set()
+        thread.join()
+    other_thread_saw_cudnn_off = saw != [True]
+    print(f"other_thread_saw_cudnn_off={other_thread_saw_cudnn_off}")
+    assert recomputed
+    assert not other_thread_saw_cudnn_off
+    assert torch.backends.cudnn.enabled
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)

@@ -827,3 +827,35 @@ def test_gpu_torch_cuda_graph_of_the_functional_api_on_torch_tensors():
     torch.cuda.synchronize()
     torch.testing.assert_close(y, call()[0], rtol=1e-5, atol=1e-6)
 
+
+# ----------------------------------------------------------------- review 2026-12-07, finding 11
+#
+# `graphs.capture` with arrays on another device than the current one: refused (their
+# work would run outside the capture, and replays would leave the outputs stale).
+
+@pytest.mark.gpu
+def test_gpu_graphs_capture_refuses_arrays_on_another_device():
+    """Finding 11: arrays on cuda:1 with cuda:0 current are a ValueError naming what to
+    do; inside ``cupy.cuda.Device(1)`` the capture replays right."""
+    cupy = pytest.importorskip("cupy")
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two CUDA devices")
+    from pycudnnrnn import graphs
+    case = make_case("gru", lengths="ragged", T=6, B=3, input_size=8, num_units=16,
+                     dtype=np.float32)
+    with cupy.cuda.Device(1):
+        x, h, w = (cupy.asarray(a) for a in (case.input, case.input_h, case.params))
+    call = lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+    with cupy.cuda.Device(0), pytest.raises(ValueError, match=r"cupy\.cuda\.Device\(1\)"):
+        graphs.capture(call)
+    with cupy.cuda.Device(1):
+        captured = graphs.capture(call)
+        new_x = np.random.default_rng(3).standard_normal(case.input.shape).astype(np.float32)
+        x.set(new_x)
+        cupy.cuda.Device(1).synchronize()
+        captured.replay()
+        captured.stream.synchronize()
+        got = cupy.asnumpy(captured.outputs[0])
+    want = pycudnnrnn.forward(new_x, case.input_h, None, case.params, case.sequence_lengths,
+                              **case.attrs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

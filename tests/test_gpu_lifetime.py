@@ -420,6 +420,30 @@ def test_graphs_capture_waits_for_the_callers_stream(fake_gpu):
         _close(fake_cuda.to_host(captured.outputs[0]), _expected(case, new_x)[0])
 
 
+# ----------------------------------------------------------------- graphs on another device
+
+def test_graphs_capture_refuses_arrays_on_another_device(fake_gpu):
+    """Arrays on cuda:1 with cuda:0 current: the call would run on cuda:1's stream,
+    outside the capture, and every replay would leave the outputs stale. Refused, with
+    what to do; inside ``cupy.cuda.Device(1)`` it captures and replays right."""
+    from pycudnnrnn import graphs
+    fake_cuda.DEVICES[0] = 2
+    cp = _cp()
+    case = make_case("gru", lengths="ragged", num_units=5)
+    with cp.cuda.Device(1):
+        x, h, _, w = _on_device(case)
+    call = lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+    with pytest.raises(ValueError, match=r"cuda:1.*cuda:0.*cupy\.cuda\.Device\(1\)"):
+        graphs.capture(call)
+    new_x = np.random.default_rng(5).standard_normal(case.input.shape)
+    with cp.cuda.Device(1):
+        captured = graphs.capture(call)
+        with captured.stream:
+            x[...] = fake_cuda._device(new_x)
+            captured.replay()
+            _close(fake_cuda.to_host(captured.outputs[0]), _expected(case, new_x)[0])
+
+
 # ----------------------------------------------------------------- 8: smaller
 
 def test_a_plan_built_in_a_captures_warm_up_takes_no_block_of_its_pool(fake_gpu):

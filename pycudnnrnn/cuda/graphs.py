@@ -57,8 +57,9 @@ def capture(function) -> CapturedGraph:
 
     The arrays the function reads are read in place at every replay: write new values
     into them (``x[...] = new_x``), then ``replay()``. The function runs twice here:
-    once eagerly (its results are discarded), once under capture. PyTorch's current
-    stream is the capturing stream meanwhile.
+    once eagerly (its results are discarded), once under capture, on the current
+    device: arrays on another device are a ``ValueError`` (their work would run outside
+    the capture). PyTorch's current stream is the capturing stream meanwhile.
     """
     cupy = gpu.cupy()
     device = cupy.cuda.runtime.getDevice()
@@ -70,6 +71,7 @@ def capture(function) -> CapturedGraph:
         stream.wait_event(cupy.cuda.get_current_stream().record())
         with cupy.cuda.using_allocator(pool.malloc), stream, _torch_on(stream, device):
             function()  # warm-up: the pool now holds every block a run needs
+            _refuse_other_devices(held, device)
             stream.synchronize()
             for plan in held:
                 plan.settle()  # the sync above: the capture need not query their uploads
@@ -100,3 +102,14 @@ def _torch_on(stream, device: int):
     ours.wait_stream(cuda.current_stream(device))
     return cuda.stream(ours)
 
+
+def _refuse_other_devices(held, device: int) -> None:
+    """A ValueError if the warm-up ran a plan on another device than the capture's: its
+    work runs on that device's current stream, outside the capture, and replays would
+    leave its outputs stale."""
+    others = sorted({plan.device for plan in held} - {device})
+    if others:
+        raise ValueError(f"graphs.capture: the function ran on cuda:{others[0]}, but the "
+                         f"capture runs on cuda:{device} (the current device), so its "
+                         f"work would not be captured; capture inside "
+                         f"`with cupy.cuda.Device({others[0]}):`")

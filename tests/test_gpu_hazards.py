@@ -836,3 +836,86 @@ def test_gpu_penalty_step_leaves_cudnns_flag_to_other_threads(monkeypatch):
     assert torch.backends.cudnn.enabled
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+
+
+# ----------------------------------------------------------------- review 2026-12-07, finding 1
+#
+# The functional API on PyTorch tensors under `graphs.capture` and `torch.cuda.graph`: the
+# DLPack import and export must not wait across the capture's boundary (CUDA errors 905,
+# 906 and then cudaErrorStreamCaptureInvalidated before the fix).
+
+def _gru_on_torch(torch):
+    case = make_case("gru", lengths="ragged", T=6, B=3, input_size=8, num_units=16,
+                     dtype=np.float32)
+    x, h, w = (torch.from_numpy(a).cuda() for a in (case.input, case.input_h, case.params))
+    call = lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+    return case, x, call
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_capture_of_the_functional_api_on_torch_tensors():
+    """Finding 1 under ``graphs.capture``: it captures, and a replay after a new input
+    equals an eager call on it."""
+    torch = _torch_cuda()
+    from pycudnnrnn import graphs
+    case, x, call = _gru_on_torch(torch)
+    call()
+    captured = graphs.capture(call)
+    x.copy_(torch.randn_like(x))
+    torch.cuda.synchronize()
+    captured.replay()
+    captured.stream.synchronize()
+    torch.testing.assert_close(captured.outputs[0], call()[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_cuda_graph_of_the_functional_api_on_torch_tensors():
+    """Finding 1 under ``torch.cuda.graph`` (PyTorch's recipe: a warm-up on a side
+    stream first): it captures, and a replay after a new input equals an eager call."""
+    torch = _torch_cuda()
+    case, x, call = _gru_on_torch(torch)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # the warm-up: the plan is built outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = call()[0]
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, call()[0], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------- review 2026-12-07, finding 11
+#
+# `graphs.capture` with arrays on another device than the current one: refused (their
+# work would run outside the capture, and replays would leave the outputs stale).
+
+@pytest.mark.gpu
+def test_gpu_graphs_capture_refuses_arrays_on_another_device():
+    """Finding 11: arrays on cuda:1 with cuda:0 current are a ValueError naming what to
+    do; inside ``cupy.cuda.Device(1)`` the capture replays right."""
+    cupy = pytest.importorskip("cupy")
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two CUDA devices")
+    from pycudnnrnn import graphs
+    case = make_case("gru", lengths="ragged", T=6, B=3, input_size=8, num_units=16,
+                     dtype=np.float32)
+    with cupy.cuda.Device(1):
+        x, h, w = (cupy.asarray(a) for a in (case.input, case.input_h, case.params))
+    call = lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+    with cupy.cuda.Device(0), pytest.raises(ValueError, match=r"cupy\.cuda\.Device\(1\)"):
+        graphs.capture(call)
+    with cupy.cuda.Device(1):
+        captured = graphs.capture(call)
+        new_x = np.random.default_rng(3).standard_normal(case.input.shape).astype(np.float32)
+        x.set(new_x)
+        cupy.cuda.Device(1).synchronize()
+        captured.replay()
+        captured.stream.synchronize()
+        got = cupy.asnumpy(captured.outputs[0])
+    want = pycudnnrnn.forward(new_x, case.input_h, None, case.params, case.sequence_lengths,
+                              **case.attrs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

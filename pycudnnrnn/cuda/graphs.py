@@ -10,6 +10,7 @@ finds every block it needs in that pool and allocates nothing new.
 from __future__ import annotations
 
 import threading
+import weakref
 
 from ..core import gpu
 
@@ -43,6 +44,11 @@ class CapturedGraph:
         # arrays: the plans' device lengths, row index, padding mask, header and dropout
         # state (and so their descriptors), kept alive by the graph, not by the caches.
         self._held = tuple({id(h): h for h in held}.values())
+        # A replay may still be queued when the graph goes: the plans are let go of then
+        # with an event on this stream (after every replay) as their latest use, so they
+        # are freed only once it is passed. Nothing is recorded per replay.
+        from . import lifetime  # (lifetime asks this module whether a capture runs)
+        weakref.finalize(self, lifetime.graph_released, stream, self._held).atexit = False
 
     def replay(self):
         """Launch the graph on its stream (asynchronously); returns ``outputs``."""

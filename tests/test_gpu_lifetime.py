@@ -12,6 +12,7 @@ guarantee.
 
 import gc
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -654,8 +655,10 @@ def test_a_dropped_captured_graph_does_not_free_its_plans_under_a_queued_replay(
     with stream:
         x[...] = fake_cuda._device(new_x)
         captured.replay()  # queued
+    executor = weakref.ref(plan._executor)
     del captured, plan
     gc.collect()
+    assert executor() is None  # let go of: only its blocks wait for the replay
     junk = _filled(cp, range(64, 8192, 64), 0x7F)  # the home stream's freed blocks
     with stream:
         got = fake_cuda.to_host(y)

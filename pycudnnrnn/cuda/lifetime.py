@@ -17,7 +17,7 @@ a ``DropoutStates``). It knows:
   different stream on every thread;
 * the graphs that replay work on them. A graph of ``pycudnnrnn.graphs.capture`` keeps the
   owners it ran; when it goes, it records one event on its own stream, after every replay
-  it queued, and hands it to each owner as a use (``graph_released``): nothing per
+  it queued, and hands it to each owner as a use (``Lifetime.used_on``): nothing per
   replay. A graph captured by anyone else (``torch.cuda.graph``, CUDA-graph trees, CuPy's
   ``Stream.begin_capture``) keeps nothing, and we cannot see it die: a plan run under
   such a capture is pinned for the process, and so are the call's temporaries when they
@@ -151,6 +151,12 @@ class Lifetime:
     def used(self, key, event) -> None:
         """Note `event` as after the latest use on the stream of `key`."""
         self._uses[key] = event
+
+    def used_on(self, stream, event) -> None:
+        """Note `event`, recorded on `stream`, as after the latest use there, of these
+        blocks and of those of ``parts`` (a graph's release: see ``cuda.graphs``)."""
+        key = stream_key(stream, self.device)
+        self._uses[key] = event
         for part in self._parts:
             part.used(key, event)
 
@@ -188,22 +194,6 @@ def _release(cupy, homes, uses, keep):
     events = [event for key, event in list(uses.items()) if len(homes) > 1 or key not in homes]
     if events:
         foreign.release_after(cupy, events, keep)
-
-
-def graph_released(stream, held) -> None:
-    """A ``CapturedGraph`` is gone: every replay it queued on `stream` comes before an
-    event recorded there now, which becomes a use of each plan it `held` (they are let
-    go of right after, and freed only once the event is passed)."""
-    if not held:
-        return
-    cupy = held[0].cupy
-    try:
-        event = use_event(cupy, stream)
-    except Exception:  # CUDA gone or failing: never free under a replay, keep them
-        foreign.never_release(held)
-        return
-    for owner in held:
-        owner.lifetime.used(stream_key(stream, owner.device), event)
 
 
 class _Pinning:

@@ -43,7 +43,10 @@ from . import graphs
 #: The name of the thread that waits for calls' work and then releases their arrays.
 WAITER_NAME = "pycudnnrnn-foreign-waiter"
 
-_pending: queue.Queue = queue.Queue()  # (cupy, events, arrays) in call order
+# (cupy, events, arrays) in call order, or a threading.Event to set when reached. A
+# SimpleQueue: its put is reentrant, and ``cuda.lifetime``'s finalisers put from a garbage
+# collection, which may come inside another put on the same thread.
+_pending: queue.SimpleQueue = queue.SimpleQueue()
 _never_released: list = []  # arrays whose wait failed: kept for the process's life
 _waiter = None
 _waiter_lock = threading.Lock()
@@ -89,7 +92,10 @@ def never_release(kept) -> None:
 def wait_released() -> None:
     """Block until every call's arrays handed to the waiter so far are released (each
     once its work is done: a test's or a shutdown's wait, never a call's)."""
-    _pending.join()
+    reached = threading.Event()
+    _pending.put(reached)
+    _start_waiter()
+    reached.wait()
 
 
 def _start_waiter() -> None:
@@ -106,7 +112,11 @@ def _start_waiter() -> None:
 def _wait_and_release() -> None:
     relaxed = False
     while True:
-        cupy, events, arrays = _pending.get()
+        item = _pending.get()
+        if isinstance(item, threading.Event):  # wait_released's mark
+            item.set()
+            continue
+        cupy, events, arrays = item
         try:
             if not relaxed:
                 relaxed = True  # tried once: without it, syncs as any thread's
@@ -116,9 +126,8 @@ def _wait_and_release() -> None:
         except Exception:  # a wait refused or failed: the work may still read them
             _never_released.append(arrays)  # a leak, never a use after free
         finally:
-            del cupy, events, arrays
-            event = None
-            _pending.task_done()
+            del cupy, events, arrays, item
+            event = None  # the loop's last one too
 
 
 def _relax_capture_mode(cupy) -> bool:

@@ -11,7 +11,9 @@
   6.19 MiB on an H200), initialised by a kernel when a seed is first seen; restoring a
   known seed's states is cheap. The caches keep the states of at most
   ``DROPOUT_SEEDS_KEPT`` seeds per device (a loop over seeds keeps the most recent
-  ones); a plan the caller holds keeps its own seed's states alive as long as it lives.
+  ones); a plan the caller holds keeps its own seed's states alive as long as it lives,
+  and they are freed by ``pycudnnrnn.cuda.lifetime``'s rule (after every forward that
+  drew from them, on any stream, and every replay of a graph that captured one).
   Each seed's states are kept twice: as they advance, and as the seed made them (so a
   forward can draw the seed's first masks again, as XLA's recomputations need); and,
   for forwards run under a key (``DropoutStates.replaying``), as they were before each

@@ -607,6 +607,8 @@ def test_a_cupy_capture_on_cupys_pool_keeps_the_calls_temporaries(fake_gpu):
         graph.launch(stream)
         assert _changed(junk, 0x5A) == 0
         _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
+    from pycudnnrnn.cuda import lifetime
+    assert lifetime.pinned_bytes() > 0  # the temporaries' private pool, counted
 
 
 def test_a_seeds_dropout_states_outlive_a_forward_queued_on_another_stream(fake_gpu):

@@ -919,3 +919,219 @@ def test_gpu_graphs_capture_refuses_arrays_on_another_device():
     want = pycudnnrnn.forward(new_x, case.input_h, None, case.params, case.sequence_lengths,
                               **case.attrs)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------- review 3 (2026-12-07):
+# one owner of device-memory lifetimes (issue 47 item 1). Each test is the review's "Show
+# it on a GPU" step of its finding; the stand-in tests are in test_gpu_lifetime.py.
+
+_SPIN = r'''
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+'''
+
+
+def _spin(cupy, seconds):
+    """Keep CuPy's current stream busy for about `seconds` (one thread spinning)."""
+    kernel = cupy.RawKernel(_SPIN, "spin")
+    khz = cupy.cuda.Device().attributes["ClockRate"]
+    kernel((1,), (1,), (np.int64(khz * 1000 * seconds),))
+
+
+def _ragged_gpu_case(**overrides):
+    return make_case(**{"rnn_mode": "lstm", "direction": "bidirectional", "T": 12, "B": 6,
+                        "input_size": 8, "num_units": 16, "dtype": np.float32,
+                        "lengths": [12, 3, 9, 1, 7, 12], **overrides})
+
+
+def _changed_on_gpu(cupy, blocks, value):
+    return sum(bool((cupy.asnumpy(b) != value).any()) for b in blocks)
+
+
+def _own_process(script, **env):
+    """Run `script` in a Python process of its own (the repository importable), with
+    `env` added to the environment; its output, once it exits with 0."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "tests")]),
+           **env}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_finding_2_a_cupy_capture_on_cupys_pool_keeps_the_calls_temporaries(cuda_only):
+    """Finding 2: capture the functional API with ``Stream.begin_capture`` on CuPy's
+    default pool, then allocate and fill arrays of every size up to 64 KiB, and of the
+    workspace's, on the capture stream, and replay: no array may change."""
+    import cupy
+    case = _ragged_gpu_case(rnn_mode="gru")
+    x, h, _, w = _put_all(cuda_only, case)
+    lengths = case.sequence_lengths
+    pycudnnrnn.forward(x, h, None, w, lengths, **case.attrs)  # the plan built
+    cupy.cuda.Device().synchronize()
+    work = pycudnnrnn.RNNPlan(num_layers=1, num_units=16, input_size=8, max_time=12,
+                              batch_size=6, sequence_lengths=lengths, rnn_mode="gru",
+                              direction="bidirectional", dtype="float32",
+                              device="cuda").workspace_nbytes
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        y = pycudnnrnn.forward(x, h, None, w, lengths, **case.attrs)[0]
+        graph = stream.end_capture()
+        junk = [cupy.full(n, 0x5A, cupy.uint8) for n in [*range(512, 64 * 1024 + 1, 512),
+                                                         work]]
+        graph.launch(stream)
+        stream.synchronize()
+    assert _changed_on_gpu(cupy, junk, 0x5A) == 0
+    want = pycudnnrnn.forward(case.input, case.input_h, None, case.params, lengths,
+                              **case.attrs)[0]
+    np.testing.assert_allclose(cupy.asnumpy(y), want, rtol=1e-4, atol=1e-5)
+
+
+_FINDING_5 = r'''
+import threading
+import numpy as np
+import cupy
+import pycudnnrnn
+from test_gpu_hazards import _ragged_gpu_case, _spin
+
+assert cupy.cuda.get_current_stream().ptr == 2, "the per-thread default stream is not on"
+case = _ragged_gpu_case()
+args = [cupy.asarray(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+cupy.cuda.get_current_stream().synchronize()
+built, result = threading.Event(), {}
+
+
+def b():  # runs the plan at once on its own per-thread default stream
+    built.wait()
+    result["y"] = cupy.asnumpy(result["plan"].forward(*args)[0])
+
+
+thread = threading.Thread(target=b)
+thread.start()
+junk = [cupy.full(n, 0x7F, cupy.uint8) for n in range(64, 8192, 64)]
+del junk  # freed into this thread's arena, 0x7F
+_spin(cupy, 0.5)
+result["plan"] = pycudnnrnn.RNNPlan(num_layers=1, num_units=16, input_size=8, max_time=12,
+                                    batch_size=6, sequence_lengths=case.sequence_lengths,
+                                    direction="bidirectional", dtype="float32",
+                                    device="cuda")  # its uploads queued behind the spin
+built.set()
+thread.join()
+want = case.forward()[0]
+np.testing.assert_allclose(result["y"], want, rtol=1e-4, atol=1e-5)
+print("OK")
+'''
+
+
+@pytest.mark.gpu
+def test_gpu_finding_5_a_plan_built_on_one_threads_default_stream_runs_on_anothers():
+    """Finding 5: with CuPy's per-thread default stream, thread A builds a ragged plan
+    behind a 0.5 s spin (its uploads queued there) over freed 0x7F blocks; thread B runs
+    it at once: B's run must wait for A's uploads (pointer 2 on both threads)."""
+    pytest.importorskip("cupy")
+    assert "OK" in _own_process(_FINDING_5, CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1")
+
+
+@pytest.mark.gpu
+def test_gpu_finding_6_a_seeds_dropout_states_outlive_a_queued_forward(cuda_only):
+    """Finding 6: a seed's states made on the null stream, drawn by a forward queued on
+    a second plan's home H behind a 0.5 s spin; both plans dropped, caches cleared, and
+    six blocks of the states' size filled with 0x5A on the null stream: none changes."""
+    import cupy
+    case = make_case("lstm", num_units=16, input_size=8, T=6, B=4, dtype=np.float32,
+                     dropout=0.5)
+    x, h, c, w = _put_all(cuda_only, case)
+    size = dict(num_layers=1, num_units=16, input_size=8, max_time=6, batch_size=4,
+                dtype="float32", device="cuda", dropout=0.5, seed=7)
+    first = pycudnnrnn.RNNPlan(**size)  # the seed's states, on the null stream
+    nbytes = first._executor.rnn.dropout.states.buffer.nbytes
+    cupy.cuda.Device().synchronize()
+    home = cupy.cuda.Stream(non_blocking=True)
+    with home:
+        second = pycudnnrnn.RNNPlan(**size, sequence_lengths=[6, 2, 5, 3])
+        _spin(cupy, 0.5)
+        second.forward(x, h, c, w)
+    del first, second
+    plans.clear_caches()
+    gc.collect()
+    junk = [cupy.full(nbytes, 0x5A, cupy.uint8) for _ in range(6)]
+    cupy.cuda.Device().synchronize()
+    assert _changed_on_gpu(cupy, junk, 0x5A) == 0
+
+
+_FINDING_8 = r'''
+import gc
+import numpy as np
+import cupy
+import pycudnnrnn
+from pycudnnrnn import graphs
+from test_gpu_hazards import _ragged_gpu_case, _spin
+
+case = _ragged_gpu_case()
+x, h, c, w = (cupy.asarray(a) for a in (case.input, case.input_h, case.input_c, case.params))
+plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=16, input_size=8, max_time=12,
+                          batch_size=6, sequence_lengths=case.sequence_lengths,
+                          direction="bidirectional", dtype="float32", device="cuda")
+captured = graphs.capture(lambda: plan.forward(x, h, c, w)[0])
+stream, y = captured.stream, captured.outputs
+with stream:
+    _spin(cupy, 0.5)
+    captured.replay()  # queued behind the spin
+del captured, plan
+gc.collect()
+junk = [cupy.full(n, 0x7F, cupy.uint8) for n in range(64, 8192, 64)]  # the home's blocks
+stream.synchronize()
+np.testing.assert_allclose(cupy.asnumpy(y), case.forward()[0], rtol=1e-4, atol=1e-5)
+print("OK")
+'''
+
+
+@pytest.mark.gpu
+def test_gpu_finding_8_a_dropped_captured_graph_keeps_its_plans_under_a_queued_replay():
+    """Finding 8: a ``graphs.capture`` of a ragged plan replayed behind a 0.5 s spin, the
+    graph and the plan dropped, the home stream's freed blocks filled with 0x7F: the
+    replay still equals the CPU (in a process of its own: a crash also shows it)."""
+    pytest.importorskip("cupy")
+    assert "OK" in _own_process(_FINDING_8)
+
+
+@pytest.mark.gpu
+def test_gpu_finding_7_a_plan_on_cuda1_dropped_with_cuda0_current(cuda_only):
+    """Finding 7 (two GPUs): a ragged plan on cuda:1, whose home is cuda:1's legacy
+    stream, runs on a side stream behind a 0.5 s spin; it is dropped with cuda:0
+    current, and cuda:1's legacy stream fills freed blocks with 0x7F: the side stream's
+    result still equals the CPU."""
+    import cupy
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    case = _ragged_gpu_case()
+    with cupy.cuda.Device(1):
+        args = [cupy.asarray(a) for a in (case.input, case.input_h, case.input_c,
+                                          case.params)]
+        plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=16, input_size=8, max_time=12,
+                                  batch_size=6, sequence_lengths=case.sequence_lengths,
+                                  direction="bidirectional", dtype="float32",
+                                  device="cuda:1")
+        cupy.cuda.Device().synchronize()
+        side = cupy.cuda.Stream(non_blocking=True)
+        with side:
+            _spin(cupy, 0.5)
+            y = plan.forward(*args)[0]
+    with cupy.cuda.Device(0):
+        del plan
+        plans.clear_caches()
+        gc.collect()
+    with cupy.cuda.Device(1):
+        junk = [cupy.full(n, 0x7F, cupy.uint8) for n in range(64, 8192, 64)]
+        side.synchronize()
+        got = cupy.asnumpy(y)
+    np.testing.assert_allclose(got, case.forward()[0], rtol=1e-4, atol=1e-5)
+    assert junk

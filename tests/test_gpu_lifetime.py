@@ -13,6 +13,7 @@ guarantee.
 import contextlib
 import gc
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -735,4 +736,110 @@ def test_a_capture_of_a_call_on_another_librarys_arrays_queries_no_event(fake_gp
         graph.launch(stream)
         _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
     fake_cuda.synchronize_all()
+    _released()
+
+
+# ----------------------------------------------------------------- issue 47: one owner
+# Review 3 (2026-12-07), findings 2, 5, 6, 7 and 8: every block the GPU path hands to
+# cuDNN is released through ``pycudnnrnn.cuda.lifetime.Lifetime``, which knows every
+# stream that used it (by CUDA's identity), the streams it was made on and the graphs
+# that replay it.
+
+def _filled(cp, sizes, value, stream=None):
+    """Arrays of `sizes` bytes filled with `value` on `stream` (the current one if None):
+    they take whatever blocks the pool has freed there."""
+    with stream if stream is not None else cp.cuda.get_current_stream():
+        blocks = [cp.empty(n, cp.uint8) for n in sizes]
+        for b in blocks:
+            b[...] = value
+    return blocks
+
+
+def _changed(blocks, value):
+    """How many of `blocks` no longer hold only `value` (read after their stream's work)."""
+    return sum(bool((fake_cuda.to_host(b) != value).any()) for b in blocks)
+
+
+def test_a_cupy_capture_on_cupys_pool_keeps_the_calls_temporaries(fake_gpu):
+    """Finding 2: a CuPy capture (``Stream.begin_capture``) of the functional API on
+    CuPy's default pool. cuDNN's workspace and the padded copies are the call's
+    temporaries: they must not go back to the pool, where the next allocations on the
+    stream would take them and every replay would write into those."""
+    cp = _cp()
+    case = make_case("gru", "bidirectional", lengths="ragged", num_units=8)
+    x, h, _, w = _on_device(case)
+    lengths = case.sequence_lengths
+    pycudnnrnn.forward(x, h, None, w, lengths, **case.attrs)  # built and run eagerly
+    fake_cuda.synchronize_all()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()  # CuPy's default: relaxed, on CuPy's default pool
+        y = pycudnnrnn.forward(x, h, None, w, lengths, **case.attrs)[0]
+        graph = stream.end_capture()
+    junk = _filled(cp, range(512, 64 * 1024 + 1, 512), 0x5A, stream)
+    new_x = np.random.default_rng(5).standard_normal(case.input.shape)
+    with stream:
+        x[...] = fake_cuda._device(new_x)
+        graph.launch(stream)
+        assert _changed(junk, 0x5A) == 0
+        _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
+    from pycudnnrnn.cuda import lifetime
+    assert lifetime.pinned_bytes() > 0  # the temporaries' private pool, counted
+
+
+def test_a_seeds_dropout_states_outlive_a_forward_queued_on_another_stream(fake_gpu):
+    """Finding 6: a seed's states made on the null stream, drawn by a second plan's
+    forward still queued on its home H, then both plans dropped and the caches cleared.
+    The states' blocks go back to the null stream's arena: they must not be handed out
+    there before H's forward, which writes its RNG state into them, is done."""
+    cp = _cp()
+    case = make_case("lstm", num_units=6, dropout=0.5)
+    x, h, c, w = _on_device(case)
+    size = dict(num_layers=1, num_units=6, input_size=3, max_time=4, batch_size=3,
+                dtype="float64", device="cuda", dropout=0.5, seed=7)
+    first = pycudnnrnn.RNNPlan(**size)  # makes the seed's states, on the null stream
+    states = first._executor.rnn.dropout.states
+    nbytes = states.buffer.nbytes
+    fake_cuda.synchronize_all()
+    home = cp.cuda.Stream(non_blocking=True)
+    with home:
+        second = pycudnnrnn.RNNPlan(**size, sequence_lengths=[4, 2, 3])  # the same states
+        assert second._executor.rnn.dropout.states is states
+        second.forward(x, h, c, w)  # queued on H
+    del first, second, states
+    plans.clear_caches()
+    gc.collect()
+    junk = _filled(cp, [nbytes] * 6, 0x5A)  # on the null stream, where they were made
+    home.synchronize()
+    assert _changed(junk, 0x5A) == 0
+    _released()
+
+
+def test_a_dropped_captured_graph_does_not_free_its_plans_under_a_queued_replay(fake_gpu):
+    """Finding 8: ``graphs.capture`` of a ragged plan, one replay queued, then the graph
+    and the plan dropped (a function returning after its last replay). The plan's
+    lengths and masks must not be handed out on its home stream before the replay that
+    reads them is done."""
+    from pycudnnrnn import graphs
+    cp = _cp()
+    case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
+    x, h, c, w = _on_device(case)
+    plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=8, input_size=3, max_time=4,
+                              batch_size=3, sequence_lengths=case.sequence_lengths,
+                              dtype="float64", device="cuda", direction="bidirectional")
+    captured = graphs.capture(lambda: plan.forward(x, h, c, w)[0])
+    stream, y = captured.stream, captured.outputs
+    new_x = np.random.default_rng(3).standard_normal(case.input.shape)
+    with stream:
+        x[...] = fake_cuda._device(new_x)
+        captured.replay()  # queued
+    executor = weakref.ref(plan._executor)
+    del captured, plan
+    gc.collect()
+    assert executor() is None  # let go of: only its blocks wait for the replay
+    junk = _filled(cp, range(64, 8192, 64), 0x7F)  # the home stream's freed blocks
+    with stream:
+        got = fake_cuda.to_host(y)
+    _close(got, _expected(case, new_x)[0])
+    assert _changed(junk, 0x7F) == 0
     _released()

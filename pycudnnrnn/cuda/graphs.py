@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import weakref
 
 from ..core import gpu
 
@@ -45,11 +46,34 @@ class CapturedGraph:
         # arrays: the plans' device lengths, row index, padding mask, header and dropout
         # state (and so their descriptors), kept alive by the graph, not by the caches.
         self._held = tuple({id(h): h for h in held}.values())
+        # A replay may still be queued when the graph goes: the plans are let go of then
+        # with an event on this stream (after every replay) as their latest use, so they
+        # are freed only once it is passed. Nothing is recorded per replay.
+        weakref.finalize(self, _released, stream, self._held).atexit = False
 
     def replay(self):
         """Launch the graph on its stream (asynchronously); returns ``outputs``."""
         self.graph.launch(self.stream)
         return self.outputs
+
+
+_never_released: list = []  # plans of graphs whose release event failed: kept for good
+
+
+def _released(stream, held) -> None:
+    """A ``CapturedGraph`` is gone: every replay it queued on `stream` comes before an
+    event recorded there now, which becomes the latest use of each plan it `held` (see
+    ``cuda.lifetime``): they are freed only once it is passed."""
+    if not held:
+        return
+    try:
+        cupy = gpu.cupy()
+        event = stream.record(cupy.cuda.Event(block=True, disable_timing=True))
+    except Exception:  # CUDA failing: never free under a replay, keep them (a leak)
+        _never_released.append(held)
+        return
+    for plan in held:
+        plan.lifetime.used_on(stream, event)
 
 
 def capture(function) -> CapturedGraph:

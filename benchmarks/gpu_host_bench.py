@@ -205,7 +205,7 @@ def host_work(calls: int = 4) -> dict:
     with pytest.MonkeyPatch.context() as monkeypatch:
         fake_cuda.install(monkeypatch)
         counted = {"events": 0, "waits": 0}
-        record, wait = fake_cuda.FakeEvent.record, fake_cuda._wait
+        record, wait = fake_cuda.FakeEvent.record, fake_cuda.streams._wait
 
         def counting_record(self, stream=None):
             counted["events"] += 1
@@ -216,7 +216,7 @@ def host_work(calls: int = 4) -> dict:
             return wait(ptr, event, flags)
 
         monkeypatch.setattr(fake_cuda.FakeEvent, "record", counting_record)
-        monkeypatch.setattr(fake_cuda, "_wait", counting_wait)
+        monkeypatch.setattr(fake_cuda.streams, "_wait", counting_wait)
         cp = pycudnnrnn.core.gpu.cupy()
         rng = np.random.default_rng(0)
         n = pycudnnrnn.params_size(num_layers=1, num_units=8, input_size=8, rnn_mode="lstm")

@@ -110,7 +110,7 @@ def _start_waiter() -> None:
 
 
 def _wait_and_release() -> None:
-    relaxed = False
+    relaxed_for = None  # the CuPy whose runtime relaxed this thread (tests swap CuPys)
     while True:
         item = _pending.get()
         if isinstance(item, threading.Event):  # wait_released's mark
@@ -118,8 +118,8 @@ def _wait_and_release() -> None:
             continue
         cupy, events, arrays = item
         try:
-            if not relaxed:
-                relaxed = True  # tried once: without it, syncs as any thread's
+            if relaxed_for is not cupy:
+                relaxed_for = cupy  # tried once: without it, syncs as any thread's
                 _relax_capture_mode(cupy)
             for event in events:
                 event.synchronize()

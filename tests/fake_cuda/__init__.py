@@ -111,7 +111,8 @@ from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL
                     CAPTURING, COUNTS, EVENT_WAIT_EXTERNAL, POISON, STRICT, _local,
                     reset_counts)
 from .streams import (NULL_STREAM, _CAPTURES, FakeEvent, FakeGraph, FakeStream,  # noqa: F401
-                      _drain, _queue, _submit, current_stream, null_stream, synchronize_all)
+                      _drain, _queue, _submit, _wait, current_stream, null_stream,
+                      synchronize_all)
 
 
 def install(monkeypatch):

@@ -7,14 +7,14 @@ import numpy as np
 
 from pycudnnrnn.core import dtypes
 
-from . import dlpack
+from . import dlpack, streams
 from .arrays import FakeDeviceArray, _empty, _new, _plain
 from .devices import DEVICES, Device, current_device
 from .dlpack import FakeFrameworkArray
-from .memory import _DEVICE_POOL, FakeMemoryPool, _UsingAllocator
+from .memory import _DEVICE_POOL, FakeMemoryPool, _allocator, _UsingAllocator
 from .state import CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL, COUNTS, _count
 from .streams import (MEMCPY_DEVICE_TO_DEVICE, _EVENTS, FakeEvent, FakeStream, _drain,
-                      _exchange_capture_mode, _submit, _memcpy_async, _memset_async, _now, _wait,
+                      _exchange_capture_mode, _submit, _memcpy_async, _memset_async, _now,
                       current_stream, device_synchronize)
 
 
@@ -57,7 +57,7 @@ class FakeCupy(types.ModuleType):
             return FakeStream(ptr=ptr, device_id=None if device_id == -1 else device_id)
 
         def stream_wait_event(stream, event, flags=0):
-            _wait(stream, _EVENTS[event], flags)
+            streams._wait(stream, _EVENTS[event], flags)  # streams' own: a test may count it
 
         self.cuda = types.SimpleNamespace(
             runtime=types.SimpleNamespace(getDeviceCount=lambda: DEVICES[0],
@@ -73,7 +73,7 @@ class FakeCupy(types.ModuleType):
                                           streamCaptureModeRelaxed=CAPTURE_RELAXED),
             Device=Device, get_current_stream=current_stream, Stream=FakeStream,
             ExternalStream=external_stream, Event=FakeEvent, MemoryPool=FakeMemoryPool,
-            using_allocator=_UsingAllocator,
+            using_allocator=_UsingAllocator, get_allocator=_allocator,
             # views of memory others own (XLA's buffers), as the CUDA handlers make them
             UnownedMemory=lambda ptr, size, owner, device_id=0:
                 (ctypes.c_char * size).from_address(ptr),

@@ -47,6 +47,10 @@ class FakeMemoryPool:
         self.blocks.append(block)
         return block
 
+    def total_bytes(self):
+        """Bytes of every block this pool holds, in use or free (CuPy's ``total_bytes``)."""
+        return sum(b.size for b in self.blocks)
+
     def give_back(self, block, stream_ptr):
         """`block`'s last array is gone: poison it after its stream's work, reuse it."""
         poisoned = [False]

@@ -40,9 +40,15 @@ less it is our own Python.
 Times are the thread's CPU time (``time.thread_time``), not wall time: on a shared
 machine wall time also counts the time other processes hold the core (``--wall`` for
 wall time).
+
+Last, the host's GPU work per eager call is counted on the full stand-in (``host_work``):
+events recorded, stream waits, syncs and pool allocations, for a plan's forward, its
+forward + backprop and the functional forward, on the plan's home stream and on another
+one. These are counts, not times: a change that adds an event or a wait shows here.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -57,6 +63,7 @@ import fake_cuda  # noqa: E402
 import pycudnnrnn  # noqa: E402
 from pycudnnrnn.core.config import Attributes
 import pycudnnrnn.plan  # noqa: E402
+from pycudnnrnn.cuda import foreign  # noqa: E402
 from gpu_bench import format_rows, interleaved  # noqa: E402
 
 COMPUTE = ("_cudnnRNNForward", "_cudnnRNNBackwardData_v8", "_cudnnRNNBackwardWeights_v8")
@@ -188,6 +195,91 @@ def _torch_forward(monkeypatch, cupy, x, h, c, w):
     return forward, {"fwd+bwd PyTorch op, kernels": training_step}
 
 
+HOST_WORK = ("events", "waits", "syncs", "allocations")
+
+
+def host_work(calls: int = 4) -> dict:
+    """{row: {kind: count per call}} of the GPU work the host asks for per eager call, on
+    the full stand-in, after a first call (the plan built, its uploads done): events
+    recorded, stream waits (``cudaStreamWaitEvent``), syncs, blocks taken from a pool."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        fake_cuda.install(monkeypatch)
+        counted = {"events": 0, "waits": 0}
+        record, wait = fake_cuda.FakeEvent.record, fake_cuda._wait
+
+        def counting_record(self, stream=None):
+            counted["events"] += 1
+            return record(self, stream)
+
+        def counting_wait(ptr, event, flags=0):
+            counted["waits"] += 1
+            return wait(ptr, event, flags)
+
+        monkeypatch.setattr(fake_cuda.FakeEvent, "record", counting_record)
+        monkeypatch.setattr(fake_cuda, "_wait", counting_wait)
+        cp = pycudnnrnn.core.gpu.cupy()
+        rng = np.random.default_rng(0)
+        n = pycudnnrnn.params_size(num_layers=1, num_units=8, input_size=8, rnn_mode="lstm")
+        x, h, c = (fake_cuda._device(rng.standard_normal((1, 1, 8)).astype(np.float32))
+                   for _ in range(3))
+        w = fake_cuda._device(rng.standard_normal(n).astype(np.float32))
+        size = dict(num_layers=1, num_units=8, input_size=8, max_time=1, batch_size=1,
+                    device="cuda")
+        inference = pycudnnrnn.RNNPlan(**size, is_training=False)
+        training = pycudnnrnn.RNNPlan(**size)
+        dropout = pycudnnrnn.RNNPlan(**size, dropout=0.5, seed=1)
+        grads = [fake_cuda._device(np.ones(a.shape, np.float32)) for a in (x, h, c)]
+
+        def plan_step():
+            y, hy, cy, reserve = training.forward(x, h, c, w)
+            training.backprop(x, h, c, w, y, hy, cy, *grads, reserve)
+
+        def functional_step():
+            y, hy, cy, reserve = pycudnnrnn.forward(x, h, c, w)
+            pycudnnrnn.backprop(x, h, c, w, None, y, hy, cy, *grads, reserve)
+
+        def dropout_step():
+            y, hy, cy, reserve = dropout.forward(x, h, c, w)
+            dropout.backprop(x, h, c, w, y, hy, cy, *grads, reserve)
+
+        rows = {"forward plan": lambda: inference.forward(x, h, c, w),
+                "fwd+bwd plan": plan_step,
+                "fwd+bwd plan, dropout": dropout_step,
+                "forward functional": lambda: pycudnnrnn.forward(x, h, c, w,
+                                                                 is_training=False),
+                "fwd+bwd functional": functional_step}
+        other = cp.cuda.Stream(non_blocking=True)
+        counts = {}
+        for where, stream in (("home stream", None), ("another stream", other)):
+            for name, call in rows.items():
+                with stream if stream is not None else contextlib.nullcontext():
+                    call()  # built (the functional API's plans) and run once
+                    fake_cuda.synchronize_all()
+                    fake_cuda.reset_counts()
+                    counted.update(events=0, waits=0)
+                    for _ in range(calls):
+                        call()
+                    fake_cuda.synchronize_all()
+                counts[f"{name}, {where}"] = {
+                    "events": counted["events"] / calls, "waits": counted["waits"] / calls,
+                    "syncs": fake_cuda.COUNTS["sync"] / calls,
+                    "allocations": fake_cuda.COUNTS["pool_alloc"] / calls}
+        del inference, training, dropout
+        pycudnnrnn.plan.clear_caches()
+        fake_cuda.synchronize_all()
+        foreign.wait_released()  # plans run on another stream: let go of by the waiter
+    return counts
+
+
+def format_host_work(counts: dict) -> str:
+    lines = ["host GPU work per eager call on the full stand-in, LSTM T1 B1 H8 f32 "
+             "(per call, after the first)",
+             f"  {'':<38}" + "".join(f"{k:>12}" for k in HOST_WORK)]
+    for name, row in counts.items():
+        lines.append(f"  {name:<38}" + "".join(f"{row[k]:12.2f}" for k in HOST_WORK))
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -260,6 +352,7 @@ def main():
     else:
         print("(PyTorch op: CPU tensors posed as CUDA ones; torch.cuda's stream and "
               "allocator lookup, which need a CUDA build, are not timed)")
+    print(format_host_work(host_work()))
 
 
 if __name__ == "__main__":

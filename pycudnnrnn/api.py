@@ -45,10 +45,10 @@ class _Route:
         self.template = next((a for a in arrays.values() if a is not None), None)
         self.stream, self.foreign = None, ()
         self.xp = xp = gpu.cupy() if self.cuda else np
-        self.arrays = {n: a if a is None else to_backend(xp, n, a) for n, a in arrays.items()}
         if not self.cuda:
+            self.arrays = {n: a if a is None else to_backend(xp, n, a) for n, a in arrays.items()}
             return
-        devices = {n: a.device.id for n, a in self.arrays.items() if a is not None}
+        devices = {n: _cuda_device(xp, a) for n, a in arrays.items() if a is not None}
         if len(set(devices.values())) > 1:
             detail = ", ".join(f"{n} on cuda:{d}" for n, d in devices.items())
             raise TypeError(f"arrays must all be on one CUDA device, got {detail}")
@@ -57,9 +57,16 @@ class _Route:
         # reuses freed memory in that stream's order); others are kept alive until the
         # work reading them is done (foreign.keep_until_done).
         self.stream = foreign.caller_stream(xp, self.template, self.device)
+        others = [a for a in arrays.values() if a is not None and not isinstance(a, xp.ndarray)]
         if self.stream is None:
-            self.foreign = tuple(a for a in arrays.values()
-                                 if a is not None and not isinstance(a, xp.ndarray))
+            self.foreign = tuple(others)
+        # Imported on the call's stream: a DLPack export makes the importer's stream wait
+        # on the exporter's current one when they differ (PyTorch's, CuPy's). On one
+        # stream no event is made, and no wait crosses a capture's boundary. (CuPy's
+        # own arrays cross no DLPack: nothing to enter for them.)
+        with self.on_stream() if others else contextlib.nullcontext():
+            self.arrays = {n: a if a is None else to_backend(xp, n, a)
+                           for n, a in arrays.items()}
 
     def on_stream(self):
         """Where the call's GPU work goes: the arrays' device, made current for the whole
@@ -81,6 +88,17 @@ class _Route:
                 type(r) is dtypes.Bfloat16Bits for r in results):
             return results  # the backend's own arrays, as they are (results_like's answer)
         return results_like(self.template, self.xp, results)
+
+
+def _cuda_device(cupy, array) -> int:
+    """The CUDA device of a readable CUDA `array`, read before it is imported: a CuPy
+    array's, a PyTorch tensor's (its ``device``: PyTorch's ``__dlpack_device__`` is
+    Python and costs ~5 us), any other's ``__dlpack_device__``."""
+    if isinstance(array, cupy.ndarray):
+        return array.device.id
+    if type(array).__module__.split(".")[0] == "torch":
+        return array.device.index
+    return int(array.__dlpack_device__()[1])
 
 
 def _config(rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj):

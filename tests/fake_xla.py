@@ -7,7 +7,7 @@
 Python callbacks that record what the handler asked. An entry can be made to fail
 (``fail=``): it then returns an error of XLA's kind, which its caller owns and must
 destroy, once. It lets CI run a handler without XLA — the CUDA one on the stand-in GPU
-of ``fake_cuda.py`` — and see exactly what it did with the frame.
+of ``fake_cuda`` — and see exactly what it did with the frame.
 
 Device memory is XLA's allocator as the stand-in GPU plays it: blocks of a stand-in
 pool of its own (counted as ``COUNTS["xla_alloc"]``, not as CuPy's ``pool_alloc``),

@@ -1,4 +1,4 @@
-"""The cuDNN backend's own code, run in CI on a stand-in GPU (see fake_cuda.py); tests
+"""The cuDNN backend's own code, run in CI on a stand-in GPU (see fake_cuda); tests
 taking the ``device`` fixture also run on a real GPU when there is one.
 
 The agreement grid against the NumPy backend (every mode, direction, lengths kind, layout

@@ -68,6 +68,7 @@ def test_host_cost_benchmark_runs_on_the_stand_in(monkeypatch, capsys):
     benchmark_script("gpu_host_bench").main()
     out = capsys.readouterr().out
     assert "forward plan" in out and "fwd+bwd functional" in out
+    assert "fwd+bwd plan, another stream" in out  # the host work counted per call
     if importlib.util.find_spec("torch") is not None:  # the op's CUDA body, timed too
         assert "forward PyTorch op, kernel" in out and "fwd+bwd PyTorch op, kernels" in out
 

@@ -1,7 +1,7 @@
 """The cuDNN backend against the NumPy backend, cuDNN's own layout, and PyTorch.
 
 The agreement tests take the ``device`` fixture (conftest): each runs on the stand-in GPU
-of ``fake_cuda.py`` in CI, where results must equal the NumPy backend's to a few units in
+of ``fake_cuda`` in CI, where results must equal the NumPy backend's to a few units in
 the last place (the stand-in computes with it, but on the batch the cuDNN backend hands
 cuDNN, which leaves zero-length rows out: other matrix shapes, another rounding), and,
 marked ``gpu``, on a real GPU in ``make gpu-check``, within the tolerances below. Tests marked ``gpu`` alone need real hardware (cuDNN's

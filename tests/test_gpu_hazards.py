@@ -1,6 +1,6 @@
 """The GPU hazards of issue 17, each pinned by a test that failed before its fix.
 
-Each runs on the stand-in GPU of ``fake_cuda.py``, which lives in time (queued work,
+Each runs on the stand-in GPU of ``fake_cuda``, which lives in time (queued work,
 poisoned reuse of freed memory, cuDNN writing its ``[in,out]`` reserve space, dropout
 state that advances) and, where it takes the ``device`` fixture, on a real GPU too
 (marked ``gpu``, in ``make gpu-check``). ``docs/gpu.md`` states each guarantee.
@@ -776,6 +776,365 @@ def cuda_only(monkeypatch):
     from conftest import Device
     yield Device("cuda", monkeypatch)
     plans.clear_caches()
+
+
+# ------------------------------ review 2026-12-07, finding 9: cuDNN's flag left alone
+
+@pytest.mark.gpu
+def test_gpu_penalty_step_leaves_cudnns_flag_to_other_threads(monkeypatch):
+    """The fact ``other_thread_saw_cudnn_off``: a second thread, inside
+    ``torch.backends.cudnn.flags(enabled=True)`` from before a penalty step, samples
+    PyTorch's cuDNN flag at the step's recompute, then leaves its block. It must see the
+    flag on, and the step must still differentiate twice (the recompute never takes
+    cuDNN's RNN); its gradients are torch.nn's with cuDNN off."""
+    import threading
+    torch = _torch_cuda()
+    import pycudnnrnn.torch as prt
+    from pycudnnrnn.torch import second_order
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(3, 4, 2, bidirectional=True, dtype=torch.float64, device="cuda")
+    ours = prt.LSTM.from_torch(reference)
+    x = torch.randn(5, 2, 3, dtype=torch.float64, device="cuda")
+
+    def penalty_grads(module):
+        leaf = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(module(leaf)[0].tanh().sum(), leaf, create_graph=True)
+        return torch.autograd.grad(g.square().sum(), [leaf, *module.parameters()])
+
+    with torch.backends.cudnn.flags(enabled=False):
+        want = penalty_grads(reference)
+    entered, handed, done, saw = threading.Event(), threading.Event(), threading.Event(), []
+
+    def other():
+        with torch.backends.cudnn.flags(enabled=True):
+            entered.set()
+            handed.wait()
+            saw.append(torch.backends.cudnn.enabled)
+        done.set()
+
+    real = second_order.recompute
+
+    def hooked(*args):
+        if not handed.is_set():
+            handed.set()
+            done.wait(60)
+        return real(*args)
+    monkeypatch.setattr(second_order, "recompute", hooked)
+    thread = threading.Thread(target=other)
+    thread.start()
+    entered.wait(60)
+    try:
+        got = penalty_grads(ours)
+    finally:
+        recomputed = handed.is_set()
+        handed.set()
+        thread.join()
+    other_thread_saw_cudnn_off = saw != [True]
+    print(f"other_thread_saw_cudnn_off={other_thread_saw_cudnn_off}")
+    assert recomputed
+    assert not other_thread_saw_cudnn_off
+    assert torch.backends.cudnn.enabled
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+
+
+# ----------------------------------------------------------------- review 2026-12-07, finding 1
+#
+# The functional API on PyTorch tensors under `graphs.capture` and `torch.cuda.graph`: the
+# DLPack import and export must not wait across the capture's boundary (CUDA errors 905,
+# 906 and then cudaErrorStreamCaptureInvalidated before the fix).
+
+def _gru_on_torch(torch):
+    case = make_case("gru", lengths="ragged", T=6, B=3, input_size=8, num_units=16,
+                     dtype=np.float32)
+    x, h, w = (torch.from_numpy(a).cuda() for a in (case.input, case.input_h, case.params))
+    call = lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+    return case, x, call
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_capture_of_the_functional_api_on_torch_tensors():
+    """Finding 1 under ``graphs.capture``: it captures, and a replay after a new input
+    equals an eager call on it."""
+    torch = _torch_cuda()
+    from pycudnnrnn import graphs
+    case, x, call = _gru_on_torch(torch)
+    call()
+    captured = graphs.capture(call)
+    x.copy_(torch.randn_like(x))
+    torch.cuda.synchronize()
+    captured.replay()
+    captured.stream.synchronize()
+    torch.testing.assert_close(captured.outputs[0], call()[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_cuda_graph_of_the_functional_api_on_torch_tensors():
+    """Finding 1 under ``torch.cuda.graph`` (PyTorch's recipe: a warm-up on a side
+    stream first): it captures, and a replay after a new input equals an eager call."""
+    torch = _torch_cuda()
+    case, x, call = _gru_on_torch(torch)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # the warm-up: the plan is built outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = call()[0]
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, call()[0], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------- review 2026-12-07, finding 11
+#
+# `graphs.capture` with arrays on another device than the current one: refused (their
+# work would run outside the capture, and replays would leave the outputs stale).
+
+@pytest.mark.gpu
+def test_gpu_graphs_capture_refuses_arrays_on_another_device():
+    """Finding 11: arrays on cuda:1 with cuda:0 current are a ValueError naming what to
+    do; inside ``cupy.cuda.Device(1)`` the capture replays right."""
+    cupy = pytest.importorskip("cupy")
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two CUDA devices")
+    from pycudnnrnn import graphs
+    case = make_case("gru", lengths="ragged", T=6, B=3, input_size=8, num_units=16,
+                     dtype=np.float32)
+    with cupy.cuda.Device(1):
+        x, h, w = (cupy.asarray(a) for a in (case.input, case.input_h, case.params))
+    call = lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+    with cupy.cuda.Device(0), pytest.raises(ValueError, match=r"cupy\.cuda\.Device\(1\)"):
+        graphs.capture(call)
+    with cupy.cuda.Device(1):
+        captured = graphs.capture(call)
+        new_x = np.random.default_rng(3).standard_normal(case.input.shape).astype(np.float32)
+        x.set(new_x)
+        cupy.cuda.Device(1).synchronize()
+        captured.replay()
+        captured.stream.synchronize()
+        got = cupy.asnumpy(captured.outputs[0])
+    want = pycudnnrnn.forward(new_x, case.input_h, None, case.params, case.sequence_lengths,
+                              **case.attrs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------- review 3 (2026-12-07):
+# one owner of device-memory lifetimes (issue 47 item 1). Each test is the review's "Show
+# it on a GPU" step of its finding; the stand-in tests are in test_gpu_lifetime.py.
+
+_SPIN = r'''
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+'''
+
+
+def _spin(cupy, seconds):
+    """Keep CuPy's current stream busy for about `seconds` (one thread spinning)."""
+    kernel = cupy.RawKernel(_SPIN, "spin")
+    khz = cupy.cuda.Device().attributes["ClockRate"]
+    kernel((1,), (1,), (np.int64(khz * 1000 * seconds),))
+
+
+def _ragged_gpu_case(**overrides):
+    return make_case(**{"rnn_mode": "lstm", "direction": "bidirectional", "T": 12, "B": 6,
+                        "input_size": 8, "num_units": 16, "dtype": np.float32,
+                        "lengths": [12, 3, 9, 1, 7, 12], **overrides})
+
+
+def _changed_on_gpu(cupy, blocks, value):
+    return sum(bool((cupy.asnumpy(b) != value).any()) for b in blocks)
+
+
+def _own_process(script, **env):
+    """Run `script` in a Python process of its own (the repository importable), with
+    `env` added to the environment; its output, once it exits with 0."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "tests")]),
+           **env}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_finding_2_a_cupy_capture_on_cupys_pool_keeps_the_calls_temporaries(cuda_only):
+    """Finding 2: capture the functional API with ``Stream.begin_capture`` on CuPy's
+    default pool, then allocate and fill arrays of every size up to 64 KiB, and of the
+    workspace's, on the capture stream, and replay: no array may change."""
+    import cupy
+    case = _ragged_gpu_case(rnn_mode="gru")
+    x, h, _, w = _put_all(cuda_only, case)
+    lengths = case.sequence_lengths
+    pycudnnrnn.forward(x, h, None, w, lengths, **case.attrs)  # the plan built
+    cupy.cuda.Device().synchronize()
+    work = pycudnnrnn.RNNPlan(num_layers=1, num_units=16, input_size=8, max_time=12,
+                              batch_size=6, sequence_lengths=lengths, rnn_mode="gru",
+                              direction="bidirectional", dtype="float32",
+                              device="cuda").workspace_nbytes
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        y = pycudnnrnn.forward(x, h, None, w, lengths, **case.attrs)[0]
+        graph = stream.end_capture()
+        junk = [cupy.full(n, 0x5A, cupy.uint8) for n in [*range(512, 64 * 1024 + 1, 512),
+                                                         work]]
+        graph.launch(stream)
+        stream.synchronize()
+    assert _changed_on_gpu(cupy, junk, 0x5A) == 0
+    want = pycudnnrnn.forward(case.input, case.input_h, None, case.params, lengths,
+                              **case.attrs)[0]
+    np.testing.assert_allclose(cupy.asnumpy(y), want, rtol=1e-4, atol=1e-5)
+
+
+_FINDING_5 = r'''
+import threading
+import numpy as np
+import cupy
+import pycudnnrnn
+from test_gpu_hazards import _ragged_gpu_case, _spin
+
+assert cupy.cuda.get_current_stream().ptr == 2, "the per-thread default stream is not on"
+case = _ragged_gpu_case()
+args = [cupy.asarray(a) for a in (case.input, case.input_h, case.input_c, case.params)]
+cupy.cuda.get_current_stream().synchronize()
+built, result = threading.Event(), {}
+
+
+def b():  # runs the plan at once on its own per-thread default stream
+    built.wait()
+    result["y"] = cupy.asnumpy(result["plan"].forward(*args)[0])
+
+
+thread = threading.Thread(target=b)
+thread.start()
+junk = [cupy.full(n, 0x7F, cupy.uint8) for n in range(64, 8192, 64)]
+del junk  # freed into this thread's arena, 0x7F
+_spin(cupy, 0.5)
+result["plan"] = pycudnnrnn.RNNPlan(num_layers=1, num_units=16, input_size=8, max_time=12,
+                                    batch_size=6, sequence_lengths=case.sequence_lengths,
+                                    direction="bidirectional", dtype="float32",
+                                    device="cuda")  # its uploads queued behind the spin
+built.set()
+thread.join()
+want = case.forward()[0]
+np.testing.assert_allclose(result["y"], want, rtol=1e-4, atol=1e-5)
+print("OK")
+'''
+
+
+@pytest.mark.gpu
+def test_gpu_finding_5_a_plan_built_on_one_threads_default_stream_runs_on_anothers():
+    """Finding 5: with CuPy's per-thread default stream, thread A builds a ragged plan
+    behind a 0.5 s spin (its uploads queued there) over freed 0x7F blocks; thread B runs
+    it at once: B's run must wait for A's uploads (pointer 2 on both threads)."""
+    pytest.importorskip("cupy")
+    assert "OK" in _own_process(_FINDING_5, CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1")
+
+
+@pytest.mark.gpu
+def test_gpu_finding_6_a_seeds_dropout_states_outlive_a_queued_forward(cuda_only):
+    """Finding 6: a seed's states made on the null stream, drawn by a forward queued on
+    a second plan's home H behind a 0.5 s spin; both plans dropped, caches cleared, and
+    six blocks of the states' size filled with 0x5A on the null stream: none changes."""
+    import cupy
+    case = make_case("lstm", num_units=16, input_size=8, T=6, B=4, dtype=np.float32,
+                     dropout=0.5)
+    x, h, c, w = _put_all(cuda_only, case)
+    size = dict(num_layers=1, num_units=16, input_size=8, max_time=6, batch_size=4,
+                dtype="float32", device="cuda", dropout=0.5, seed=7)
+    first = pycudnnrnn.RNNPlan(**size)  # the seed's states, on the null stream
+    nbytes = first._executor.rnn.dropout.states.buffer.nbytes
+    cupy.cuda.Device().synchronize()
+    home = cupy.cuda.Stream(non_blocking=True)
+    with home:
+        second = pycudnnrnn.RNNPlan(**size, sequence_lengths=[6, 2, 5, 3])
+        _spin(cupy, 0.5)
+        second.forward(x, h, c, w)
+    del first, second
+    plans.clear_caches()
+    gc.collect()
+    junk = [cupy.full(nbytes, 0x5A, cupy.uint8) for _ in range(6)]
+    cupy.cuda.Device().synchronize()
+    assert _changed_on_gpu(cupy, junk, 0x5A) == 0
+
+
+_FINDING_8 = r'''
+import gc
+import numpy as np
+import cupy
+import pycudnnrnn
+from pycudnnrnn import graphs
+from test_gpu_hazards import _ragged_gpu_case, _spin
+
+case = _ragged_gpu_case()
+x, h, c, w = (cupy.asarray(a) for a in (case.input, case.input_h, case.input_c, case.params))
+plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=16, input_size=8, max_time=12,
+                          batch_size=6, sequence_lengths=case.sequence_lengths,
+                          direction="bidirectional", dtype="float32", device="cuda")
+captured = graphs.capture(lambda: plan.forward(x, h, c, w)[0])
+stream, y = captured.stream, captured.outputs
+with stream:
+    _spin(cupy, 0.5)
+    captured.replay()  # queued behind the spin
+del captured, plan
+gc.collect()
+junk = [cupy.full(n, 0x7F, cupy.uint8) for n in range(64, 8192, 64)]  # the home's blocks
+stream.synchronize()
+np.testing.assert_allclose(cupy.asnumpy(y), case.forward()[0], rtol=1e-4, atol=1e-5)
+print("OK")
+'''
+
+
+@pytest.mark.gpu
+def test_gpu_finding_8_a_dropped_captured_graph_keeps_its_plans_under_a_queued_replay():
+    """Finding 8: a ``graphs.capture`` of a ragged plan replayed behind a 0.5 s spin, the
+    graph and the plan dropped, the home stream's freed blocks filled with 0x7F: the
+    replay still equals the CPU (in a process of its own: a crash also shows it)."""
+    pytest.importorskip("cupy")
+    assert "OK" in _own_process(_FINDING_8)
+
+
+@pytest.mark.gpu
+def test_gpu_finding_7_a_plan_on_cuda1_dropped_with_cuda0_current(cuda_only):
+    """Finding 7 (two GPUs): a ragged plan on cuda:1, whose home is cuda:1's legacy
+    stream, runs on a side stream behind a 0.5 s spin; it is dropped with cuda:0
+    current, and cuda:1's legacy stream fills freed blocks with 0x7F: the side stream's
+    result still equals the CPU."""
+    import cupy
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    case = _ragged_gpu_case()
+    with cupy.cuda.Device(1):
+        args = [cupy.asarray(a) for a in (case.input, case.input_h, case.input_c,
+                                          case.params)]
+        plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=16, input_size=8, max_time=12,
+                                  batch_size=6, sequence_lengths=case.sequence_lengths,
+                                  direction="bidirectional", dtype="float32",
+                                  device="cuda:1")
+        cupy.cuda.Device().synchronize()
+        side = cupy.cuda.Stream(non_blocking=True)
+        with side:
+            _spin(cupy, 0.5)
+            y = plan.forward(*args)[0]
+    with cupy.cuda.Device(0):
+        del plan
+        plans.clear_caches()
+        gc.collect()
+    with cupy.cuda.Device(1):
+        junk = [cupy.full(n, 0x7F, cupy.uint8) for n in range(64, 8192, 64)]
+        side.synchronize()
+        got = cupy.asnumpy(y)
+    np.testing.assert_allclose(got, case.forward()[0], rtol=1e-4, atol=1e-5)
+    assert junk
 
 
 # ----------------------------------------------------------------- review 3, finding 3: a plan first built in a capture

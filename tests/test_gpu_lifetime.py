@@ -3,15 +3,17 @@ fenced, devices entered, dropout states ordered, JAX's forward workspace, trace-
 sizes on JAX's default device, another library's arrays released once read.
 
 Each stand-in test failed on the code before its fix: the stand-in GPU of
-``fake_cuda.py`` knows CUDA's capture modes (queries, syncs and waits refused as CUDA
+``fake_cuda`` knows CUDA's capture modes (queries, syncs and waits refused as CUDA
 refuses them), replays graphs by address (memory freed and reused since shows up as a
 wrong answer), several streams and devices. The ``gpu`` tests run the same stories on
 a real GPU with PyTorch, CuPy and JAX (``make gpu-check``); ``docs/gpu.md`` states each
 guarantee.
 """
 
+import contextlib
 import gc
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -142,7 +144,8 @@ def test_a_capture_right_after_the_plan_is_built_waits_for_its_uploads(fake_gpu,
 class _TorchLike(fake_cuda.FakeFrameworkArray):
     """Stands for a PyTorch CUDA tensor: the library knows one by its module's name and
     runs it on PyTorch's current stream (``torch.cuda.current_stream``, patched by the
-    ``torch_like`` fixture to hand out stand-in streams)."""
+    ``torch_like`` fixture to hand out stand-in streams). Its DLPack export makes the
+    importer's stream wait on PyTorch's current one, as PyTorch's does (the fixture)."""
 
     requires_grad = False
 
@@ -152,40 +155,190 @@ class _TorchLike(fake_cuda.FakeFrameworkArray):
     def is_neg(self):
         return False
 
+    @property
+    def device(self):
+        return types.SimpleNamespace(type="cuda", index=self.array.device.id)
+
 
 _TorchLike.__module__ = "torch"
 
 
+class _TorchStream:
+    """A PyTorch stream on the stand-in: a pointer (``cuda_stream``) and a device."""
+
+    def __init__(self, ptr, device=None):
+        self.cuda_stream = ptr
+        self.device_index = fake_cuda.current_device() if device is None else device
+
+    def stand_in(self):
+        return fake_cuda.FakeStream(ptr=self.cuda_stream, device_id=self.device_index)
+
+    def wait_stream(self, other):
+        """PyTorch's: an event recorded on `other`, waited on here."""
+        fake_cuda._wait(self.cuda_stream, other.stand_in().record())
+
+
+class _TorchCuda:
+    """The slice of ``torch.cuda``'s streams the library uses, on the stand-in, with
+    PyTorch's and CuPy's DLPack stream handshake (PyTorch 2.13's ``Tensor.__dlpack__``
+    and ``torch.from_dlpack``, CuPy 14's ``from_dlpack`` and ``ndarray.__dlpack__``).
+
+    PyTorch's current stream on each device is a side stream of its own (``side``)
+    unless ``stream(s)`` is entered; its default stream is the device's null stream,
+    CuPy's too (pointer 1 names it: the legacy stream). Each wait a handshake makes
+    between two streams is noted in ``waits`` as (waiting, waited, "import"/"export").
+    """
+
+    def __init__(self):
+        self.streams, self.entered, self.waits = {}, {}, []
+
+    def _device(self, device):
+        if device is None:
+            return fake_cuda.current_device()
+        return int(str(device).rpartition(":")[2])
+
+    def default_stream(self, device=None):
+        device = self._device(device)
+        return _TorchStream(fake_cuda.null_stream(device).ptr, device)
+
+    def current_stream(self, device=None):
+        device = self._device(device)
+        entered = self.entered.get(device)
+        if entered:
+            return entered[-1]
+        return _TorchStream(self.side(device).ptr, device)
+
+    def side(self, device=0):
+        """PyTorch's current stream on `device` outside ``stream(s)``: a stand-in's."""
+        return self.streams.setdefault(device, fake_cuda.FakeStream(device_id=device))
+
+    def ExternalStream(self, ptr, device=None):  # noqa: N802 (PyTorch's name)
+        return _TorchStream(ptr, self._device(device))
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        self.entered.setdefault(stream.device_index, []).append(stream)
+        try:
+            yield
+        finally:
+            self.entered[stream.device_index].pop()
+
+    @staticmethod
+    def is_initialized():
+        return True
+
+    def _handshake(self, waiting, producer, kind):
+        """The consumer's stream `waiting` waits for the producer's current stream."""
+        if waiting != producer.cuda_stream:
+            fake_cuda._wait(waiting, producer.stand_in().record())
+            self.waits.append((waiting, producer.cuda_stream, kind))
+
+    def export(self, tensor, stream):
+        """``tensor.__dlpack__(stream=stream)``, as PyTorch does it."""
+        device = tensor.array.device.id
+        if device != fake_cuda.current_device():
+            raise BufferError("Can't export tensors on a different CUDA device index.")
+        assert stream not in (0, 2), f"unsupported stream on CUDA: {stream}"
+        waiting = self.default_stream(device).cuda_stream if stream in (None, 1) else stream
+        self._handshake(waiting, self.current_stream(device), "import")
+
+    def cupy_import(self, cupy, tensor):
+        """CuPy's ``from_dlpack(tensor)``: the tensor's device made current, and its
+        current stream there passed (1 for the legacy stream)."""
+        with cupy.cuda.Device(tensor.array.device.id):
+            ptr = fake_cuda.current_stream().ptr
+            self.export(tensor, ptr if ptr else 1)
+
+    def torch_import(self, array):
+        """``torch.from_dlpack(array)``: PyTorch passes its current stream on the
+        array's device to CuPy's ``__dlpack__``, which makes that stream wait on CuPy's
+        current one (on the current device) when they differ."""
+        device = array.device.id
+        waiting = self.current_stream(device).cuda_stream
+        ours = fake_cuda.current_stream()
+        self._handshake(waiting, _TorchStream(ours.ptr, ours.device_id), "export")
+        return array  # it stays a stand-in array
+
+
 @pytest.fixture
 def torch_like(fake_gpu, monkeypatch):
-    """PyTorch's current stream per device: a stand-in stream of its own."""
+    """PyTorch's streams on the stand-in, with their DLPack handshake (``_TorchCuda``).
+
+    (Until the stand-in package has it: patched here.)"""
     torch = pytest.importorskip("torch")
     from pycudnnrnn.core import dtypes
-    streams = {}
+    cuda = _TorchCuda()
+    for name in ("current_stream", "default_stream", "ExternalStream", "stream",
+                 "is_initialized"):
+        monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
+    take = fake_cuda.FakeCupy.from_dlpack
 
-    def current_stream(device=None):
-        device = fake_cuda.current_device() if device is None else device
-        stream = streams.setdefault(device, fake_cuda.FakeStream(device_id=device))
-        return types.SimpleNamespace(cuda_stream=stream.ptr)
-
-    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
-    monkeypatch.setattr(dtypes, "torch_from_dlpack", lambda array: array)  # stays stand-in
-    return streams
+    def from_dlpack(self, a):
+        if isinstance(a, _TorchLike):
+            cuda.cupy_import(self, a)
+        return take(self, a)
+    monkeypatch.setattr(fake_cuda.FakeCupy, "from_dlpack", from_dlpack)
+    monkeypatch.setattr(dtypes, "torch_from_dlpack", cuda.torch_import)
+    return cuda
 
 
 def test_graphs_capture_of_the_functional_api_on_torch_tensors_captures_it(torch_like):
-    """Inside ``graphs.capture`` the call runs on the capturing stream, not PyTorch's
-    current one: the replay recomputes the outputs from the new input."""
+    """Inside ``graphs.capture`` the call runs on the capturing stream, PyTorch's current
+    stream then too: the DLPack handshakes wait on nothing (across the capture they are
+    refused), the warm-up reads the input the caller queued on PyTorch's stream, and the
+    replays recompute the outputs from each new input."""
     from pycudnnrnn import graphs
     case = make_case("gru", lengths="ragged", num_units=5)
     x, h, _, w = [None if a is None else _TorchLike(a) for a in _on_device(case)]
+    rng = np.random.default_rng(7)
+    queued, new_x = (rng.standard_normal(case.input.shape) for _ in range(2))
+    with torch_like.side(0):
+        x.array[...] = queued  # a host copy, queued on PyTorch's stream
     captured = graphs.capture(
         lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs))
-    new_x = np.random.default_rng(7).standard_normal(case.input.shape)
+    assert torch_like.waits == []
     with captured.stream:
+        captured.replay()
+        _close(fake_cuda.to_host(captured.outputs[0]), _expected(case, queued)[0], "queued")
         x.array[...] = fake_cuda._device(new_x)
         captured.replay()
         _close(fake_cuda.to_host(captured.outputs[0]), _expected(case, new_x)[0])
+
+
+def test_the_functional_api_on_torch_tensors_makes_no_cross_stream_wait(torch_like):
+    """Outside any capture, the DLPack import and export are between PyTorch's current
+    stream and itself: no stream waits on another (the legacy stream waited on
+    PyTorch's side stream, holding back every blocking stream)."""
+    case = make_case("lstm", lengths="ragged", num_units=5)
+    args = [_TorchLike(a) for a in _on_device(case)]
+    out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    assert torch_like.waits == []
+    with torch_like.side(0):
+        _close(fake_cuda.to_host(out[0]), case.forward()[0])
+
+
+def test_torch_cuda_graph_of_the_functional_api_on_torch_tensors_replays_it(torch_like):
+    """``torch.cuda.graph`` (a global-mode capture on PyTorch's current stream, after a
+    warm-up there) captures the call: its DLPack import and export happen on the
+    capturing stream, and a replay recomputes the output from a new input."""
+    case = make_case("gru", lengths="ragged", num_units=5)
+    x, h, _, w = [None if a is None else _TorchLike(a) for a in _on_device(case)]
+    call = lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+    call()  # the recipe's warm-up: the plan is built outside the capture
+    fake_cuda.synchronize_all()  # torch.cuda.graph synchronizes before capturing
+    capturing = fake_cuda.FakeStream(non_blocking=True)
+    with torch_like.stream(torch_like.ExternalStream(capturing.ptr)):
+        capturing.begin_capture(mode=fake_cuda.CAPTURE_GLOBAL)
+        try:
+            y = call()[0]
+        finally:
+            graph = capturing.end_capture()
+    assert torch_like.waits == []
+    new_x = np.random.default_rng(8).standard_normal(case.input.shape)
+    x.array[...] = fake_cuda._device(new_x)
+    graph.launch(capturing)
+    with capturing:
+        _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
 
 
 def test_torch_tensors_on_another_gpu_than_the_current_one(torch_like):
@@ -198,7 +351,7 @@ def test_torch_tensors_on_another_gpu_than_the_current_one(torch_like):
         args = [_TorchLike(a) for a in _on_device(case)]
     out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
     assert out[0].device.id == 1
-    with cp.cuda.Device(1), fake_cuda.FakeStream(ptr=torch_like[1].ptr, device_id=1):
+    with cp.cuda.Device(1), torch_like.side(1):
         _close(fake_cuda.to_host(out[0]), case.forward()[0])
 
 
@@ -266,6 +419,30 @@ def test_graphs_capture_waits_for_the_callers_stream(fake_gpu):
     with captured.stream:
         captured.replay()
         _close(fake_cuda.to_host(captured.outputs[0]), _expected(case, new_x)[0])
+
+
+# ----------------------------------------------------------------- graphs on another device
+
+def test_graphs_capture_refuses_arrays_on_another_device(fake_gpu):
+    """Arrays on cuda:1 with cuda:0 current: the call would run on cuda:1's stream,
+    outside the capture, and every replay would leave the outputs stale. Refused, with
+    what to do; inside ``cupy.cuda.Device(1)`` it captures and replays right."""
+    from pycudnnrnn import graphs
+    fake_cuda.DEVICES[0] = 2
+    cp = _cp()
+    case = make_case("gru", lengths="ragged", num_units=5)
+    with cp.cuda.Device(1):
+        x, h, _, w = _on_device(case)
+    call = lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+    with pytest.raises(ValueError, match=r"cuda:1.*cuda:0.*cupy\.cuda\.Device\(1\)"):
+        graphs.capture(call)
+    new_x = np.random.default_rng(5).standard_normal(case.input.shape)
+    with cp.cuda.Device(1):
+        captured = graphs.capture(call)
+        with captured.stream:
+            x[...] = fake_cuda._device(new_x)
+            captured.replay()
+            _close(fake_cuda.to_host(captured.outputs[0]), _expected(case, new_x)[0])
 
 
 # ----------------------------------------------------------------- 8: smaller
@@ -559,6 +736,112 @@ def test_a_capture_of_a_call_on_another_librarys_arrays_queries_no_event(fake_gp
         graph.launch(stream)
         _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
     fake_cuda.synchronize_all()
+    _released()
+
+
+# ----------------------------------------------------------------- issue 47: one owner
+# Review 3 (2026-12-07), findings 2, 5, 6, 7 and 8: every block the GPU path hands to
+# cuDNN is released through ``pycudnnrnn.cuda.lifetime.Lifetime``, which knows every
+# stream that used it (by CUDA's identity), the streams it was made on and the graphs
+# that replay it.
+
+def _filled(cp, sizes, value, stream=None):
+    """Arrays of `sizes` bytes filled with `value` on `stream` (the current one if None):
+    they take whatever blocks the pool has freed there."""
+    with stream if stream is not None else cp.cuda.get_current_stream():
+        blocks = [cp.empty(n, cp.uint8) for n in sizes]
+        for b in blocks:
+            b[...] = value
+    return blocks
+
+
+def _changed(blocks, value):
+    """How many of `blocks` no longer hold only `value` (read after their stream's work)."""
+    return sum(bool((fake_cuda.to_host(b) != value).any()) for b in blocks)
+
+
+def test_a_cupy_capture_on_cupys_pool_keeps_the_calls_temporaries(fake_gpu):
+    """Finding 2: a CuPy capture (``Stream.begin_capture``) of the functional API on
+    CuPy's default pool. cuDNN's workspace and the padded copies are the call's
+    temporaries: they must not go back to the pool, where the next allocations on the
+    stream would take them and every replay would write into those."""
+    cp = _cp()
+    case = make_case("gru", "bidirectional", lengths="ragged", num_units=8)
+    x, h, _, w = _on_device(case)
+    lengths = case.sequence_lengths
+    pycudnnrnn.forward(x, h, None, w, lengths, **case.attrs)  # built and run eagerly
+    fake_cuda.synchronize_all()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()  # CuPy's default: relaxed, on CuPy's default pool
+        y = pycudnnrnn.forward(x, h, None, w, lengths, **case.attrs)[0]
+        graph = stream.end_capture()
+    junk = _filled(cp, range(512, 64 * 1024 + 1, 512), 0x5A, stream)
+    new_x = np.random.default_rng(5).standard_normal(case.input.shape)
+    with stream:
+        x[...] = fake_cuda._device(new_x)
+        graph.launch(stream)
+        assert _changed(junk, 0x5A) == 0
+        _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
+    from pycudnnrnn.cuda import lifetime
+    assert lifetime.pinned_bytes() > 0  # the temporaries' private pool, counted
+
+
+def test_a_seeds_dropout_states_outlive_a_forward_queued_on_another_stream(fake_gpu):
+    """Finding 6: a seed's states made on the null stream, drawn by a second plan's
+    forward still queued on its home H, then both plans dropped and the caches cleared.
+    The states' blocks go back to the null stream's arena: they must not be handed out
+    there before H's forward, which writes its RNG state into them, is done."""
+    cp = _cp()
+    case = make_case("lstm", num_units=6, dropout=0.5)
+    x, h, c, w = _on_device(case)
+    size = dict(num_layers=1, num_units=6, input_size=3, max_time=4, batch_size=3,
+                dtype="float64", device="cuda", dropout=0.5, seed=7)
+    first = pycudnnrnn.RNNPlan(**size)  # makes the seed's states, on the null stream
+    states = first._executor.rnn.dropout.states
+    nbytes = states.buffer.nbytes
+    fake_cuda.synchronize_all()
+    home = cp.cuda.Stream(non_blocking=True)
+    with home:
+        second = pycudnnrnn.RNNPlan(**size, sequence_lengths=[4, 2, 3])  # the same states
+        assert second._executor.rnn.dropout.states is states
+        second.forward(x, h, c, w)  # queued on H
+    del first, second, states
+    plans.clear_caches()
+    gc.collect()
+    junk = _filled(cp, [nbytes] * 6, 0x5A)  # on the null stream, where they were made
+    home.synchronize()
+    assert _changed(junk, 0x5A) == 0
+    _released()
+
+
+def test_a_dropped_captured_graph_does_not_free_its_plans_under_a_queued_replay(fake_gpu):
+    """Finding 8: ``graphs.capture`` of a ragged plan, one replay queued, then the graph
+    and the plan dropped (a function returning after its last replay). The plan's
+    lengths and masks must not be handed out on its home stream before the replay that
+    reads them is done."""
+    from pycudnnrnn import graphs
+    cp = _cp()
+    case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
+    x, h, c, w = _on_device(case)
+    plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=8, input_size=3, max_time=4,
+                              batch_size=3, sequence_lengths=case.sequence_lengths,
+                              dtype="float64", device="cuda", direction="bidirectional")
+    captured = graphs.capture(lambda: plan.forward(x, h, c, w)[0])
+    stream, y = captured.stream, captured.outputs
+    new_x = np.random.default_rng(3).standard_normal(case.input.shape)
+    with stream:
+        x[...] = fake_cuda._device(new_x)
+        captured.replay()  # queued
+    executor = weakref.ref(plan._executor)
+    del captured, plan
+    gc.collect()
+    assert executor() is None  # let go of: only its blocks wait for the replay
+    junk = _filled(cp, range(64, 8192, 64), 0x7F)  # the home stream's freed blocks
+    with stream:
+        got = fake_cuda.to_host(y)
+    _close(got, _expected(case, new_x)[0])
+    assert _changed(junk, 0x7F) == 0
     _released()
 
 

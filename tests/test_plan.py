@@ -1,7 +1,7 @@
 """RNNPlan and the functional API's plan cache, on the CPU and on a GPU.
 
 The ``device`` fixture (conftest.py) runs each GPU test on the stand-in GPU of
-fake_cuda.py (always, in CI) and on a real one (marked ``gpu``, skipped without it). On
+fake_cuda (always, in CI) and on a real one (marked ``gpu``, skipped without it). On
 the stand-in, host↔device copies and syncs are counted: a plan's steady-state run and a
 functional call that hits the plan cache make none.
 """

@@ -8,6 +8,7 @@ float64, and for torch.func's transforms.
 """
 
 import contextlib
+import threading
 
 import pytest
 
@@ -669,6 +670,164 @@ def test_second_order_dropout_keeps_the_ops_errors_and_reads_the_switch_once(mon
     assert calls and all(seed is not None or dropout == 0 for seed, dropout in calls)
     with pytest.raises(RuntimeError, match="exited more often than entered"):
         prt.second_order_dropout().__exit__(None, None, None)
+
+
+# ------------------------------------------------ on CUDA: cuDNN's flag left alone
+#
+# Review 2026-12-07, finding 9: the recompute switched PyTorch's process-wide
+# ``torch.backends.cudnn.enabled`` off, so every other thread's cuDNN ops and drop-ins
+# changed kernels meanwhile, and another thread's ``cudnn.flags()`` exiting during it sent
+# the recompute to ``_cudnn_rnn`` (no double backward). The stand-in's tensors are CPU
+# tensors: ``as_cuda`` takes them as CUDA ones (``is_cuda``) for the second order.
+
+@contextlib.contextmanager
+def _as_cuda(monkeypatch):
+    """Tensors taken as CUDA ones (``is_cuda``) in the block, and PyTorch's RNN kernels
+    (``torch.lstm``, ...) choosing as they do on CUDA: with cuDNN's flag on, cuDNN's RNN,
+    whose double backward PyTorch does not implement (here: raised at once)."""
+    def on_cuda(run):
+        def kernel(input, *args):
+            if input.is_cuda and torch.backends.cudnn.enabled:
+                raise RuntimeError("the stand-in's _cudnn_rnn: no double backward")
+            return run(input, *args)
+        return kernel
+    with monkeypatch.context() as m:
+        for name, run in native._KERNELS.items():
+            m.setitem(native._KERNELS, name, on_cuda(run))
+        m.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+        yield
+
+
+class _OtherThread:
+    """A thread inside ``torch.backends.cudnn.flags(enabled=True)`` from before a second
+    order step; at the step's first recompute (``second_order.recompute``, hooked) it
+    samples cuDNN's flag (``other_thread_saw_cudnn_off``) and leaves its block."""
+
+    def __init__(self, monkeypatch):
+        self.entered, self.handed, self.done = (threading.Event() for _ in range(3))
+        self.saw = []
+        real = second_order.recompute
+
+        def hooked(*args):
+            if not self.handed.is_set():
+                self.handed.set()
+                assert self.done.wait(60), "the other thread never sampled the flag"
+            return real(*args)
+        monkeypatch.setattr(second_order, "recompute", hooked)
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        assert self.entered.wait(60)
+
+    def _run(self):
+        with torch.backends.cudnn.flags(enabled=True):
+            self.entered.set()
+            self.handed.wait()
+            self.saw.append(torch.backends.cudnn.enabled)
+        self.done.set()
+
+    def join(self):
+        """``(recomputed, other_thread_saw_cudnn_off)``; the thread is let go either way."""
+        recomputed = self.handed.is_set()
+        self.handed.set()
+        self.thread.join()
+        return recomputed, self.saw != [True]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c[:5])))
+def test_a_penalty_step_on_cuda_leaves_cudnns_flag_to_other_threads(config, route,
+                                                                    monkeypatch):
+    """During the second order on CUDA another thread sees cuDNN's flag as it was, and its
+    ``cudnn.flags()`` exiting meanwhile does not break the recompute; the gradients are
+    those of the recompute on the CPU (PyTorch's fused kernels)."""
+    function, inputs = _call(config)
+
+    def penalty():
+        outputs = function(*inputs)
+        grads = torch.autograd.grad(sum(o.tanh().sum() for o in outputs), inputs,
+                                    create_graph=True)
+        return sum(g.square().sum() for g in grads)
+    want = torch.autograd.grad(penalty(), inputs)
+    step = penalty()
+    other = _OtherThread(monkeypatch)
+    try:
+        with _as_cuda(monkeypatch):
+            got = torch.autograd.grad(step, inputs)
+    finally:
+        recomputed, other_thread_saw_cudnn_off = other.join()
+    assert recomputed
+    assert not other_thread_saw_cudnn_off
+    assert torch.backends.cudnn.enabled
+    for g, w in zip(got, want, strict=True):
+        assert w.abs().max() > 0
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_torch_func_on_cuda_leaves_cudnns_flag_and_equals_the_cpu(transform, monkeypatch):
+    """torch.func's second orders and jvp (the recompute under its transforms, and the
+    forward's jvp) on tensors taken as CUDA ones: cuDNN's flag never seen off, the
+    results those on the CPU."""
+    monkeypatch.setattr(native._choice, "kernels", "numpy")  # the op's first order: cuDNN's
+    _, ours = _pair(torch.nn.LSTM, I, H + 1, 2, proj_size=1, bidirectional=True, seed=2)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    loss = (lambda x: ours(x)[0]) if transform == "jvp" else \
+        lambda x: ours(x)[0].square().sum()
+    want = TRANSFORMS[transform](loss, x)
+    seen, real = [], second_order.recompute
+    monkeypatch.setattr(second_order, "recompute", lambda *a: seen.append(
+        torch.backends.cudnn.enabled) or real(*a))
+    with _as_cuda(monkeypatch):
+        got = TRANSFORMS[transform](loss, x)
+    assert seen and all(seen)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+#: (rnn_mode, bidirectional, num_layers, proj_size, bias, time_major, lengths)
+STEP_CASES = [
+    ("lstm", True, 2, 1, False, False, (3, 0, 4)),
+    ("lstm", False, 1, 0, True, True, (0, 0, 0)),
+    ("gru", True, 2, 0, False, True, (4, 4, 4)),
+    ("rnn_relu", True, 1, 0, True, False, (2, 4, 0)),
+    ("rnn_tanh", False, 3, 0, True, True, None),
+]
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_step_by_step_equals_pytorchs_fused_kernels(case):
+    """``second_order.step_by_step`` (CUDA's recompute) against ``native.rnn`` (PyTorch's
+    fused kernels) on torch.nn's weights, with and without biases: results, and first-
+    and second-order gradients."""
+    mode, bidirectional, L, P, bias, time_major, lengths = case
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(mode, torch.nn.RNN)
+    extra = dict(proj_size=P) if mode == "lstm" else dict(nonlinearity=mode[4:]) \
+        if cls is torch.nn.RNN else {}
+    module, _ = _pair(cls, I, H + 1, L, bias=bias, bidirectional=bidirectional, **extra)
+    weights = list(module.parameters())
+    D = 2 if bidirectional else 1
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    lengths = None if lengths is None else torch.tensor(lengths)
+    if lengths is not None:  # padding NaN: never read
+        x[torch.arange(T)[:, None] >= lengths] = float("nan")
+    x = x if time_major else x.transpose(0, 1)
+    state = (L * D, B) if time_major else (B, L * D)
+    h = torch.randn(*state, P or H + 1, dtype=torch.float64)
+    c = torch.randn(*state, H + 1, dtype=torch.float64) if mode == "lstm" else None
+    inputs = [t.requires_grad_() for t in (x, h, c, *weights) if t is not None]
+    direction = "bidirectional" if bidirectional else "unidirectional"
+    found = []
+    for run in (native.rnn, second_order.step_by_step):
+        outputs = run(x, h, c, weights, bias, lengths, mode, direction, time_major)
+        outputs = [o for o in outputs if o.numel()]
+        grads = torch.autograd.grad(sum(o.tanh().sum() for o in outputs), inputs,
+                                    create_graph=True, allow_unused=True)
+        penalty = sum(g.square().sum() for g in grads if g is not None)
+        found.append([*outputs, *grads, *torch.autograd.grad(penalty, inputs,
+                                                             allow_unused=True)])
+    for got, want in zip(*found, strict=True):
+        if want is None or got is None:
+            assert got is None or not got.any(), "a gradient where the fused kernels had none"
+            continue
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- GPU

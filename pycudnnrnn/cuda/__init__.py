@@ -3,6 +3,7 @@
 ``executor`` runs a plan; ``resources`` keeps handles, descriptors and dropout states
 between calls; ``weight_space`` holds our params layout against cuDNN's weight slots;
 ``graphs`` captures plan runs in CUDA graphs; ``foreign`` handles other libraries'
-arrays (their stream, their lifetime). It imports ``core`` and the binding ``cudnn``:
+arrays (their stream, their lifetime); ``lifetime`` says when the device memory handed
+to cuDNN (plans', dropout states', a foreign capture's temporaries) may go. It imports ``core`` and the binding ``cudnn``:
 never the CPU backend.
 """

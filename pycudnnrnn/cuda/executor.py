@@ -88,8 +88,12 @@ class Executor:
             self.head = self.reserves.head
             # The uploads above are queued on this stream (the caller's, or the private
             # one of a build during a capture): no host sync here. Who uses the plan's
-            # memory after (streams, graphs) is the lifetime's to know.
-            self.lifetime = lifetime.Lifetime(cp, self, cp.cuda.get_current_stream())
+            # memory after (streams, graphs) is the lifetime's to know; it keeps all the
+            # plan holds (a snapshot: nothing is added after) until then.
+            states = getattr(self.rnn.dropout, "states", None)
+            self.lifetime = lifetime.Lifetime(
+                cp, self, cp.cuda.get_current_stream(), device, keep=tuple(vars(self).values()),
+                parts=() if states is None else (states.lifetime,), uploads=True)
 
     def _describe(self, handle, run_lengths):
         """Descriptors, temp-space sizes and device lengths of the running rows."""
@@ -137,14 +141,14 @@ class Executor:
 
     # ------------------------------------------------------------------ streams
     def _enter(self):
-        """The current stream, ordered after the plan's uploads."""
+        """The current stream, ordered after the plan's uploads, and what ``_leave``
+        takes (see ``lifetime.Lifetime.enter``)."""
         stream = self.cupy.cuda.get_current_stream()
-        self.lifetime.enter(stream)
-        return stream
+        return stream, self.lifetime.enter(stream)
 
-    def _leave(self, stream):
+    def _leave(self, stream, token):
         """After a run's work is queued on `stream` (see ``lifetime.Lifetime.leave``)."""
-        self.lifetime.leave(stream, self)
+        self.lifetime.leave(stream, token, self)
 
     def settle(self):
         """Note that the plan's uploads are done (the caller synchronized): runs on
@@ -184,12 +188,12 @@ class Executor:
         again with the same key, it draws the same masks (``DropoutStates.replaying``;
         ignored while the stream captures a graph, whose replays run no host code).
         """
-        stream = self._enter()
+        stream, token = self._enter()
         try:
             return self._forward(stream, input, input_h, input_c, params, out, workspace,
                                  restart_dropout, dropout_key)
         finally:
-            self._leave(stream)
+            self._leave(stream, token)
 
     def forward_at(self, addresses: ForwardAddresses, restart_dropout=False, dropout_key=None):
         """Forward on device addresses (0 for none), for an adapter whose buffers another
@@ -206,7 +210,7 @@ class Executor:
         x, hx, cx, params, y, hy, cy, work, reserve = addresses
         if self.training and not reserve:
             raise ValueError("forward_at: a training forward needs a reserve_space address")
-        stream = self._enter()
+        stream, token = self._enter()
         try:
             if self.training:  # device to device, on the stream: no host copy, no sync
                 runtime = self.cupy.cuda.runtime
@@ -219,7 +223,7 @@ class Executor:
                               0 if self.reserve_offset is None else reserve + self.reserve_offset,
                               restart_dropout, dropout_key)
         finally:
-            self._leave(stream)
+            self._leave(stream, token)
 
     def _run_forward(self, stream, x, y, hx, hy, cx, cy, weights, work, reserve,
                      restart_dropout, dropout_key):
@@ -286,14 +290,14 @@ class Executor:
         pass (the weight pass reads what it leaves in the reserve space). Gradients left
         out come back as None.
         """
-        stream = self._enter()
+        stream, token = self._enter()
         try:
             grads = self._backprop(input, input_h, input_c, params, output, output_h,
                                    output_c, output_backprop, output_h_backprop,
                                    output_c_backprop, reserve_space, out, workspace,
                                    gradients != "data")
         finally:
-            self._leave(stream)
+            self._leave(stream, token)
         return grads if gradients != "weights" else (None, None, None, grads[3])
 
     def backprop_at(self, addresses: BackpropAddresses, trusted=False) -> bool:
@@ -311,7 +315,7 @@ class Executor:
                 not trusted and reserve_header.known(reserve) != self.head:
             return False
         runtime, n, offset = self.cupy.cuda.runtime, self.reserve_bytes, self.reserves.copy_offset
-        stream = self._enter()
+        stream, token = self._enter()
         try:
             if dparams:  # cuDNN adds the weight gradients
                 runtime.memsetAsync(dparams, 0, self.weight_bytes, stream.ptr)
@@ -329,7 +333,7 @@ class Executor:
             if dparams:
                 self.calls.backward_weights(handle, x, hx, y, dparams, work, scratch)
         finally:
-            self._leave(stream)
+            self._leave(stream, token)
         return True
 
     def _backprop(self, input, input_h, input_c, params, output, output_h, output_c,

@@ -23,6 +23,9 @@ The rule (``keep_until_done``):
   else) nothing is recorded or kept: an event recorded in a capture cannot be waited
   on outside it, and every replay reads the arrays again, long after: whoever keeps
   the graph keeps the arrays it reads (``docs/gpu.md``);
+* the same waiter releases what ``cuda.lifetime`` hands it (``release_after``): the
+  blocks of a plan or of dropout states used on another stream than their home, once
+  the events after those uses are passed;
 * the arrays are released on the waiter, never in a CUDA host callback (which may call
   no CUDA function: their library's free may; and a Python callback would hold the
   stream until it got the GIL). Where the wait fails (a CUDA error), they are kept for
@@ -40,7 +43,10 @@ from . import graphs
 #: The name of the thread that waits for calls' work and then releases their arrays.
 WAITER_NAME = "pycudnnrnn-foreign-waiter"
 
-_pending: queue.Queue = queue.Queue()  # (cupy, event, arrays) in call order
+# (cupy, events, arrays) in call order, or a threading.Event to set when reached. A
+# SimpleQueue: its put is reentrant, and ``cuda.lifetime``'s finalisers put from a garbage
+# collection, which may come inside another put on the same thread.
+_pending: queue.SimpleQueue = queue.SimpleQueue()
 _never_released: list = []  # arrays whose wait failed: kept for the process's life
 _waiter = None
 _waiter_lock = threading.Lock()
@@ -67,14 +73,29 @@ def keep_until_done(cupy, arrays) -> None:
         return
     event = cupy.cuda.Event(block=True, disable_timing=True)  # its sync sleeps, not spins
     event.record(stream)
-    _pending.put((cupy, event, tuple(arrays)))
+    release_after(cupy, (event,), tuple(arrays))
+
+
+def release_after(cupy, events, kept) -> None:
+    """Let go of `kept` on the waiter, once every one of `events` (recorded outside any
+    capture) is passed."""
+    _pending.put((cupy, tuple(events), kept))
     _start_waiter()
+
+
+def never_release(kept) -> None:
+    """Keep `kept` for the process's life (a wait that cannot be made: a leak, never a
+    use after free)."""
+    _never_released.append(kept)
 
 
 def wait_released() -> None:
     """Block until every call's arrays handed to the waiter so far are released (each
     once its work is done: a test's or a shutdown's wait, never a call's)."""
-    _pending.join()
+    reached = threading.Event()
+    _pending.put(reached)
+    _start_waiter()
+    reached.wait()
 
 
 def _start_waiter() -> None:
@@ -91,26 +112,35 @@ def _start_waiter() -> None:
 def _wait_and_release() -> None:
     relaxed = False
     while True:
-        cupy, event, arrays = _pending.get()
+        item = _pending.get()
+        if isinstance(item, threading.Event):  # wait_released's mark
+            item.set()
+            continue
+        cupy, events, arrays = item
         try:
             if not relaxed:
                 relaxed = True  # tried once: without it, syncs as any thread's
                 _relax_capture_mode(cupy)
-            event.synchronize()
+            for event in events:
+                event.synchronize()
         except Exception:  # a wait refused or failed: the work may still read them
             _never_released.append(arrays)  # a leak, never a use after free
         finally:
-            del cupy, event, arrays
-            _pending.task_done()
+            del cupy, events, arrays, item
+            event = None  # the loop's last one too
 
 
 def _relax_capture_mode(cupy) -> bool:
     """This thread's capture interaction mode → relaxed: its syncs are then legal while
-    another thread captures in global mode. CuPy has no binding for it: the driver's
-    ``cuThreadExchangeStreamCaptureMode`` (the runtime's forwards to it), unless
-    `cupy`'s runtime has one. True once done."""
+    another thread captures in global mode. True once done."""
+    return exchange_capture_mode(cupy, driver.CAPTURE_MODE_RELAXED) is not None
+
+
+def exchange_capture_mode(cupy, mode: int) -> int | None:
+    """This thread's capture interaction mode → `mode`; the previous one, or None without
+    a driver. CuPy has no binding for it: the driver's ``cuThreadExchangeStreamCaptureMode``
+    (the runtime's forwards to it), unless `cupy`'s runtime has one."""
     exchange = getattr(cupy.cuda.runtime, "threadExchangeStreamCaptureMode", None)
     if exchange is not None:
-        exchange(driver.CAPTURE_MODE_RELAXED)
-        return True
-    return driver.exchange_stream_capture_mode(driver.CAPTURE_MODE_RELAXED) is not None
+        return exchange(mode)
+    return driver.exchange_stream_capture_mode(mode)

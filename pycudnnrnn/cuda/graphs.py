@@ -9,7 +9,10 @@ finds every block it needs in that pool and allocates nothing new.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
+import weakref
 
 from ..core import gpu
 
@@ -43,6 +46,10 @@ class CapturedGraph:
         # arrays: the plans' device lengths, row index, padding mask, header and dropout
         # state (and so their descriptors), kept alive by the graph, not by the caches.
         self._held = tuple({id(h): h for h in held}.values())
+        # A replay may still be queued when the graph goes: the plans are let go of then
+        # with an event on this stream (after every replay) as their latest use, so they
+        # are freed only once it is passed. Nothing is recorded per replay.
+        weakref.finalize(self, _released, stream, self._held).atexit = False
 
     def replay(self):
         """Launch the graph on its stream (asynchronously); returns ``outputs``."""
@@ -50,22 +57,45 @@ class CapturedGraph:
         return self.outputs
 
 
+_never_released: list = []  # plans of graphs whose release event failed: kept for good
+
+
+def _released(stream, held) -> None:
+    """A ``CapturedGraph`` is gone: every replay it queued on `stream` comes before an
+    event recorded there now, which becomes the latest use of each plan it `held` (see
+    ``cuda.lifetime``): they are freed only once it is passed."""
+    if not held:
+        return
+    try:
+        cupy = gpu.cupy()
+        event = stream.record(cupy.cuda.Event(block=True, disable_timing=True))
+    except Exception:  # CUDA failing: never free under a replay, keep them (a leak)
+        _never_released.append(held)
+        return
+    for plan in held:
+        plan.lifetime.used_on(stream, event)
+
+
 def capture(function) -> CapturedGraph:
     """Capture ``function()`` (plan runs on CuPy arrays) into a CUDA graph.
 
     The arrays the function reads are read in place at every replay: write new values
     into them (``x[...] = new_x``), then ``replay()``. The function runs twice here:
-    once eagerly (its results are discarded), once under capture.
+    once eagerly (its results are discarded), once under capture, on the current
+    device: arrays on another device are a ``ValueError`` (their work would run outside
+    the capture). PyTorch's current stream is the capturing stream meanwhile.
     """
     cupy = gpu.cupy()
+    device = cupy.cuda.runtime.getDevice()
     pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.Stream(non_blocking=True)
     held = _capturing.held = []
     try:
         # The warm-up reads what the caller queued on its stream (its inputs' values).
         stream.wait_event(cupy.cuda.get_current_stream().record())
-        with cupy.cuda.using_allocator(pool.malloc), stream:
+        with cupy.cuda.using_allocator(pool.malloc), stream, _torch_on(stream, device):
             function()  # warm-up: the pool now holds every block a run needs
+            _refuse_other_devices(held, device)
             stream.synchronize()
             for plan in held:
                 plan.settle()  # the sync above: the capture need not query their uploads
@@ -77,3 +107,33 @@ def capture(function) -> CapturedGraph:
     finally:
         _capturing.held = None
     return CapturedGraph(graph, stream, pool, outputs, held)
+
+
+def _torch_on(stream, device: int):
+    """PyTorch's current stream on `device` made `stream` too, where PyTorch uses CUDA.
+
+    A PyTorch tensor's DLPack import makes the importer's stream wait on PyTorch's
+    current stream when they differ, and an export to PyTorch the reverse: across the
+    capture's boundary, which CUDA refuses. On `stream` alone no event is made. `stream`
+    first waits for PyTorch's current stream: the warm-up reads what the caller queued
+    there.
+    """
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():  # no PyTorch tensor on a GPU exists
+        return contextlib.nullcontext()
+    ours = cuda.ExternalStream(stream.ptr, device=device)
+    ours.wait_stream(cuda.current_stream(device))
+    return cuda.stream(ours)
+
+
+def _refuse_other_devices(held, device: int) -> None:
+    """A ValueError if the warm-up ran a plan on another device than the capture's: its
+    work runs on that device's current stream, outside the capture, and replays would
+    leave its outputs stale."""
+    others = sorted({plan.device for plan in held} - {device})
+    if others:
+        raise ValueError(f"graphs.capture: the function ran on cuda:{others[0]}, but the "
+                         f"capture runs on cuda:{device} (the current device), so its "
+                         f"work would not be captured; capture inside "
+                         f"`with cupy.cuda.Device({others[0]}):`")

@@ -1,24 +1,49 @@
-"""When a plan's device memory may go: which streams and graphs still use it.
+"""When device memory the GPU path hands to cuDNN may go: one owner, ``Lifetime``.
 
-A plan's buffers (device lengths, row index, padding mask, reserve header and, through
-its descriptor, the dropout states) are read by the work each run queues, and by every
-replay of a graph that captured a run. CuPy frees them, once the plan is gone, in the
-order of the stream they were made on (the plan's home stream). ``Lifetime`` holds what
-that order needs, and nothing else:
+The blocks are a plan's buffers (device lengths, row index, padding masks, reserve
+header), a seed's dropout states (the buffer, its initial copy, the copies kept for
+keyed forwards) and, under a CUDA graph captured by someone else, a call's temporaries
+(cuDNN's workspace, padded and gathered copies, the reserve copy). Each kind is released
+through one ``Lifetime``, made with the object that owns the blocks (a plan's executor,
+a ``DropoutStates``). It knows:
 
-* the uploads' event: a run on another stream waits for it. It is never queried: CUDA
-  refuses an event query while a stream captures in global or thread-local mode (the
-  default of ``torch.cuda.graph``), and a capture waits on it as an external event;
-* for each stream the plan ran on besides home, an event after its latest run there:
-  when the plan dies, home waits for all of them, so no buffer is reused under work
-  still queued on any stream;
-* graphs: a graph captured by ``pycudnnrnn.graphs.capture`` keeps the plans it ran (see
-  there). A graph captured by anyone else (``torch.cuda.graph``, ``torch.compile``'s
-  CUDA graph trees, CuPy's ``Stream.begin_capture``) keeps nothing, and we cannot see
-  when it dies: a plan run under such a capture is pinned for the life of the process
-  (``pinned``). Its cost is the plan's own memory (lengths, masks, header: bytes to
-  kilobytes) and, with dropout, its seed's dropout states (~6 MiB per seed and device),
-  once per plan captured; see ``docs/gpu.md``.
+* the blocks' homes: the streams they were allocated on. CuPy's pool frees a block into
+  the arena of its allocation stream, where the next allocation on that stream takes it
+  at once, ordered only after that stream's work;
+* their uses: for every stream that ran work on them, other than their one home, an
+  event after the latest such work. Streams are told apart by CUDA's identity
+  (``stream_key``), not by pointer: pointer 0 (and 1) is the legacy stream of a device,
+  and pointer 2 (``cudaStreamPerThread``, CuPy's per-thread default stream) is a
+  different stream on every thread;
+* the graphs that replay work on them. A graph of ``pycudnnrnn.graphs.capture`` keeps the
+  owners it ran; when it goes, it records one event on its own stream, after every replay
+  it queued, and hands it to each owner as a use (``Lifetime.used_on``): nothing per
+  replay. A graph captured by anyone else (``torch.cuda.graph``, CUDA-graph trees, CuPy's
+  ``Stream.begin_capture``) keeps nothing, and we cannot see it die: a plan run under
+  such a capture is pinned for the process, and so are the call's temporaries when they
+  would come from CuPy's default pool (they come from a private pool made for that call,
+  pinned with the plan; another allocator in place, PyTorch's graph pool for example,
+  is its owner's to keep). ``pinned()`` and ``pinned_bytes()`` count what is pinned.
+
+The release rule, one for every kind: when the owner dies, its blocks go at once if
+every use was on their one home (CuPy frees them in that stream's order, after the work:
+no cost). Otherwise they go, with the use events, to ``cuda.foreign``'s background
+waiter, which waits for the events (in relaxed capture mode, so legal while any thread
+captures) and then lets go of them.
+
+Why the waiter, rather than making each home wait for the events: a fence must name the
+home stream from the thread and device the garbage collector happens to run on, and it
+cannot always. Pointer 0 there is the *current* device's legacy stream, not the home's
+device's; pointer 2 is the collecting thread's own per-thread stream, not the home
+thread's; and a home that is another library's stream (a PyTorch side stream) may have
+been destroyed by then. The waiter needs none of them: an event names its point in its
+stream whatever thread waits on it, and after the events the blocks are free to reuse
+on any stream. So the finaliser makes no CUDA call at all (a collection may come at any
+point, inside a capture too). What it costs: blocks used on another stream live until
+the waiter has seen their work done, a moment after it is.
+
+Events recorded inside a capture are never waited on outside it: nothing is recorded
+while the run's stream captures.
 """
 
 from __future__ import annotations
@@ -26,19 +51,43 @@ from __future__ import annotations
 import threading
 import weakref
 
-from . import graphs
+from . import foreign, graphs
 
 #: cudaEventWaitExternal: a capturing stream's wait on an event recorded outside it.
 EVENT_WAIT_EXTERNAL = 1
+#: cudaStreamLegacy and cudaStreamPerThread, the special stream handles besides 0.
+LEGACY_STREAM, PER_THREAD_STREAM = 1, 2
+#: cudaStreamCaptureModeRelaxed, for a thread's capture interaction mode.
+CAPTURE_MODE_RELAXED = 2
 
 _pinned: dict = {}  # id → plan executor run under a capture we do not own: kept for good
+_pinned_pools: list = []  # private pools of calls' temporaries under such captures
 _waited_in_graphs: dict = {}  # id → event a captured graph waits on as external
 _pinned_lock = threading.Lock()
+
+
+def stream_key(stream, device: int) -> tuple:
+    """CUDA's identity of `stream` (a CuPy stream) on `device`: ``(device, pointer)``
+    for a stream of its own; ``(device, 0)`` for the legacy stream (pointer 0 or 1); and
+    ``(device, 2, thread id)`` for the per-thread default stream, which pointer 2 names
+    on every thread (CuPy's pool keys it by thread too)."""
+    ptr = stream.ptr
+    if ptr > PER_THREAD_STREAM:
+        return (device, ptr)
+    if ptr == PER_THREAD_STREAM:
+        return (device, ptr, threading.get_ident())
+    return (device, 0)
 
 
 def pinned() -> int:
     """How many plans are pinned by graphs captured outside ``pycudnnrnn.graphs``."""
     return len(_pinned)
+
+
+def pinned_bytes() -> int:
+    """Bytes of the private pools pinned for calls' temporaries under such graphs."""
+    with _pinned_lock:
+        return sum(pool.total_bytes() for pool in _pinned_pools)
 
 
 def wait(cupy, stream, event) -> None:
@@ -53,55 +102,123 @@ def wait(cupy, stream, event) -> None:
         stream.wait_event(event)
 
 
+def use_event(cupy, stream):
+    """An event recorded on `stream` now, after the work queued there: a blocking-sync
+    one without timing (the waiter sleeps on it rather than spinning)."""
+    return stream.record(cupy.cuda.Event(block=True, disable_timing=True))
+
+
 class Lifetime:
-    """Who still uses one plan's memory: its uploads, the streams it ran on, graphs.
+    """Who still uses one owner's device blocks: streams, graphs; released at its death.
 
     Parameters
     ----------
     cupy
         The CuPy module.
     owner
-        The plan's executor: when it is collected, home waits for every stream's last
-        run (its buffers are freed in home's order right after).
+        What holds the blocks (a plan's executor, a seed's dropout states). When it is
+        collected, `keep` is released by the module's rule.
     stream
-        The home stream, on which the plan's uploads were just queued.
+        The home stream: the blocks were just allocated on it (uploads queued there).
+    device : int
+        The blocks' device.
+    keep
+        What holds the blocks (arrays, or objects holding them; a list may still grow):
+        kept from the owner's death until its release.
+    parts
+        Lifetimes of blocks the owner's runs also use (its dropout states): a graph's
+        release event is theirs too.
+    uploads : bool
+        Whether work on other streams must wait for what was queued on home so far (an
+        event, ``ready``).
     """
 
-    def __init__(self, cupy, owner, stream):
-        self.cupy = cupy
-        self.home = stream.ptr
-        self.ready = stream.record()  # after the uploads
-        self.settled = False  # the caller synchronized since: no wait needed
-        self._last_use: dict = {}  # stream pointer → event after the plan's latest run there
-        weakref.finalize(owner, _fence, stream, self._last_use, self.ready)
+    def __init__(self, cupy, owner, stream, device: int, keep=(), parts=(), uploads=False):
+        self.cupy, self.device = cupy, device
+        self.home = stream_key(stream, device)
+        self._homes = {self.home}
+        self.ready = stream.record() if uploads else None
+        self.settled = not uploads  # no uploads to wait for, or the caller synchronized
+        self._uses: dict = {}  # stream key → event after the latest use there
+        self._parts = tuple(parts)
+        release = weakref.finalize(owner, _release, cupy, self._homes, self._uses, keep)
+        release.atexit = False  # at exit nothing needs freeing, and CUDA may be gone
 
-    def enter(self, stream) -> None:
-        """Before a run on `stream`: order it after the plan's uploads (home needs not)."""
-        if not self.settled and stream.ptr != self.home:
+    def allocated_on(self, stream) -> None:
+        """Note that more blocks were just allocated on `stream`: another home."""
+        self._homes.add(stream_key(stream, self.device))
+
+    def used(self, key, event) -> None:
+        """Note `event` as after the latest use on the stream of `key`."""
+        self._uses[key] = event
+
+    def used_on(self, stream, event) -> None:
+        """Note `event`, recorded on `stream`, as after the latest use there, of these
+        blocks and of those of ``parts`` (a graph's release: see ``cuda.graphs``)."""
+        key = stream_key(stream, self.device)
+        self._uses[key] = event
+        for part in self._parts:
+            part.used(key, event)
+
+    def enter(self, stream):
+        """Before a run on `stream`: order it after the uploads (home needs not). Returns
+        what ``leave`` takes: the stream's key, or, under a capture we do not own, a
+        ``_Pinning`` (the call's temporaries then come from a private pool)."""
+        key = stream_key(stream, self.device)
+        if not self.settled and key != self.home:
             wait(self.cupy, stream, self.ready)
+        if graphs.holding() is None and stream.is_capturing():
+            return _Pinning(self.cupy)
+        return key
 
-    def leave(self, stream, owner) -> None:
-        """After a run's work is queued on `stream`: note who uses `owner`'s memory now."""
+    def leave(self, stream, token, owner) -> None:
+        """After a run's work is queued on `stream`: note who uses `owner`'s blocks now.
+        `token` is what ``enter`` returned."""
+        if type(token) is not tuple:  # someone else's graph: it will replay this work
+            token.close(owner)
+            return
         held = graphs.holding()
         if held is not None:  # pycudnnrnn.graphs.capture: that graph keeps the plan
             held.append(owner)
-        elif stream.is_capturing():  # someone else's graph: it will replay this work
-            with _pinned_lock:
-                _pinned[id(owner)] = owner
-        elif stream.ptr != self.home:
-            self._last_use[stream.ptr] = stream.record()
+        elif token != self.home:
+            self._uses[token] = use_event(self.cupy, stream)
 
     def settle(self) -> None:
         """The caller synchronized after the uploads: runs need not wait for them."""
         self.settled = True
 
 
-def _fence(home, last_use, ready):
-    """A dead plan's home stream waits for the plan's latest run on every other stream
-    (its buffers are freed in home's order, right after this). `ready` is kept alive to
-    here: a graph's external wait may name it."""
-    for event in list(last_use.values()):
-        try:
-            home.wait_event(event)
-        except Exception:  # never raise from a finaliser (at exit, CUDA may be gone)
-            pass
+def _release(cupy, homes, uses, keep):
+    """The owner is gone: let go of `keep` now when every use was on the one home (freed
+    in its order), else once the waiter has seen every use's event."""
+    events = [event for key, event in list(uses.items()) if len(homes) > 1 or key not in homes]
+    if events:
+        foreign.release_after(cupy, events, keep)
+
+
+class _Pinning:
+    """One run under a capture we do not own: the plan is pinned, and so are the call's
+    temporaries, which would come from CuPy's default pool (a private pool for the call
+    then, allocated in relaxed capture mode: CUDA refuses ``cudaMalloc`` to a thread
+    in global mode while it captures, PyTorch's default)."""
+
+    __slots__ = ("cupy", "pool", "allocating", "mode")
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.pool = self.allocating = self.mode = None
+        if cupy.cuda.get_allocator() == cupy.get_default_memory_pool().malloc:
+            self.mode = foreign.exchange_capture_mode(cupy, CAPTURE_MODE_RELAXED)
+            self.pool = cupy.cuda.MemoryPool()
+            self.allocating = cupy.cuda.using_allocator(self.pool.malloc)
+            self.allocating.__enter__()
+
+    def close(self, owner) -> None:
+        if self.allocating is not None:
+            self.allocating.__exit__(None, None, None)
+            if self.mode is not None:
+                foreign.exchange_capture_mode(self.cupy, self.mode)
+        with _pinned_lock:
+            _pinned[id(owner)] = owner
+            if self.pool is not None:
+                _pinned_pools.append(self.pool)

@@ -11,7 +11,9 @@
   6.19 MiB on an H200), initialised by a kernel when a seed is first seen; restoring a
   known seed's states is cheap. The caches keep the states of at most
   ``DROPOUT_SEEDS_KEPT`` seeds per device (a loop over seeds keeps the most recent
-  ones); a plan the caller holds keeps its own seed's states alive as long as it lives.
+  ones); a plan the caller holds keeps its own seed's states alive as long as it lives,
+  and they are freed by ``pycudnnrnn.cuda.lifetime``'s rule (after every forward that
+  drew from them, on any stream, and every replay of a graph that captured one).
   Each seed's states are kept twice: as they advance, and as the seed made them (so a
   forward can draw the seed's first masks again, as XLA's recomputations need); and,
   for forwards run under a key (``DropoutStates.replaying``), as they were before each
@@ -58,31 +60,51 @@ class DropoutStates:
 
     ``initial`` is a copy of the states as the seed initialised them: copying it back
     (``restart``) makes the next forward draw the masks of the seed's first forward.
+    Made on CuPy's current stream, with its buffer (``initial`` and the kept starting
+    states too), which is their home; ``lifetime`` releases them all by
+    ``pycudnnrnn.cuda.lifetime``'s rule (cuDNN writes them at every training forward,
+    on whatever stream it runs).
     """
 
     def __init__(self, buffer, seed: int, device: int | None = None):
         self.buffer, self.seed, self.device = buffer, seed, device
-        self.initial = None
+        self._initial = None
         # Every plan of the seed, on every stream and thread, draws from this buffer:
         # one forward at a time on the host (``_starts`` is host bookkeeping), and each
         # after the latest one on another stream on the GPU (``ordered``).
         self.lock = threading.RLock()
-        self._last = None  # (stream pointer, event after the latest forward's use)
+        self._last = None  # (stream key, event after the latest forward's use)
         self._starts = collections.OrderedDict()     # key → the states before its forward
         self._forgotten = collections.OrderedDict()  # keys whose starts were dropped
+        self._blocks = [buffer, self._starts]  # all the states' device memory
+        cupy = gpu.cupy()
+        self.lifetime = lifetime.Lifetime(cupy, self, cupy.cuda.get_current_stream(),
+                                          device, keep=self._blocks)
         LIVE_DROPOUT_STATES.add(self)
+
+    @property
+    def initial(self):
+        return self._initial
+
+    @initial.setter
+    def initial(self, copy):  # made on the buffer's stream, right after its kernel
+        self._initial = copy
+        self._blocks.append(copy)
 
     @contextlib.contextmanager
     def ordered(self, cupy, stream):
         """One forward's use of the states (restart, replaying, cuDNN's draw) on
         `stream`: after the latest use on another stream, one thread at a time."""
         with self.lock:
+            key = lifetime.stream_key(stream, self.device)
             last = self._last
-            if last is not None and last[0] != stream.ptr:
+            if last is not None and last[0] != key:
                 lifetime.wait(cupy, stream, last[1])
             yield
             if not stream.is_capturing():  # a captured event could not be waited on
-                self._last = (stream.ptr, stream.record())
+                event = lifetime.use_event(cupy, stream)
+                self._last = (key, event)
+                self.lifetime.used(key, event)
 
     def restart(self):
         """Put the states back as the seed made them (a device copy, current stream)."""
@@ -111,6 +133,7 @@ class DropoutStates:
                 cupy = gpu.cupy()
                 with cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc):
                     start = self.buffer.copy()
+                self.lifetime.allocated_on(cupy.cuda.get_current_stream())
             self._starts[key] = start
             if key in self._forgotten:
                 warnings.warn(
@@ -177,7 +200,8 @@ def dropout_descriptor(cupy, handle, device: int, dropout: float, seed: int):
                     states = DropoutStates(cupy.empty(size, dtype=cupy.uint8), seed, device)
                     desc.set(handle, dropout, states.buffer.data.ptr, size, seed)  # slow, once
                     states.initial = states.buffer.copy()  # after the kernel, same stream
-                    states._last = (stream.ptr, stream.record())  # the kernel and the copy
+                    states._last = (lifetime.stream_key(stream, device),  # the kernel, the copy
+                                    lifetime.use_event(cupy, stream))
                 handle.set_stream(cupy.cuda.get_current_stream().ptr)  # the caller's again
                 fresh.append(states)
                 return states

@@ -6,9 +6,12 @@ torch.func's transforms), the backprop op runs inside ``_FirstOrder``: an
 ``autograd.Function`` whose results are the op's gradients and whose own backward (and
 ``jvp``) runs only when something differentiates those gradients again (a gradient
 penalty, a Hessian-vector product, MAML). That backward recomputes the call's forward on
-PyTorch's twice-differentiable kernels (``torch_kernels.rnn``, with cuDNN off for them: PyTorch's
-cuDNN RNN has no second order either), takes its first-order gradient with a graph, and
-differentiates that.
+PyTorch's twice-differentiable kernels, takes its first-order gradient with a graph, and
+differentiates that. On the CPU those are its fused RNN kernels (``torch_kernels.rnn``).
+On CUDA they would take PyTorch's cuDNN RNN, which has no second order either, unless
+PyTorch's one process-wide cuDNN flag were off, which would change every thread's
+kernels meanwhile: there the recompute runs a step at a time in differentiable ops
+(``step_by_step``), which never consult cuDNN.
 
 Why recompute then, rather than write backward in differentiable operations every time:
 a first-order step (``create_graph`` off, or on with no second derivative taken) pays
@@ -29,9 +32,7 @@ has no dropout, and autograd keeps the masks.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 
 import torch
 
@@ -82,7 +83,7 @@ def _recorded(call, data, weights, grads):
     aliases = [t.view_as(t) if _floating(t) and t.requires_grad else
                t.detach().requires_grad_() if _floating(t) else t for t in inputs]
     variables = [a for a in aliases if _floating(a)]
-    with torch.enable_grad(), _without_cudnn(data[0]):
+    with torch.enable_grad():
         outputs = recompute(call, aliases[:3], aliases[3:])
         used = [(o, g) for o, g in zip(outputs, grads) if _floating(g) and o.requires_grad]
         found = torch.autograd.grad([o for o, _ in used], variables, [g for _, g in used],
@@ -202,7 +203,7 @@ def _by_autograd(call, inputs, cotangents):
     n = call.num_weights
     data, weights, grads = leaves[:3], leaves[3:3 + n], leaves[3 + n:]
     primal = [t for t in (*data, *weights) if _floating(t)]
-    with torch.enable_grad(), _without_cudnn(inputs[0]):
+    with torch.enable_grad():
         outputs = recompute(call, data, weights)
         used = [(o, g) for o, g in zip(outputs, grads) if _floating(g) and o.requires_grad]
         # Only the first-order results something differentiates (a penalty on the input's
@@ -234,8 +235,7 @@ def forward_jvp(attributes, has_biases, data, sequence_lengths, weights, tangent
 
     def forward(*variables):
         values = rebuild(variables)
-        with _without_cudnn(values[0]):
-            return tuple(recompute(call, values[:3], values[3:]))
+        return tuple(recompute(call, values[:3], values[3:]))
     return _jvp(forward, variables, tangents)
 
 
@@ -265,8 +265,7 @@ def gradient(call, rebuild, *variables):
         found = iter(primal)
         d = [next(found) if _floating(t) else t for t in data]
         w = [next(found) for _ in weights]
-        with _without_cudnn(d[0]):
-            return tuple(recompute(call, d, w))
+        return tuple(recompute(call, d, w))
 
     outputs, pullback = torch.func.vjp(forward, *primal)
     cotangents = tuple(torch.zeros_like(o) if not _floating(g) else g
@@ -323,7 +322,13 @@ def _spread(cotangents, present):
 
 def recompute(call, data, weights):
     """The op's ``(output, output_h, output_c)`` on PyTorch's kernels, from `data`
-    ``(input, input_h, input_c)`` and `weights`, as ``call`` ran it."""
+    ``(input, input_h, input_c)`` and `weights`, as ``call`` ran it.
+
+    On the CPU PyTorch's fused RNN kernels (``torch_kernels.rnn``). On CUDA those would
+    take cuDNN's RNN, which has no second order, unless PyTorch's process-wide cuDNN
+    flag were off: every thread's cuDNN ops would change kernels meanwhile. There it runs
+    a step at a time in differentiable ops (``step_by_step``), which never consult cuDNN.
+    """
     input, input_h, input_c = data
     if torch._C._functorch.maybe_current_level() is not None:
         # Under vmap PyTorch's kernels update the states in place: an unbatched state (an
@@ -335,9 +340,121 @@ def recompute(call, data, weights):
         input_h = input_h + tie
         input_c = None if input_c is None else input_c + tie
     a = call.attributes
-    return torch_kernels.rnn(input, input_h, input_c, list(weights), call.has_biases,
-                             call.sequence_lengths, a.rnn_mode, a.direction, a.time_major,
-                             input_mode=a.input_mode)
+    run = step_by_step if input.is_cuda else torch_kernels.rnn
+    return run(input, input_h, input_c, list(weights), call.has_biases, call.sequence_lengths,
+               a.rnn_mode, a.direction, a.time_major, input_mode=a.input_mode)
+
+
+def step_by_step(input, input_h, input_c, weights, has_biases, sequence_lengths, rnn_mode,
+                 direction, time_major, input_mode="linear_input"):
+    """``torch_kernels.rnn``'s results (no dropout), a layer, direction and step at a time
+    in differentiable PyTorch ops: matrix products and the cells' pointwise functions, as
+    ``torch.nn``'s RNNs compute them (a GRU's reset gate after the product, an LSTM's
+    projection). None consults cuDNN, so a CUDA call needs no switch of PyTorch's flag.
+
+    Rows sorted by length, longest first: a step runs the rows still going, as PyTorch's
+    kernel for packed rows does; padding is never read, and a row of length 0 keeps its
+    states and outputs zeros. A reverse direction runs each row reversed within its
+    length. Arguments as ``torch_kernels.rnn``'s.
+    """
+    lstm = rnn_mode == "lstm"
+    bidirectional = direction == "bidirectional"
+    directions = 2 if bidirectional else 1
+    x = input if time_major else input.transpose(0, 1)  # [T, B, ·] from here on
+    states = [input_h, input_c] if lstm else [input_h]
+    states = [s if time_major else s.transpose(0, 1) for s in states]  # [L·D, B, ·]
+    T, B = x.shape[:2]
+    num_layers = states[0].shape[0] // directions
+    if has_biases is None:
+        weights, has_biases = [w for _, w in torch_kernels._torch_weights(
+            weights[0], rnn_mode, bidirectional, num_layers, input.shape[-1],
+            states[-1], states[0], input_mode)], True
+    per = len(weights) // len(states[0])  # w_ih, w_hh, the biases, w_hr
+    lengths = torch.full((B,), T) if sequence_lengths is None else \
+        sequence_lengths.cpu().to(torch.int64)
+    ragged = bool((lengths < T).any())
+    if ragged:
+        order = torch.sort(lengths, descending=True, stable=True).indices
+        lengths = lengths[order]
+        rows = order.to(x.device)
+        x = x.index_select(1, rows)
+        states = [s.index_select(1, rows) for s in states]
+        # padding zeroed: its products (with zero gradients) must not be NaN
+        valid = (torch.arange(T)[:, None] < lengths).to(x.device)[..., None]
+        x = torch.where(valid, x, 0.0)
+    going = (lengths[None, :] > torch.arange(T)[:, None]).sum(1).tolist()  # rows per step
+    if bidirectional:  # a row reversed within its length (padding in place: an involution)
+        steps = torch.arange(T)[:, None]
+        flip = torch.where(steps < lengths, lengths - 1 - steps, steps).to(x.device)[..., None]
+    cell = _CELLS[rnn_mode]
+    finals = []
+    for layer in range(num_layers):
+        outputs = []
+        for k in range(layer * directions, (layer + 1) * directions):
+            reverse = k % directions == 1
+            source = x.gather(0, flip.expand_as(x)) if reverse else x
+            w = weights[k * per:(k + 1) * per]
+            w_ih, w_hh = w[0], w[1]
+            b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
+            w_hr = w[-1] if len(w) in (3, 5) else None  # an LSTM's projection
+            gates = torch.nn.functional.linear(source, w_ih, b_ih)  # every step's at once
+            y, ends = _direction(cell, gates, [s[k] for s in states], w_hh, b_hh, w_hr,
+                                 going)
+            outputs.append(y.gather(0, flip.expand_as(y)) if reverse else y)
+            finals.append(ends)
+        x = torch.cat(outputs, -1) if bidirectional else outputs[0]
+    output = x
+    finals = [torch.stack([f[i] for f in finals]) for i in range(len(states))]
+    if ragged:  # the caller's order again
+        unsort = torch.argsort(rows)
+        output, finals = output.index_select(1, unsort), [f.index_select(1, unsort)
+                                                          for f in finals]
+    if not time_major:
+        output, finals = output.transpose(0, 1), [f.transpose(0, 1) for f in finals]
+    return output, finals[0], finals[1] if lstm else output.new_empty((0,))
+
+
+def _direction(cell, gates, states, w_hh, b_hh, w_hr, going):
+    """``(output [T, B, ·], final states)`` of one layer and direction forward in time:
+    `gates` the input's part of every step's gates, `states` ``[h, c]`` (``[h]``) of the
+    rows sorted by length; `going[t]` rows run step t."""
+    T, B = gates.shape[:2]
+    outputs = []
+    # (one unbind: indexing a step at a time would differentiate into a zeroed [T, B, ·]
+    # per step)
+    for step, rows in zip(gates.unbind(0), going):
+        if rows == 0:
+            break
+        now = [s[:rows] for s in states] if rows < B else states
+        new = cell(step[:rows] if rows < B else step, now,
+                   torch.nn.functional.linear(now[0], w_hh, b_hh), w_hr)
+        outputs.append(new[0] if rows == B else
+                       torch.nn.functional.pad(new[0], (0, 0, 0, B - rows)))
+        states = new if rows == B else [torch.cat([n, s[rows:]]) for n, s in zip(new, states)]
+    rest = gates.new_zeros((T - len(outputs), B, states[0].shape[-1]))  # no row runs
+    return torch.cat([torch.stack(outputs), rest]) if outputs else rest, states
+
+
+def _lstm_cell(gates, states, recurrent, w_hr):
+    gates = gates + recurrent
+    # One sigmoid over all four (the cell gate's is not used): fewer nodes to differentiate
+    input_gate, forget_gate, _, output_gate = gates.sigmoid().chunk(4, 1)
+    c = forget_gate * states[1] + input_gate * gates.chunk(4, 1)[2].tanh()
+    h = output_gate * c.tanh()
+    return [h if w_hr is None else torch.nn.functional.linear(h, w_hr), c]
+
+
+def _gru_cell(gates, states, recurrent, w_hr):
+    i_r, i_z, i_n = gates.chunk(3, 1)
+    h_r, h_z, h_n = recurrent.chunk(3, 1)
+    reset, update = (i_r + h_r).sigmoid(), (i_z + h_z).sigmoid()
+    new = (i_n + reset * h_n).tanh()  # the reset gate after the product, as cuDNN's
+    return [new + update * (states[0] - new)]
+
+
+_CELLS = {"lstm": _lstm_cell, "gru": _gru_cell,
+          "rnn_tanh": lambda gates, states, recurrent, w_hr: [(gates + recurrent).tanh()],
+          "rnn_relu": lambda gates, states, recurrent, w_hr: [(gates + recurrent).relu()]}
 
 
 def refuse_dropout(call):
@@ -355,35 +472,3 @@ def refuse_dropout(call):
         "under pycudnnrnn.torch.second_order_dropout(): one call per layer, PyTorch's "
         "masks between, which autograd keeps. Or run it with dropout=0 (model.eval()), or "
         "on PyTorch's own kernels (on CUDA: under torch.backends.cudnn.flags(enabled=False))")
-
-
-@contextlib.contextmanager
-def _without_cudnn(tensor):
-    """cuDNN off for PyTorch's kernels on a CUDA `tensor` (its RNNs have no second order).
-
-    The switch is PyTorch's one process-wide flag, and backward may run on several
-    threads at once (one per device): the first to enter turns it off, the last to leave
-    sets it back as it found it (``torch.backends.cudnn.flags`` nested across threads
-    would leave it off).
-    """
-    if not tensor.is_cuda:
-        yield
-        return
-    global _cudnn_off_depth, _cudnn_was
-    with _cudnn_off_lock:
-        if _cudnn_off_depth == 0:
-            _cudnn_was = torch.backends.cudnn.enabled
-            torch.backends.cudnn.enabled = False
-        _cudnn_off_depth += 1
-    try:
-        yield
-    finally:
-        with _cudnn_off_lock:
-            _cudnn_off_depth -= 1
-            if _cudnn_off_depth == 0:
-                torch.backends.cudnn.enabled = _cudnn_was
-
-
-_cudnn_off_lock = threading.Lock()
-_cudnn_off_depth = 0  # how many threads are inside _without_cudnn
-_cudnn_was = True  # cuDNN's flag before the first of them entered

@@ -1,0 +1,152 @@
+"""``FakeCupy``: the slice of CuPy the backend and the API use, over the stand-in."""
+
+import ctypes
+import types
+
+import numpy as np
+
+from pycudnnrnn.core import dtypes
+
+from . import dlpack
+from .arrays import FakeDeviceArray, _empty, _new, _plain
+from .devices import DEVICES, Device, current_device
+from .dlpack import FakeFrameworkArray
+from .memory import _DEVICE_POOL, FakeMemoryPool, _UsingAllocator
+from .state import CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL, COUNTS, _count
+from .streams import (MEMCPY_DEVICE_TO_DEVICE, _EVENTS, FakeEvent, FakeStream, _drain,
+                      _exchange_capture_mode, _submit, _memcpy_async, _memset_async, _now, _wait,
+                      current_stream, device_synchronize)
+
+
+class _NoContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _memory_pointer(memory, offset):
+    assert offset == 0, "the stand-in's MemoryPointer takes offset 0 only"
+    return memory
+
+class FakeCupy(types.ModuleType):
+    """The CuPy functions and attributes the backend and the API use.
+
+    ``__version__`` says which CuPy it plays: 14 (the default) holds bfloat16; set it to
+    "13.6.0" and, as CuPy 13 does, its DLPack import, allocations and kernels refuse
+    bfloat16 (so the library must carry bfloat16 as its bits).
+    """
+
+    ndarray = FakeDeviceArray
+    __version__ = "14.2.0"
+
+    def _refuse_bfloat16(self, *dtypes_or_arrays):
+        if int(self.__version__.split(".")[0]) >= 14:
+            return
+        for d in dtypes_or_arrays:
+            d = getattr(d, "dtype", d)
+            if d is not None and dtypes.is_bfloat16(d):
+                raise TypeError(f"CuPy {self.__version__}: unsupported dtype bfloat16")
+    uint8, int32, float16, float32, float64 = np.uint8, np.int32, np.float16, np.float32, np.float64
+
+    def __init__(self):
+        super().__init__("fake_cupy")
+
+        def external_stream(ptr, device_id=-1):  # -1: unknown, taken as the current one
+            return FakeStream(ptr=ptr, device_id=None if device_id == -1 else device_id)
+
+        def stream_wait_event(stream, event, flags=0):
+            _wait(stream, _EVENTS[event], flags)
+
+        self.cuda = types.SimpleNamespace(
+            runtime=types.SimpleNamespace(getDeviceCount=lambda: DEVICES[0],
+                                          getDevice=current_device,
+                                          deviceSynchronize=device_synchronize,
+                                          memcpyAsync=_memcpy_async,
+                                          memsetAsync=_memset_async,
+                                          memcpyDeviceToDevice=MEMCPY_DEVICE_TO_DEVICE,
+                                          streamWaitEvent=stream_wait_event,
+                                          threadExchangeStreamCaptureMode=_exchange_capture_mode,
+                                          streamCaptureModeGlobal=CAPTURE_GLOBAL,
+                                          streamCaptureModeThreadLocal=CAPTURE_THREAD_LOCAL,
+                                          streamCaptureModeRelaxed=CAPTURE_RELAXED),
+            Device=Device, get_current_stream=current_stream, Stream=FakeStream,
+            ExternalStream=external_stream, Event=FakeEvent, MemoryPool=FakeMemoryPool,
+            using_allocator=_UsingAllocator,
+            # views of memory others own (XLA's buffers), as the CUDA handlers make them
+            UnownedMemory=lambda ptr, size, owner, device_id=0:
+                (ctypes.c_char * size).from_address(ptr),
+            MemoryPointer=_memory_pointer)
+
+    @staticmethod
+    def get_default_memory_pool():
+        return _DEVICE_POOL[0]
+
+    def empty(self, shape, dtype=np.float32):
+        # Poison, as garbage on a GPU: NaN for floats, so a read of unwritten memory shows.
+        self._refuse_bfloat16(dtype)
+        out = _empty(shape, dtype)
+        COUNTS["device_alloc"] += 1
+        COUNTS["device_alloc_bytes"] += out.nbytes
+        return out
+
+    def zeros(self, shape, dtype=np.float32):
+        out = self.empty(shape, dtype)
+        plain = _plain(out)
+        _now(lambda: plain.fill(0))
+        return out
+
+    def empty_like(self, a):
+        return self.empty(a.shape, a.dtype)
+
+    def asarray(self, a, dtype=None):
+        self._refuse_bfloat16(dtype, a)
+        if isinstance(a, FakeDeviceArray):
+            return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+        _count("host_to_device")
+        host = np.array(a, dtype=dtype)  # read before the call returns, copied later
+        out = _empty(host.shape, host.dtype)
+        target = out.view(np.ndarray)
+        _submit(current_stream().ptr, lambda: np.copyto(target, host))  # queued
+        return out
+
+    def ascontiguousarray(self, a):
+        self._refuse_bfloat16(a)
+        if a.flags.c_contiguous:
+            return a
+        COUNTS["device_copy"] += 1
+        plain = _plain(a)
+        return _new(lambda: np.ascontiguousarray(plain))
+
+    def where(self, *args):
+        self._refuse_bfloat16(*args)
+        for a in args:  # CuPy's bfloat16 support is minimal: its kernels take no such scalar
+            if isinstance(a, np.generic) and dtypes.is_bfloat16(a.dtype):
+                raise TypeError(f"Unsupported type {type(a)}")
+        COUNTS["device_alloc"] += 1
+        plain = [_plain(a) for a in args]
+        return _new(lambda: np.where(*plain))
+
+    def copyto(self, dst, src, casting="same_kind", where=True):
+        self._refuse_bfloat16(dst, src)
+        target, source, mask = _plain(dst), _plain(src), _plain(where)
+        _now(lambda: np.copyto(target, source, casting=casting, where=mask))
+
+    def arange(self, *args, **kwargs):
+        return _new(lambda: np.arange(*args, **kwargs))
+
+    def asnumpy(self, a):
+        _count("device_to_host")
+        _count("sync")
+        _drain(current_stream().ptr)
+        return np.asarray(a).view(np.ndarray).copy()
+
+    def concatenate(self, arrays):
+        plain = [_plain(a) for a in arrays]
+        return _new(lambda: np.concatenate(plain))
+
+    def from_dlpack(self, a):
+        if isinstance(a, FakeFrameworkArray):
+            self._refuse_bfloat16(a.array)
+        return dlpack.import_array(a)

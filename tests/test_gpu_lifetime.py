@@ -875,7 +875,7 @@ def test_a_plan_first_built_during_a_capture_is_built_outside_it(fake_gpu, mode)
     with other:
         eager = pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)[0]
         _close(fake_cuda.to_host(eager), _expected(case, new_x)[0], "eager on another stream")
-    assert fake_cuda._thread_capture_mode() == fake_cuda.CAPTURE_GLOBAL  # put back
+    assert fake_cuda.streams._thread_capture_mode() == fake_cuda.CAPTURE_GLOBAL  # put back
 
 
 @pytest.mark.parametrize("mode", CAPTURE_MODES)

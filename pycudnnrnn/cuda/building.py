@@ -23,12 +23,12 @@ no warm-up, an eviction or ``clear_caches()`` since) runs outside the capture
 
 The build's work is then real, queued on the private stream, and its events are
 ordinary ones. The capturing stream waits for them as external events
-(``lifetime.wait``), a wait every replay honours. The private stream is the plan's home
-(see ``lifetime.Lifetime``): the plan's blocks return to that stream's arena of CuPy's
-pool when the plan dies, after it has waited for the plan's last eager run on every
-other stream; runs captured by a graph pin the plan for good. Every eager run of such a
-plan is on a stream other than home, so each records one event, as a run on a side
-stream does.
+(``lifetime.wait``), a wait every replay honours. The private stream is the home of
+the plan and of the states (``lifetime.Lifetime``): their blocks were allocated in that
+stream's arena of CuPy's pool, and go back there. So every eager run of such a plan is
+on a stream other than home, and records one event, as a run on a side stream does;
+when the plan dies, its blocks are let go only once the GPU is past those runs
+(``lifetime``'s rule). Runs captured by a graph we do not own pin the plan for good.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import contextlib
 import threading
 
 from ..core import driver
+from . import foreign
 
 #: What to do instead, said by every error of a build during a capture.
 WARM_UP = ("call it once with the same configuration, lengths and seed before the "
@@ -67,7 +68,7 @@ def outside_capture(cupy, device: int):
     if not stream.is_capturing():
         yield stream
         return
-    previous = _exchange_capture_mode(cupy, driver.CAPTURE_MODE_RELAXED)
+    previous = foreign.exchange_capture_mode(cupy, driver.CAPTURE_MODE_RELAXED)
     if previous is None:
         raise RuntimeError(
             "pycudnnrnn: a new plan (or a new seed's dropout states) would be built while "
@@ -82,7 +83,7 @@ def outside_capture(cupy, device: int):
                        f"states) outside a CUDA-graph capture in progress; {WARM_UP}")
         raise
     finally:
-        _exchange_capture_mode(cupy, previous)
+        foreign.exchange_capture_mode(cupy, previous)
 
 
 def _private_stream(cupy, device: int):
@@ -96,12 +97,3 @@ def _private_stream(cupy, device: int):
                     stream = _streams[device] = cupy.cuda.Stream(non_blocking=True)
     return stream
 
-
-def _exchange_capture_mode(cupy, mode: int):
-    """This thread's capture interaction mode set to `mode`; the previous one, or None
-    when it cannot be set. CuPy's runtime binding when it has one, else the driver's
-    ``cuThreadExchangeStreamCaptureMode`` (the runtime's forwards to it)."""
-    exchange = getattr(cupy.cuda.runtime, "threadExchangeStreamCaptureMode", None)
-    if exchange is not None:
-        return exchange(mode)
-    return driver.exchange_stream_capture_mode(mode)

@@ -1135,3 +1135,64 @@ def test_gpu_finding_7_a_plan_on_cuda1_dropped_with_cuda0_current(cuda_only):
         got = cupy.asnumpy(y)
     np.testing.assert_allclose(got, case.forward()[0], rtol=1e-4, atol=1e-5)
     assert junk
+
+
+# ----------------------------------------------------------------- review 3, finding 3: a plan first built in a capture
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+@pytest.mark.parametrize("mode", ["relaxed", "global"])
+def test_gpu_a_plan_first_built_during_a_capture(cuda_only, mode, dropout):
+    """Review 3, finding 3, on a GPU: a configuration no call has used (with dropout, a
+    seed no plan holds) first called inside ``s.begin_capture(mode)``. Whether the call
+    or ``end_capture`` raised goes to the report. Then an eager run on `s` before any
+    replay, the replay, and an eager run on another stream equal what a plan built
+    outside any capture computes: the CPU's; with dropout, a fresh seed's first three
+    eager forwards (the replay draws the first masks, the eager runs after it the next)."""
+    import cupy
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", T=7, B=5,
+                     input_size=4, num_units=6, dropout=dropout)
+    # A seed of this test's own: a captured plan is pinned, its states with it.
+    attrs = dict(case.attrs, seed=4703 + ["relaxed", "global"].index(mode))
+    args = _put_all(cuda_only, case)
+
+    def forward():
+        return pycudnnrnn.forward(*args, case.sequence_lengths, **attrs)[0]
+
+    if dropout:
+        want = [cuda_only.get(forward()) for _ in range(3)]  # a fresh seed's draws
+        plans.clear_caches()
+        gc.collect()
+        from pycudnnrnn.cuda import resources
+        assert not [s for s in resources.LIVE_DROPOUT_STATES if s.seed == attrs["seed"]]
+    else:
+        want = [case.forward()[0]] * 3
+    cupy.cuda.Device().synchronize()  # the inputs are there before `s` reads them
+    capture_mode = {"relaxed": cupy.cuda.runtime.streamCaptureModeRelaxed,
+                    "global": cupy.cuda.runtime.streamCaptureModeGlobal}[mode]
+    s, other = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    said, graph = [], None
+    with s:
+        s.begin_capture(mode=capture_mode)
+        try:
+            y = forward()
+        except Exception as error:
+            said.append(f"the call raised {error!r}")
+        try:
+            graph = s.end_capture()
+        except Exception as error:
+            said.append(f"end_capture raised {error!r}")
+        print(f"a new plan (dropout {dropout}) first built in a {mode} capture: "
+              + ("; ".join(said) or "nothing raised"))
+        assert not said
+        if not dropout:  # an eager run would draw the masks the replay is to draw
+            np.testing.assert_allclose(cuda_only.get(forward()), want[0], rtol=1e-9,
+                                       atol=1e-10, err_msg="eager on s before a replay")
+        graph.launch(s)
+        np.testing.assert_allclose(cuda_only.get(y), want[0], rtol=1e-9, atol=1e-10,
+                                   err_msg="the replay")
+        np.testing.assert_allclose(cuda_only.get(forward()), want[1], rtol=1e-9, atol=1e-10,
+                                   err_msg="eager on s after the replay")
+    with other:
+        np.testing.assert_allclose(cuda_only.get(forward()), want[2], rtol=1e-9, atol=1e-10,
+                                   err_msg="eager on another stream")

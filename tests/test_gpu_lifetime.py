@@ -843,3 +843,117 @@ def test_a_dropped_captured_graph_does_not_free_its_plans_under_a_queued_replay(
     _close(got, _expected(case, new_x)[0])
     assert _changed(junk, 0x7F) == 0
     _released()
+
+
+# ----------------------------------------------------------------- review 3, finding 3: built in a capture
+
+CAPTURE_MODES = [fake_cuda.CAPTURE_RELAXED, fake_cuda.CAPTURE_GLOBAL]
+
+
+@pytest.mark.parametrize("mode", CAPTURE_MODES)
+def test_a_plan_first_built_during_a_capture_is_built_outside_it(fake_gpu, mode):
+    """A configuration no call has used, first called inside ``s.begin_capture(mode)``
+    (no warm-up). Its uploads were captured, not run, and CuPy's ``asarray`` queried an
+    event recorded in the capture (refused; in global mode the capture was lost). Now
+    the plan is built on a private stream: the capture ends, an eager run on `s` before
+    any replay, the replay and an eager run on another stream all equal the CPU."""
+    cp = _cp()
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=5)
+    x, h, c, w = _on_device(case)
+    lengths = case.sequence_lengths
+    s, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture(mode=mode)
+        y = pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)[0]
+        graph = s.end_capture()
+        eager = pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)[0]
+        _close(fake_cuda.to_host(eager), case.forward()[0], "eager on s, before a replay")
+        new_x = np.random.default_rng(47).standard_normal(case.input.shape)
+        x[...] = fake_cuda._device(new_x)
+        graph.launch(s)
+        _close(fake_cuda.to_host(y), _expected(case, new_x)[0], "the replay")
+    with other:
+        eager = pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)[0]
+        _close(fake_cuda.to_host(eager), _expected(case, new_x)[0], "eager on another stream")
+    assert fake_cuda.streams._thread_capture_mode() == fake_cuda.CAPTURE_GLOBAL  # put back
+
+
+@pytest.mark.parametrize("mode", CAPTURE_MODES)
+def test_a_seeds_dropout_states_first_made_during_a_capture_are_made_outside_it(fake_gpu,
+                                                                                  mode):
+    """A training forward with dropout whose seed no live plan holds, first called
+    inside a capture: the states' initialising kernel and the copy of them were captured
+    (the replay would draw from uninitialised states) and their event recorded in the
+    capture. Now they are made on a private stream: the first replay draws the seed's
+    first masks, as a first eager forward does, and eager forwards after it, on `s` and
+    on another stream, draw the second and third."""
+    from pycudnnrnn.cuda import resources
+    cp = _cp()
+    seed = 4703 + mode  # a seed of this test's own: a captured plan is pinned, its states too
+    case = make_case("gru", num_layers=2, lengths="ragged", num_units=5, dropout=0.5)
+    attrs = dict(case.attrs, seed=seed)
+    x, h, _, w = _on_device(case)
+    lengths = case.sequence_lengths
+
+    def forward():
+        return pycudnnrnn.forward(x, h, None, w, lengths, **attrs)[0]
+
+    want = [fake_cuda.to_host(forward()) for _ in range(3)]  # a fresh seed's draws
+    assert not np.array_equal(want[0], want[1])
+    plans.clear_caches()
+    gc.collect()
+    assert not [s for s in resources.LIVE_DROPOUT_STATES if s.seed == seed]
+    s, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture(mode=mode)
+        y = forward()
+        graph = s.end_capture()
+        graph.launch(s)
+        _close(fake_cuda.to_host(y), want[0], "the first replay")
+        _close(fake_cuda.to_host(forward()), want[1], "eager on s")
+    with other:
+        _close(fake_cuda.to_host(forward()), want[2], "eager on another stream")
+
+
+def test_a_plan_built_during_a_capture_frees_its_blocks_behind_its_runs(fake_gpu):
+    """Built during a capture, the plan's blocks come from the private build stream's
+    arena of the pool, and go back there: that stream is its home, so when the plan
+    dies it waits for the plan's run still queued on `s` before the blocks are handed
+    out again (the junk below would otherwise land in its lengths and masks)."""
+    from pycudnnrnn.cuda import building
+    cp = _cp()
+    case = make_case("lstm", num_layers=2, lengths="ragged", num_units=6)
+    args = _on_device(case)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=6, input_size=3, max_time=4,
+                                  batch_size=3, sequence_lengths=case.sequence_lengths,
+                                  dtype="float64", device="cuda")
+        s.end_capture()
+        y = plan.forward(*args)[0]  # queued on s
+    del plan
+    gc.collect()
+    with building._streams[0]:
+        junk = _reuse_freed_memory(cp)
+    with s:
+        _close(fake_cuda.to_host(y), case.forward()[0])
+    assert junk
+
+
+def test_a_plan_that_cannot_be_built_outside_a_capture_says_to_warm_up(fake_gpu,
+                                                                        monkeypatch):
+    """Without a way to relax this thread's capture mode (no CUDA driver library), a
+    first call inside a capture is refused, with a message that names the warm-up."""
+    from pycudnnrnn.core import driver
+    cp = _cp()
+    monkeypatch.delattr(cp.cuda.runtime, "threadExchangeStreamCaptureMode")
+    monkeypatch.setattr(driver, "_load", lambda: None)
+    case = make_case("gru", lengths="ragged", num_units=5)
+    x, h, _, w = _on_device(case)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture(mode=fake_cuda.CAPTURE_GLOBAL)
+        with pytest.raises(RuntimeError, match="before the capture .a warm-up"):
+            pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+        s.end_capture()

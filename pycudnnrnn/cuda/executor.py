@@ -31,7 +31,7 @@ from ..core import dtypes, gpu, layout, reserve_header
 from ..core.arrays import BackpropAddresses, ForwardAddresses
 from ..core.config import Problem
 from ..cudnn import rnn
-from . import lifetime, resources, weight_space
+from . import building, lifetime, resources, weight_space
 from .reserve import HEADER, ReserveSpace, copy_offset
 from .staging import Staging, into
 
@@ -65,8 +65,10 @@ class Executor:
         self.lstm, self.training = c.is_lstm, problem.is_training
         self.width = c.num_dirs * c.state_size  # of y
         # The plan's buffers outlive the call that builds it: CuPy's own pool, never the
-        # caller's allocator (a framework's, or a CUDA graph's private pool).
-        with cp.cuda.Device(device), cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
+        # caller's allocator (a framework's, or a CUDA graph's private pool); and never
+        # inside a capture: on a private stream then, which becomes the plan's home.
+        with cp.cuda.Device(device), building.outside_capture(cp, device), \
+                cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
             self.staging = staging = Staging(cp, problem, self.storage)
             # The caller's buffers are cuDNN's, as they are: time-major, every row running
             # its full length (nothing to pad, gather or transpose). See ``forward_at``.
@@ -84,9 +86,10 @@ class Executor:
             self.reserves = ReserveSpace(cp, problem, self.tf32, self.reserve_bytes,
                                          self.work_bytes)
             self.head = self.reserves.head
-            # The uploads above are queued on this stream: no host sync here. Who uses
-            # the plan's memory after (streams, graphs) is the lifetime's to know; it
-            # keeps all the plan holds (a snapshot: nothing is added after) until then.
+            # The uploads above are queued on this stream (the caller's, or the private
+            # one of a build during a capture): no host sync here. Who uses the plan's
+            # memory after (streams, graphs) is the lifetime's to know; it keeps all the
+            # plan holds (a snapshot: nothing is added after) until then.
             states = getattr(self.rnn.dropout, "states", None)
             self.lifetime = lifetime.Lifetime(
                 cp, self, cp.cuda.get_current_stream(), device, keep=tuple(vars(self).values()),

@@ -34,7 +34,7 @@ from ..cudnn import rnn
 from ..cudnn.descriptors import (DropoutDescriptor, Handle, RNNDataDescriptor, RNNDescriptor,
                                 TensorDescriptor)
 from ..core.lru import LRU
-from . import lifetime
+from . import building, lifetime
 
 #: Seeds whose dropout states the caches keep per device (each ~6 MiB on current GPUs).
 DROPOUT_SEEDS_KEPT = 4
@@ -192,13 +192,17 @@ def dropout_descriptor(cupy, handle, device: int, dropout: float, seed: int):
                 alive = _live_states(device, seed)
                 if alive is not None:
                     return alive
-                size = rnn.dropout_states_size(handle)
-                states = DropoutStates(cupy.empty(size, dtype=cupy.uint8), seed, device)
-                desc.set(handle, dropout, states.buffer.data.ptr, size, seed)  # slow, once
-                states.initial = states.buffer.copy()  # after the kernel, same stream
-                stream = cupy.cuda.get_current_stream()
-                states._last = (lifetime.stream_key(stream, device),  # the kernel, the copy
-                                lifetime.use_event(cupy, stream))
+                # Never inside a capture: the kernel and the copy must run now, and the
+                # event after them be one every stream can wait on (see ``building``).
+                with building.outside_capture(cupy, device) as stream:
+                    handle.set_stream(stream.ptr)  # the kernel runs on the handle's stream
+                    size = rnn.dropout_states_size(handle)
+                    states = DropoutStates(cupy.empty(size, dtype=cupy.uint8), seed, device)
+                    desc.set(handle, dropout, states.buffer.data.ptr, size, seed)  # slow, once
+                    states.initial = states.buffer.copy()  # after the kernel, same stream
+                    states._last = (lifetime.stream_key(stream, device),  # the kernel, the copy
+                                    lifetime.use_event(cupy, stream))
+                handle.set_stream(cupy.cuda.get_current_stream().ptr)  # the caller's again
                 fresh.append(states)
                 return states
 

@@ -53,7 +53,8 @@ It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
   while a thread captures in global or thread-local mode, or any thread in global mode,
   that thread's event queries, event and stream syncs are refused and invalidate those
   captures; an event recorded in a capture cannot be queried, synced or waited on from
-  outside it; a capturing stream may wait on an event recorded outside the capture only
+  outside it (a query of one also invalidates its capture, unless that is relaxed); a
+  capturing stream may wait on an event recorded outside the capture only
   with ``cudaEventWaitExternal`` (``runtime.streamWaitEvent(s, e, 1)``), which each
   replay then honours.
 * a thread's capture interaction mode (``runtime.threadExchangeStreamCaptureMode``, as
@@ -82,7 +83,11 @@ What it adds besides, to catch GPU bugs a CPU test would miss:
   arrays, device data read back, scalars read from device arrays, synchronize), of
   device allocations and copies, and of blocks taken from a pool (``pool_alloc``: none
   where ``using_allocator`` put another allocator in place); while a stream captures a
-  graph, transfers and syncs raise, as CUDA refuses them.
+  graph, device→host transfers and syncs raise, as CUDA refuses them.
+* host→device copies are queued, as CuPy queues them through pinned memory (on a
+  capturing stream: a graph node, run at each replay and not now), and the event
+  recorded after each is queried at once, with those of earlier copies, as CuPy's
+  pinned-memory watcher does: so an upload on a capturing stream is refused.
 
 ``install(monkeypatch)`` is the one way in: it replaces ``pycudnnrnn.core.gpu.cupy`` and
 ``pycudnnrnn.cudnn.capi.api``, the only two places the library finds CuPy and cuDNN.
@@ -96,7 +101,7 @@ import numpy as np
 
 from pycudnnrnn import plan
 from pycudnnrnn.core import gpu
-from pycudnnrnn.cuda import resources
+from pycudnnrnn.cuda import building, resources
 from pycudnnrnn.cudnn import capi
 
 from .arrays import FakeDeviceArray, _device, _KEPT, _root  # noqa: F401
@@ -111,7 +116,7 @@ from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL
                     CAPTURING, COUNTS, EVENT_WAIT_EXTERNAL, POISON, STRICT, _local,
                     reset_counts)
 from .streams import (NULL_STREAM, _CAPTURES, FakeEvent, FakeGraph, FakeStream,  # noqa: F401
-                      _drain, _queue, _submit, _wait, current_stream, null_stream,
+                      _WATCHED, _drain, _queue, _submit, _wait, current_stream, null_stream,
                       synchronize_all)
 
 
@@ -122,9 +127,11 @@ def install(monkeypatch):
     monkeypatch.setattr(capi, "api", lambda: fake_api)
     # cuDNN handles live as long as the process: the stand-in's, as long as it is in place
     monkeypatch.setattr(resources, "_handles", {}, raising=False)
+    monkeypatch.setattr(building, "_streams", {})  # private build streams: this stand-in's
     plan.clear_caches()  # nothing built on another GPU (or this one, earlier) is reused
     synchronize_all()  # what an earlier stand-in queued runs before its memory is reused
     _KEPT.clear()
+    _WATCHED.clear()
     reset_counts()
     CALLS.clear()
     CAPTURING.clear()

@@ -13,7 +13,7 @@ import numpy as np
 from .devices import current_device
 from .memory import FakeMemoryPool, _PoolRoot, _allocator
 from .state import COUNTS, _count
-from .streams import _CAPTURES, _drain, _now, _submit, current_stream
+from .streams import _CAPTURES, _drain, _now, _submit, _upload, current_stream
 
 def _empty(shape, dtype):
     """A FakeDeviceArray over a pool block (poison: NaN for floats, as garbage would be)."""
@@ -104,9 +104,8 @@ class FakeDeviceArray(np.ndarray):
         plain = _plain(self)
         if isinstance(value, np.ndarray) and not isinstance(value, FakeDeviceArray) \
                 and value.size > 1:
-            _count("host_to_device")
             value = np.array(value)  # pageable host memory is read before the call returns
-            _submit(current_stream().ptr, lambda: plain.__setitem__(key, value))  # queued
+            _upload(lambda: plain.__setitem__(key, value))
             return
         value = _plain(value)
         _now(lambda: plain.__setitem__(key, value))

@@ -15,7 +15,7 @@ from .memory import _DEVICE_POOL, FakeMemoryPool, _allocator, _UsingAllocator
 from .state import CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL, COUNTS, _count
 from .streams import (MEMCPY_DEVICE_TO_DEVICE, _EVENTS, FakeEvent, FakeStream, _drain,
                       _exchange_capture_mode, _submit, _memcpy_async, _memset_async, _now,
-                      current_stream, device_synchronize)
+                      _upload, current_stream, device_synchronize)
 
 
 class _NoContext:
@@ -104,11 +104,10 @@ class FakeCupy(types.ModuleType):
         self._refuse_bfloat16(dtype, a)
         if isinstance(a, FakeDeviceArray):
             return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
-        _count("host_to_device")
         host = np.array(a, dtype=dtype)  # read before the call returns, copied later
         out = _empty(host.shape, host.dtype)
         target = out.view(np.ndarray)
-        _submit(current_stream().ptr, lambda: np.copyto(target, host))  # queued
+        _upload(lambda: np.copyto(target, host))
         return out
 
     def ascontiguousarray(self, a):

@@ -1,7 +1,8 @@
 """Time: streams and their queues, events, capture modes, stream capture and graphs.
 
 cuDNN's compute calls and host→device copies are queued on their stream and run when
-that stream, an event recorded on it or the device is synchronized. Every other device
+that stream, an event recorded on it or the device is synchronized; an upload's event is
+queried at once, as CuPy's pinned-memory watcher does (``_upload``). Every other device
 operation runs at once on the current stream, after that stream's queued work (``_now``).
 Nothing orders two streams but events and syncs. Capture follows CUDA's rules for each
 mode (see the package's docstring); a graph replays what its stream captured, by address.
@@ -15,8 +16,8 @@ import weakref
 from pycudnnrnn.cuda import foreign
 
 from .devices import current_device
-from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURING, EVENT_WAIT_EXTERNAL,
-                    STRICT, _count, _local, _lock, _progress)
+from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURING, COUNTS,
+                    EVENT_WAIT_EXTERNAL, STRICT, _count, _local, _lock, _progress)
 
 
 class _Queue:
@@ -118,6 +119,7 @@ class FakeEvent:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self._at = None  # (stream pointer, operations submitted before it)
         self.captured = False  # last recorded in a capture
+        self._graph = None  # the graph of that capture
         self.ptr = FakeEvent._next[0]
         FakeEvent._next[0] += 0x10
         _EVENTS[self.ptr] = self
@@ -126,7 +128,7 @@ class FakeEvent:
         stream = stream if stream is not None else current_stream()
         with _lock:
             graph = _CAPTURES.get(stream.ptr)
-            self.captured = graph is not None
+            self.captured, self._graph = graph is not None, graph
             if graph is not None:  # replayed: the event marks the replay's point
                 graph.ops.append(lambda: None)
                 self._at = (stream.ptr, None)
@@ -140,7 +142,11 @@ class FakeEvent:
 
     @property
     def done(self):
-        """cudaEventQuery: refused on a captured event, and as an unsafe call."""
+        """cudaEventQuery: refused on a captured event (which invalidates its capture
+        unless that captures in relaxed mode), and as an unsafe call."""
+        graph = self._graph
+        if self.captured and graph is not None and graph.mode != CAPTURE_RELAXED:
+            graph.invalid = graph.invalid or "cudaEventQuery on an event of the capture"
         self._refuse_captured("cudaEventQuery")
         _refuse_unsafe("cudaEventQuery")
         if self._at is None:
@@ -159,6 +165,26 @@ class FakeEvent:
         _count("sync")
         if self._at is not None:
             _drain(*self._at)
+
+
+_WATCHED = collections.deque()  # events after uploads, as CuPy's pinned-memory watcher's
+
+
+def _upload(copy):
+    """A host→device copy on the current stream, as CuPy makes one: `copy` is queued
+    (on a capturing stream: a graph node, run at each replay and not now), then an
+    event is recorded after it and watched as CuPy's pinned-memory watcher does
+    (``_EventWatcher.add``): the events watched are queried in order while done, then
+    the new one at once. So an upload on a capturing stream queries an event recorded
+    in the capture: refused, and in global or thread-local mode the capture is lost."""
+    COUNTS["host_to_device"] += 1
+    stream = current_stream()
+    _submit(stream.ptr, copy)
+    event = stream.record()
+    while _WATCHED and _WATCHED[0].done:
+        _WATCHED.popleft()
+    if not event.done:
+        _WATCHED.append(event)
 
 
 def _refuse_unsafe(what):

@@ -879,6 +879,30 @@ def test_cuda_checked_training_forward_uses_xlas_forward_sized_workspace(
                for _, size in frame.allocations), frame.allocations
 
 
+def test_cuda_handlers_under_cupy_14_raise_no_deprecation_warning(stand_in_gpu, monkeypatch):
+    """CuPy 14 deprecates ``ExternalStream`` and warns at each construction (review
+    2026-12-07, finding 10): XLA calls warn nothing, and CuPy's view of XLA's stream is
+    made once for all of them."""
+    import warnings
+    from conftest import as_cupy_14
+    from pycudnnrnn.core import gpu
+    from pycudnnrnn.jax import targets as ffi_targets
+    made = as_cupy_14(monkeypatch, gpu.cupy())
+    case = _case("gru-bi-ragged", lengths="ragged")
+    op = _op(case)
+    sizes = ffi_targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
+                                                case.params), cuda=True, forward=True)
+    forward = xla_ffi.make_handler(ffi_targets.cuda_forward)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        for _ in range(3):
+            frame, expected, results = _forward_frame(case, op, sizes)
+            assert frame.call(forward) is None, frame.errors
+    assert made == [(frame.stream, 0)]
+    for ours, want in zip(results[:-2], [e for e in expected[:3] if e.size]):
+        assert_ulp_close(ours, want)
+
+
 @pytest.mark.parametrize("name", ["lstm-projection-bi", "gru-bi-ragged", "rnn_tanh-2layer"])
 def test_cuda_handlers_on_a_plan_that_runs_in_place_take_xlas_addresses(
         stand_in_gpu, monkeypatch, name):

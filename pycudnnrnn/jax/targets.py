@@ -358,7 +358,7 @@ class _Device:
         self.cupy = cp = gpu.cupy()
         self.device = xla_ffi.device_ordinal(call_frame)
         self._device = cp.cuda.Device(self.device)
-        self._stream = cp.cuda.ExternalStream(xla_ffi.stream(call_frame), self.device)
+        self._stream = gpu.external_stream(cp, xla_ffi.stream(call_frame), self.device)
         self._scratch = xla_ffi.Scratch(call_frame)
 
     def __enter__(self):

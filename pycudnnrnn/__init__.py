@@ -13,9 +13,9 @@ import importlib
 
 from .api import backprop, canonical_to_params, forward, params_size, params_to_canonical
 from .plan import RNNPlan
-from .errors import (CudnnBadParamError, CudnnError, CudnnExecutionFailedError,
-                     CudnnInternalError, CudnnNotInitializedError, CudnnNotSupportedError,
-                     CudnnUnavailableError, InsufficientMemoryError)
+from .errors import (CudnnAllocationError, CudnnBadParamError, CudnnError,
+                     CudnnExecutionFailedError, CudnnInternalError, CudnnNotInitializedError,
+                     CudnnNotSupportedError, CudnnUnavailableError, InsufficientMemoryError)
 from .results import BackpropResult, ForwardResult
 
 
@@ -45,5 +45,6 @@ __version__ = "0.1.0"
 __all__ = ["params_size", "canonical_to_params", "params_to_canonical", "forward", "backprop",
            "ForwardResult", "BackpropResult", "RNNPlan",
            "set_allow_tf32", "CudnnError", "CudnnBadParamError", "CudnnNotSupportedError",
-           "CudnnNotInitializedError", "CudnnInternalError", "CudnnExecutionFailedError",
+           "CudnnNotInitializedError", "CudnnInternalError", "CudnnAllocationError",
+           "CudnnExecutionFailedError",
            "CudnnUnavailableError", "InsufficientMemoryError", "__version__"]

@@ -211,7 +211,9 @@ def params_to_canonical(params, *, rnn_mode="lstm", num_layers, num_units, input
     route = _Route({"params": params})
     checks.check_params(route.arrays["params"], config)
     weights, biases = layout.split(route.arrays["params"], config)
-    return list(route.outputs(weights)), list(route.outputs(biases))
+    with route.on_stream():  # the arrays' device: the keep-alive event and the export's
+        views = route.outputs((*weights, *biases))
+    return list(views[:len(weights)]), list(views[len(weights):])
 
 
 def forward(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lstm",

@@ -4,7 +4,8 @@
 available, before it allocates. A failing cuDNN call raises a ``CudnnError`` subclass chosen by the status's family
 (cuDNN 9 numbers statuses by family: 1xxx not initialised, 2xxx bad parameter, 3xxx not
 supported, 4xxx internal, 5xxx execution failed), so callers can catch
-``CudnnNotSupportedError`` without parsing messages.
+``CudnnNotSupportedError`` without parsing messages. cuDNN's failed device allocation
+(4004) is also a ``MemoryError``: ``CudnnAllocationError``.
 """
 
 from __future__ import annotations
@@ -75,7 +76,13 @@ class CudnnNotSupportedError(CudnnError):
 
 
 class CudnnInternalError(CudnnError):
-    """4xxx: an error inside cuDNN (including failed allocations)."""
+    """4xxx: an error inside cuDNN."""
+
+
+class CudnnAllocationError(CudnnInternalError, MemoryError):
+    """4004, ``CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED``: cuDNN could not
+    allocate device memory. A ``MemoryError`` too, as CuPy's out-of-memory error is, so
+    one ``except MemoryError`` catches every failed allocation."""
 
 
 class CudnnExecutionFailedError(CudnnError):
@@ -84,8 +91,9 @@ class CudnnExecutionFailedError(CudnnError):
 
 _FAMILIES = {1: CudnnNotInitializedError, 2: CudnnBadParamError, 3: CudnnNotSupportedError,
              4: CudnnInternalError, 5: CudnnExecutionFailedError}
+_STATUSES = {4004: CudnnAllocationError}  # a class of their own, within their family's
 
 
 def error_class(status: int) -> type[CudnnError]:
     """The exception class for a cuDNN status (its family is ``status // 1000``)."""
-    return _FAMILIES.get(status // 1000, CudnnError)
+    return _STATUSES.get(status) or _FAMILIES.get(status // 1000, CudnnError)

@@ -201,6 +201,24 @@ def test_tensor_descriptor_reads_back():
         assert desc.read() == dict(dataType=capi.CUDNN_DATA_DOUBLE, dims=[4, 3, 6], strides=[18, 6, 1])
 
 
+@pytest.mark.parametrize("dims", [[2, 2 ** 16 + 1, 2 ** 16], [1, 2 ** 31 - 1, 2]])
+def test_tensor_descriptor_refuses_strides_past_int32(dims):
+    """A state [L·D, B, P] whose stride B·P passes 2**31 - 1: cuDNN takes strides as
+    32-bit ints, and a ctypes c_int array wraps them silently (2**32 + 2**16 becomes
+    2**16). cuDNN 9 then refuses the tensor as NOT_SUPPORTED, naming neither limit nor
+    remedy. Refused first, naming both, before any descriptor is made (review
+    2026-12-07, finding 12); no memory is needed for it."""
+    live = descriptors.LIVE["TensorDescriptor"]
+    with pytest.raises(ValueError, match=r"2147483647.*split the batch"):
+        descriptors.TensorDescriptor(np.float32, dims)
+    assert descriptors.LIVE["TensorDescriptor"] == live
+
+
+def test_tensor_descriptor_takes_the_largest_tensor_cudnn_takes():
+    with descriptors.TensorDescriptor(np.float32, [1, 2 ** 15, 2 ** 16 - 1]) as desc:
+        assert desc.read()["strides"] == [2 ** 31 - 2 ** 15, 2 ** 16 - 1, 1]
+
+
 @pytest.mark.parametrize("config,error,reason", [
     (dict(rnn_mode="gru", num_proj=3), errors.CudnnNotSupportedError, "CUDNN_STATUS_NOT_SUPPORTED"),
     (dict(rnn_mode="lstm", num_proj=7), errors.CudnnNotSupportedError, "CUDNN_STATUS_NOT_SUPPORTED"),
@@ -241,6 +259,21 @@ def test_error_classes_by_family():
     assert errors.error_class(9999) is errors.CudnnError
     for cls in (errors.CudnnBadParamError, errors.CudnnNotSupportedError):
         assert issubclass(cls, pycudnnrnn.CudnnError)
+
+
+def test_cudnns_failed_device_allocation_is_a_memory_error():
+    """Status 4004, CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED: cuDNN ran out of
+    device memory. A MemoryError, as CuPy's out-of-memory error is (what callers and the
+    CLI catch for a failed allocation), and still a CudnnInternalError (review
+    2026-12-07, finding 12: it was a CudnnInternalError only)."""
+    call = capi._checked(capi.api(), "cudnnRNNForward", lambda *args: 4004)
+    with pytest.raises(MemoryError) as info:
+        call()
+    assert isinstance(info.value, errors.CudnnInternalError)
+    assert type(info.value) is errors.error_class(4004) is pycudnnrnn.CudnnAllocationError
+    assert (info.value.status, info.value.function) == (4004, "cudnnRNNForward")
+    assert info.value.status_name == "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"
+    assert errors.error_class(4003) is errors.CudnnInternalError  # its family's, as before
 
 
 def test_handle_without_a_gpu_is_not_initialised():

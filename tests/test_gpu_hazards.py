@@ -1196,3 +1196,35 @@ def test_gpu_a_plan_first_built_during_a_capture(cuda_only, mode, dropout):
     with other:
         np.testing.assert_allclose(cuda_only.get(forward()), want[2], rtol=1e-9, atol=1e-10,
                                    err_msg="eager on another stream")
+
+
+# ----------------------------------------------------------------- review 2026-12-07, finding 4
+# JAX's checked forward path compared XLA's forward-sized workspace with backprop's size,
+# found it too small and took a second cuDNN workspace from XLA's allocator.
+
+@pytest.mark.gpu
+def test_gpu_jax_checked_training_forward_takes_no_second_workspace(monkeypatch):
+    """A jitted ragged batch-major training forward (the checked path) asks XLA's
+    allocator for no cuDNN workspace: it runs in the one XLA traced for it."""
+    jax, cuda, _ = _jax_devices()
+    from pycudnnrnn import jax as rnn_jax
+    from pycudnnrnn.jax import targets, xla_ffi
+    case = make_case("gru", "bidirectional", lengths="ragged", time_major=False, T=8, B=4,
+                     input_size=8, num_units=16, dtype=np.float32)
+    lengths = np.asarray(case.sequence_lengths, np.int32)
+    requests, used = [], []
+    allocate, for_call = xla_ffi.Scratch.allocate, plans.for_call
+    monkeypatch.setattr(xla_ffi.Scratch, "allocate", lambda self, size, alignment=1:
+                        requests.append(size) or allocate(self, size, alignment))
+    monkeypatch.setattr(plans, "for_call",
+                        lambda *a, **k: used.append(for_call(*a, **k)) or used[-1])
+    with jax.default_device(cuda):
+        args = [jax.device_put(a, cuda) for a in (case.input, case.input_h, case.params)]
+        run = jax.jit(lambda x, h, p: rnn_jax.rnn(x, h, None, p, lengths, **case.attrs,
+                                                  is_training=True)[0])
+        np.asarray(run(*args))
+    plan = used[-1]  # the handler's
+    workspace = plan.forward_workspace_nbytes
+    padding = targets._ALIGNMENT - xla_ffi.Scratch.MAX_ALIGNMENT
+    print(f"forward workspace {workspace} B; XLA scratch requests {requests}")
+    assert workspace + padding not in requests, requests

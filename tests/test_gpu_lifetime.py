@@ -355,6 +355,49 @@ def test_torch_tensors_on_another_gpu_than_the_current_one(torch_like):
         _close(fake_cuda.to_host(out[0]), case.forward()[0])
 
 
+def test_params_to_canonical_exports_on_the_arrays_device(fake_gpu, monkeypatch):
+    """Another library's params on cuda:1, cuda:0 current: ``params_to_canonical``'s
+    results are exported, and its arrays kept alive, on cuda:1's current stream, not
+    cuda:0's (review 2026-12-07, finding 12: it exported outside the arrays' device)."""
+    from pycudnnrnn.cuda import foreign
+    fake_cuda.DEVICES[0] = 2
+    cp = _cp()
+    case = make_case("gru", "bidirectional", num_units=5)
+    with cp.cuda.Device(1):
+        params = fake_cuda.FakeFrameworkArray(fake_cuda._device(case.params))
+    kept, keep = [], foreign.keep_until_done
+    monkeypatch.setattr(foreign, "keep_until_done", lambda cupy, arrays: kept.append(
+        (fake_cuda.current_device(), cupy.cuda.get_current_stream().device_id))
+        or keep(cupy, arrays))
+    weights, biases = pycudnnrnn.params_to_canonical(params, **case.layout_attrs)
+    assert kept and set(kept) == {(1, 1)}
+    want = pycudnnrnn.params_to_canonical(case.params, **case.layout_attrs)
+    for got, expected in zip(weights + biases, want[0] + want[1]):
+        np.testing.assert_array_equal(fake_cuda.to_host(got), expected)
+
+
+def test_torch_tensors_under_cupy_14_raise_no_deprecation_warning(torch_like, monkeypatch):
+    """CuPy 14 deprecates ``ExternalStream`` and warns at each construction (review
+    2026-12-07, finding 10): the functional API on PyTorch tensors warns nothing, and
+    makes CuPy's view of PyTorch's stream once, on the tensors' device (cuda:1 here,
+    cuda:0 current: ``Stream.from_external`` takes the current device's)."""
+    import warnings
+    from conftest import as_cupy_14
+    fake_cuda.DEVICES[0] = 2
+    case = make_case("gru", lengths="ragged", num_units=5)
+    cp = _cp()
+    made = as_cupy_14(monkeypatch, cp)
+    with cp.cuda.Device(1):
+        args = [None if a is None else _TorchLike(a) for a in _on_device(case)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        for _ in range(3):
+            out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
+    assert made == [(torch_like[1].ptr, 1)]
+    with cp.cuda.Device(1), fake_cuda.FakeStream(ptr=torch_like[1].ptr, device_id=1):
+        _close(fake_cuda.to_host(out[0]), case.forward()[0])
+
+
 def test_other_librarys_arrays_on_another_gpu_live_until_its_work_is_done(fake_gpu):
     """Another library's arrays on cuda:1, cuda:0 current: they are kept until the work
     queued on cuda:1 is done (an event there, not on cuda:0), though a later call on

@@ -847,6 +847,62 @@ def test_cuda_handler_temporaries_come_from_xla(stand_in_gpu, name, lengths, xla
     assert bool(frame.allocations) == bool(backward.allocations) == needs
 
 
+@pytest.mark.parametrize("name, lengths", [("gru-bi-ragged", "ragged"),
+                                           ("gru-skip-input-batch-major", None),
+                                           ("lstm-bi-2layer-zero-lengths", "zero")])
+def test_cuda_checked_training_forward_uses_xlas_forward_sized_workspace(
+        stand_in_gpu, monkeypatch, name, lengths):
+    """A training forward on the checked path (ragged, rows of length 0, batch-major), with
+    the workspace traced for the forward alone (``buffer_sizes(..., forward=True)``, what
+    the lowering asks XLA for): cuDNN's workspace is XLA's, no second one from XLA's
+    allocator (review 2026-12-07, finding 4: it compared with backprop's larger size)."""
+    from pycudnnrnn import plan as plans
+    from pycudnnrnn.jax import targets as ffi_targets
+    case = _case(name, lengths=lengths)
+    op = _op(case)
+    sizes = ffi_targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
+                                                case.params), cuda=True, forward=True)
+    used, for_call = [], plans.for_call
+    monkeypatch.setattr(plans, "for_call", lambda *a, **k: used.append(for_call(*a, **k)) or used[-1])
+    forward = xla_ffi.make_handler(ffi_targets.cuda_forward)
+    for _ in range(2):  # the first builds the plan; the second finds it cached
+        frame, expected, results = _forward_frame(case, op, sizes)
+        assert frame.call(forward) is None, frame.errors
+    for ours, want in zip(results[:-2], [e for e in expected[:3] if e.size]):
+        assert_ulp_close(ours, want)
+    plan = used[-1]
+    assert not plan.runs_in_place and 0 < plan.forward_workspace_nbytes <= sizes[1]
+    # What _Device._allocate asks of XLA for cuDNN's workspace: none of that size or more.
+    padding = ffi_targets._ALIGNMENT - xla_ffi.Scratch.MAX_ALIGNMENT
+    assert frame.allocations  # the checked path's temporaries (padded copies, states)
+    assert all(size < plan.forward_workspace_nbytes + padding
+               for _, size in frame.allocations), frame.allocations
+
+
+def test_cuda_handlers_under_cupy_14_raise_no_deprecation_warning(stand_in_gpu, monkeypatch):
+    """CuPy 14 deprecates ``ExternalStream`` and warns at each construction (review
+    2026-12-07, finding 10): XLA calls warn nothing, and CuPy's view of XLA's stream is
+    made once for all of them."""
+    import warnings
+    from conftest import as_cupy_14
+    from pycudnnrnn.core import gpu
+    from pycudnnrnn.jax import targets as ffi_targets
+    made = as_cupy_14(monkeypatch, gpu.cupy())
+    case = _case("gru-bi-ragged", lengths="ragged")
+    op = _op(case)
+    sizes = ffi_targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
+                                                case.params), cuda=True, forward=True)
+    forward = xla_ffi.make_handler(ffi_targets.cuda_forward)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        for _ in range(3):
+            frame, expected, results = _forward_frame(case, op, sizes)
+            assert frame.call(forward) is None, frame.errors
+    assert made == [(frame.stream, 0)]
+    for ours, want in zip(results[:-2], [e for e in expected[:3] if e.size]):
+        assert_ulp_close(ours, want)
+
+
 @pytest.mark.parametrize("name", ["lstm-projection-bi", "gru-bi-ragged", "rnn_tanh-2layer"])
 def test_cuda_handlers_on_a_plan_that_runs_in_place_take_xlas_addresses(
         stand_in_gpu, monkeypatch, name):

@@ -71,3 +71,46 @@ def device_index(device) -> int | None:
         return int(device)
     raise TypeError(f"device: expected 'cpu', 'cuda', 'cuda:N' or an int, got "
                     f"{type(device).__name__} {device!r}")
+
+
+class _StreamHandle:
+    """A bare ``cudaStream_t`` in the CUDA stream protocol, as ``Stream.from_external``
+    takes it."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+_external_streams: dict = {}  # (id of CuPy, device, pointer) → (CuPy, its view of the stream)
+_MAX_EXTERNAL_STREAMS = 256   # PyTorch's and XLA's streams come from pools: few
+
+
+def external_stream(cupy, ptr: int, device: int):
+    """CuPy's view of another library's stream `ptr` on CUDA device `device` (PyTorch's
+    or XLA's), to enter with ``with``: ``cupy.cuda.Stream.from_external`` where CuPy has
+    it (14 and later, which deprecates ``ExternalStream`` and warns at each one made),
+    else ``cupy.cuda.ExternalStream``.
+
+    Made once per (device, pointer): a call per op would cost a construction each (and a
+    warning filter lookup with CuPy 14). The view owns nothing, so a pointer CUDA reuses
+    for a new stream is the same view. Kept per CuPy module too: the test suite's
+    stand-in replaces it.
+    """
+    entry = _external_streams.get((id(cupy), device, ptr))
+    if entry is not None and entry[0] is cupy:
+        return entry[1]
+    from_external = getattr(getattr(cupy.cuda, "Stream", None), "from_external", None)
+    if from_external is None:
+        stream = cupy.cuda.ExternalStream(ptr, device)
+    else:
+        with cupy.cuda.Device(device):  # from_external takes the current device's id
+            stream = from_external(_StreamHandle(ptr))
+    if len(_external_streams) >= _MAX_EXTERNAL_STREAMS:
+        _external_streams.clear()
+    _external_streams[id(cupy), device, ptr] = (cupy, stream)
+    return stream

@@ -37,7 +37,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from ..core import driver
+from ..core import driver, gpu
 from . import graphs
 
 #: The name of the thread that waits for calls' work and then releases their arrays.
@@ -60,7 +60,7 @@ def caller_stream(cupy, array, device: int):
     if type(array).__module__.split(".")[0] != "torch" or graphs.holding() is not None:
         return None
     import torch
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device)
+    return gpu.external_stream(cupy, torch.cuda.current_stream(device).cuda_stream, device)
 
 
 def keep_until_done(cupy, arrays) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import math
 import sys
 import threading
 
@@ -159,15 +160,35 @@ class Handle(Owned):
             self._stream = stream_ptr
 
 
+#: The most elements, and the largest stride, a cuDNN tensor descriptor takes: 32-bit ints
+#: (cuDNN 9 refuses a larger tensor with CUDNN_STATUS_NOT_SUPPORTED).
+TENSOR_ELEMENTS_MAX = 2 ** 31 - 1
+
+
+def _contiguous_strides(dims) -> list:
+    """`dims`' row-major strides, refused where cuDNN's 32-bit ints cannot hold them (a
+    ctypes c_int array would wrap them silently)."""
+    strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    elements = math.prod(dims)
+    if max(elements, *strides) > TENSOR_ELEMENTS_MAX:
+        raise ValueError(
+            f"a state tensor of shape {list(dims)} has {elements} elements and strides "
+            f"{strides}: cuDNN's tensor descriptors take at most {TENSOR_ELEMENTS_MAX} "
+            f"(2**31 - 1, 32-bit ints). The states [L·D, B, P] must have "
+            f"L·D·B·P <= {TENSOR_ELEMENTS_MAX}: split the batch, or use fewer layers or "
+            f"a smaller state size")
+    return strides
+
+
 class TensorDescriptor(Owned):
     """An N-d tensor descriptor (hx/cx states: ``[L·D, B, width]``, contiguous)."""
 
     _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
 
     def __init__(self, dtype=None, dims=None):
+        strides = None if dims is None else _contiguous_strides(dims)  # before any handle
         super().__init__()
         if dims is not None:
-            strides = [int(np.prod(dims[i + 1:])) for i in range(len(dims))]
             n = len(dims)
             capi.api().cudnnSetTensorNdDescriptor(self, data_type(dtype), n, (ctypes.c_int * n)(*dims),
                                              (ctypes.c_int * n)(*strides))

@@ -235,8 +235,10 @@ def _checked(plan, call: _Call, target: str, place):
     for name in ("input_c", "output_c", "output_c_backprop"):
         a.setdefault(name, None)  # not LSTM
     workspace = out.pop("workspace")
-    workspace = workspace[:plan.workspace_nbytes] \
-        if workspace.shape[0] >= plan.workspace_nbytes else None  # None: a temporary
+    # The forward's workspace is traced for the forward alone (buffer_sizes' forward):
+    # compared with backprop's larger size it never fits, and the run took a second one.
+    need = plan.forward_workspace_nbytes if target == FORWARD else plan.workspace_nbytes
+    workspace = workspace[:need] if workspace.shape[0] >= need else None  # None: a temporary
     if target == FORWARD:
         reserve = _prefix(out["reserve_space"], plan.reserve_nbytes, "reserve_space") \
             if call.is_training else None
@@ -356,7 +358,7 @@ class _Device:
         self.cupy = cp = gpu.cupy()
         self.device = xla_ffi.device_ordinal(call_frame)
         self._device = cp.cuda.Device(self.device)
-        self._stream = cp.cuda.ExternalStream(xla_ffi.stream(call_frame), self.device)
+        self._stream = gpu.external_stream(cp, xla_ffi.stream(call_frame), self.device)
         self._scratch = xla_ffi.Scratch(call_frame)
 
     def __enter__(self):

@@ -68,9 +68,12 @@ class RNNPlan:
     least ``workspace_nbytes`` (``forward_workspace_nbytes`` for ``forward``). The results
     are then those buffers; other temporaries come from CuPy's current allocator
     (``cupy.cuda.using_allocator`` for a framework's). On the GPU a run works on CuPy's
-    current stream (``with cupy.cuda.ExternalStream(ptr):`` for a
-    framework's stream) and makes no host↔device copy, no sync and no size query; from
-    its second call on it can be captured in a CUDA graph (``pycudnnrnn.graphs``).
+    current stream (for a framework's stream ``ptr``: ``with
+    cupy.cuda.ExternalStream(ptr):`` with CuPy 13; CuPy 14 deprecates it for
+    ``cupy.cuda.Stream.from_external(obj)``, ``obj.__cuda_stream__()`` giving
+    ``(0, ptr)``; see docs/gpu.md) and makes no host↔device copy, no sync and no size
+    query; from its second call on it can be captured in a CUDA graph
+    (``pycudnnrnn.graphs``).
     """
 
     def __init__(self, *, num_layers, num_units, input_size, max_time, batch_size,

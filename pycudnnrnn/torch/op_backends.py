@@ -479,7 +479,7 @@ def _on_device(tensor):
     device = _cuda_index(tensor)
     stream = torch.cuda.current_stream(device)
     allocator = _allocator(cupy, device, stream)
-    with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device), \
+    with cupy.cuda.Device(device), gpu.external_stream(cupy, stream.cuda_stream, device), \
             cupy.cuda.using_allocator(allocator.malloc):
         yield
 

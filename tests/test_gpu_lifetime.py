@@ -393,8 +393,8 @@ def test_torch_tensors_under_cupy_14_raise_no_deprecation_warning(torch_like, mo
         warnings.simplefilter("error", DeprecationWarning)
         for _ in range(3):
             out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
-    assert made == [(torch_like[1].ptr, 1)]
-    with cp.cuda.Device(1), fake_cuda.FakeStream(ptr=torch_like[1].ptr, device_id=1):
+    assert made == [(torch_like.side(1).ptr, 1)]
+    with cp.cuda.Device(1), fake_cuda.FakeStream(ptr=torch_like.side(1).ptr, device_id=1):
         _close(fake_cuda.to_host(out[0]), case.forward()[0])
 
 

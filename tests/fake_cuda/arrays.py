@@ -13,7 +13,7 @@ import numpy as np
 from .devices import current_device
 from .memory import FakeMemoryPool, _PoolRoot, _allocator
 from .state import COUNTS, _count
-from .streams import _CAPTURES, _drain, _now, _submit, _upload, current_stream
+from .streams import _CAPTURES, _drain, _now, _upload, current_stream
 
 def _empty(shape, dtype):
     """A FakeDeviceArray over a pool block (poison: NaN for floats, as garbage would be)."""

@@ -14,7 +14,7 @@ from .dlpack import FakeFrameworkArray
 from .memory import _DEVICE_POOL, FakeMemoryPool, _allocator, _UsingAllocator
 from .state import CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL, COUNTS, _count
 from .streams import (MEMCPY_DEVICE_TO_DEVICE, _EVENTS, FakeEvent, FakeStream, _drain,
-                      _exchange_capture_mode, _submit, _memcpy_async, _memset_async, _now,
+                      _exchange_capture_mode, _memcpy_async, _memset_async, _now,
                       _upload, current_stream, device_synchronize)
 
 

@@ -113,6 +113,21 @@ def _xla_step(x, h, c, w):
     return step
 
 
+def _training_steps(training, x, h, c, w, grads):
+    """Forward + backprop through the training plan, and the same through the functional
+    API, on the same arrays."""
+
+    def plan_step():
+        y, hy, cy, reserve = training.forward(x, h, c, w)
+        training.backprop(x, h, c, w, y, hy, cy, *grads, reserve)
+
+    def functional_step():
+        y, hy, cy, reserve = pycudnnrnn.forward(x, h, c, w)
+        pycudnnrnn.backprop(x, h, c, w, None, y, hy, cy, *grads, reserve)
+
+    return plan_step, functional_step
+
+
 def _floor(cupy, plan, x, h, c, w):
     """What a plan's inference forward costs on the light stand-in beyond our Python: the
     CuPy and cuDNN calls it makes, with the same arguments."""
@@ -230,13 +245,7 @@ def host_work(calls: int = 4) -> dict:
         dropout = pycudnnrnn.RNNPlan(**size, dropout=0.5, seed=1)
         grads = [fake_cuda._device(np.ones(a.shape, np.float32)) for a in (x, h, c)]
 
-        def plan_step():
-            y, hy, cy, reserve = training.forward(x, h, c, w)
-            training.backprop(x, h, c, w, y, hy, cy, *grads, reserve)
-
-        def functional_step():
-            y, hy, cy, reserve = pycudnnrnn.forward(x, h, c, w)
-            pycudnnrnn.backprop(x, h, c, w, None, y, hy, cy, *grads, reserve)
+        plan_step, functional_step = _training_steps(training, x, h, c, w, grads)
 
         def dropout_step():
             y, hy, cy, reserve = dropout.forward(x, h, c, w)
@@ -309,13 +318,7 @@ def main():
         out = training.forward(x, h, c, w)
         grads = [put(np.ones(a.shape, a.dtype)) for a in out[:3]]
 
-        def plan_step():
-            y, hy, cy, reserve = training.forward(x, h, c, w)
-            training.backprop(x, h, c, w, y, hy, cy, *grads, reserve)
-
-        def functional_step():
-            y, hy, cy, reserve = pycudnnrnn.forward(x, h, c, w)
-            pycudnnrnn.backprop(x, h, c, w, None, y, hy, cy, *grads, reserve)
+        plan_step, functional_step = _training_steps(training, x, h, c, w, grads)
 
         frame, handler = _xla_forward_frame(x, h, c, w)
         calls = {

@@ -44,7 +44,7 @@ FRAMEWORK_BENCHES = [
      "torch", {}),
 ]
 
-#: Issue 17's and 40's hazards and the ``gpu`` tests that settle each (test function
+#: Issues 17's, 40's and 47's hazards and the ``gpu`` tests that settle each (test function
 #: names; "[cuda]" marks the real-GPU run of a ``device`` test).
 HAZARDS = [
     ("1 reserve space reused by a second backprop",
@@ -75,7 +75,29 @@ HAZARDS = [
     ("40.2 a dead plan waits for every stream it ran on",
      ["test_a_dead_plan_waits_for_its_runs_on_every_stream[cuda]"]),
     ("40.3 graphs.capture with PyTorch tensors", ["test_gpu_graphs_capture_with_torch_tensors"]),
-    ("40.7 JAX's forward workspace is forward's", ["test_gpu_jax_forward_workspace_is_forwards"]),
+    ("40.7 JAX's forward workspace is forward's", ["test_gpu_jax_forward_workspace_is_forwards"]),    # Issue 47's: review 3 (2026-12-07), by finding (tests/test_gpu_hazards.py's last blocks)
+    ("47.1 the functional API on PyTorch tensors under a capture",
+     ["test_gpu_graphs_capture_of_the_functional_api_on_torch_tensors",
+      "test_gpu_torch_cuda_graph_of_the_functional_api_on_torch_tensors"]),
+    ("47.2 a CuPy capture keeps the call's temporaries",
+     ["test_gpu_finding_2_a_cupy_capture_on_cupys_pool_keeps_the_calls_temporaries"]),
+    ("47.3 a plan first built during a capture",
+     [f"test_gpu_a_plan_first_built_during_a_capture[{m}-{d}]"
+      for m in ("relaxed", "global") for d in ("0.0", "0.5")]),
+    ("47.4 JAX's checked forward takes no second workspace",
+     ["test_gpu_jax_checked_training_forward_takes_no_second_workspace"]),
+    ("47.5 per-thread default streams told apart",
+     ["test_gpu_finding_5_a_plan_built_on_one_threads_default_stream_runs_on_anothers"]),
+    ("47.6 a seed's dropout states outlive a queued forward",
+     ["test_gpu_finding_6_a_seeds_dropout_states_outlive_a_queued_forward"]),
+    ("47.7 a plan on cuda:1 dropped with cuda:0 current (2 GPUs)",
+     ["test_gpu_finding_7_a_plan_on_cuda1_dropped_with_cuda0_current"]),
+    ("47.8 a dropped captured graph keeps its plans under a queued replay",
+     ["test_gpu_finding_8_a_dropped_captured_graph_keeps_its_plans_under_a_queued_replay"]),
+    ("47.9 a penalty step leaves cuDNN's flag to other threads",
+     ["test_gpu_penalty_step_leaves_cudnns_flag_to_other_threads"]),
+    ("47.11 graphs.capture refuses arrays on another device (2 GPUs)",
+     ["test_gpu_graphs_capture_refuses_arrays_on_another_device"]),
 ]
 # Hazards 5 and 6 (plan buffers on any stream, host syncs, cudnnDestroy) are ordering
 # and counting properties the stand-in GPU settles in CI; here the thread and graph

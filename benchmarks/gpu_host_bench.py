@@ -63,7 +63,7 @@ import fake_cuda  # noqa: E402
 import pycudnnrnn  # noqa: E402
 from pycudnnrnn.core.config import Attributes
 import pycudnnrnn.plan  # noqa: E402
-from pycudnnrnn.cuda import foreign  # noqa: E402
+from pycudnnrnn.cuda import waiter  # noqa: E402
 from gpu_bench import format_rows, interleaved  # noqa: E402
 
 COMPUTE = ("_cudnnRNNForward", "_cudnnRNNBackwardData_v8", "_cudnnRNNBackwardWeights_v8")
@@ -276,7 +276,7 @@ def host_work(calls: int = 4) -> dict:
         del inference, training, dropout
         pycudnnrnn.plan.clear_caches()
         fake_cuda.synchronize_all()
-        foreign.wait_released()  # plans run on another stream: let go of by the waiter
+        waiter.wait_released()  # plans run on another stream: let go of by the waiter
     return counts
 
 

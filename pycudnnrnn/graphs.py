@@ -5,5 +5,6 @@ backend it drives (see there, and ``docs/gpu.md``).
 """
 
 from .cuda.graphs import CapturedGraph, capture
+from .cuda.lifetime import keeps_blocks_for_graphs, pinned, pinned_bytes
 
-__all__ = ["capture", "CapturedGraph"]
+__all__ = ["capture", "CapturedGraph", "keeps_blocks_for_graphs", "pinned", "pinned_bytes"]

@@ -729,10 +729,8 @@ def _foreign_call(case, device=0):
 
 def _released():
     """After the GPU ran the work: let the library's background release (if any) finish."""
-    from pycudnnrnn.cuda import foreign
-    wait = getattr(foreign, "wait_released", None)
-    if wait is not None:
-        wait()
+    from pycudnnrnn.cuda import waiter
+    waiter.wait_released()
     gc.collect()
 
 
@@ -1000,3 +998,86 @@ def test_a_plan_that_cannot_be_built_outside_a_capture_says_to_warm_up(fake_gpu,
         with pytest.raises(RuntimeError, match="before the capture .a warm-up"):
             pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
         s.end_capture()
+
+
+# ----------------------------------------------------------------- issue 47: a review of the fixes
+# An independent review of this round's lifetime code (2026-12-07) found these.
+
+def test_a_failed_capture_keeps_its_plan_behind_the_queued_warm_up(fake_gpu):
+    """``graphs.capture`` of a function that raises after a plan's run: no graph is made,
+    so no graph's release event covers the eager warm-up still queued on the capture's
+    stream. Dropping the plan must not free its lengths under that warm-up."""
+    from pycudnnrnn import graphs
+    cp = _cp()
+    case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
+    x, h, c, w = _on_device(case)
+    plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=8, input_size=3, max_time=4,
+                              batch_size=3, sequence_lengths=case.sequence_lengths,
+                              dtype="float64", device="cuda", direction="bidirectional")
+    plan.forward(x, h, c, w)
+    fake_cuda.synchronize_all()
+    out = []
+
+    def step():
+        out.append(plan.forward(x, h, c, w)[0])
+        raise KeyError("the user's function fails after the run")
+
+    with pytest.raises(KeyError):
+        graphs.capture(step)
+    executor = weakref.ref(plan._executor)
+    del plan
+    gc.collect()
+    assert executor() is None
+    junk = _filled(cp, range(64, 8192, 64), 0x7F)  # home's freed blocks, reused at once
+    fake_cuda.synchronize_all()  # the warm-up runs now
+    _close(np.array(np.asarray(out[0]).view(np.ndarray)), case.forward()[0])
+    assert junk
+    _released()
+
+
+@pytest.mark.parametrize("allocator", ["cupy's pool", "an application's pool"])
+def test_a_cupy_capture_keeps_the_calls_temporaries_whatever_the_allocator(fake_gpu,
+                                                                          allocator):
+    """An application-wide allocator other than CuPy's default pool (RMM's, a pool of its
+    own) hands a captured call's temporaries to its next arrays as CuPy's pool does:
+    they must come from a private pool, and the replay must write into none of them."""
+    cp = _cp()
+    case = make_case("lstm", "bidirectional", num_layers=2, lengths="ragged", num_units=8)
+    x, h, c, w = _on_device(case)
+    lengths = case.sequence_lengths
+    pool = cp.get_default_memory_pool() if allocator == "cupy's pool" \
+        else fake_cuda.FakeMemoryPool()
+    s = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.using_allocator(pool.malloc), s:
+        pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)  # warm-up
+        s.begin_capture()
+        y = pycudnnrnn.forward(x, h, c, w, lengths, **case.attrs)[0]
+        graph = s.end_capture()
+        junk = _filled(cp, range(64, 16384, 64), 0x7F)
+        new_x = np.random.default_rng(5).standard_normal(case.input.shape)
+        x[...] = fake_cuda._device(new_x)
+        graph.launch(s)
+        _close(fake_cuda.to_host(y), _expected(case, new_x)[0])
+        assert _changed(junk, 0x7F) == 0
+
+
+def test_a_graph_safe_allocator_keeps_the_calls_temporaries_itself(fake_gpu, monkeypatch):
+    """An allocator registered with ``graphs.keeps_blocks_for_graphs`` (PyTorch's, for the
+    torch ops) serves a captured call as it is: no private pool is pinned for it."""
+    from pycudnnrnn import graphs
+    from pycudnnrnn.cuda import lifetime
+    cp = _cp()
+    pool = fake_cuda.FakeMemoryPool(counter="application_alloc")
+    monkeypatch.setattr(lifetime, "_graph_safe_allocators", [lambda a: a is pool.malloc])
+    case = make_case("gru", lengths="ragged", num_units=5)
+    x, h, _, w = _on_device(case)
+    s = cp.cuda.Stream(non_blocking=True)
+    before = graphs.pinned_bytes()
+    with cp.cuda.using_allocator(pool.malloc), s:
+        pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+        taken = fake_cuda.COUNTS["application_alloc"]
+        s.begin_capture()
+        pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
+        s.end_capture()
+    assert graphs.pinned_bytes() == before
+    assert fake_cuda.COUNTS["application_alloc"] > taken  # the call took its blocks there

@@ -114,3 +114,13 @@ def external_stream(cupy, ptr: int, device: int):
         _external_streams.clear()
     _external_streams[id(cupy), device, ptr] = (cupy, stream)
     return stream
+
+
+def exchange_capture_mode(cupy, mode: int) -> int | None:
+    """This thread's capture interaction mode → `mode`; the previous one, or None without
+    a driver. CuPy has no binding for it: the driver's ``cuThreadExchangeStreamCaptureMode``
+    (the runtime's forwards to it), unless `cupy`'s runtime has one."""
+    exchange = getattr(cupy.cuda.runtime, "threadExchangeStreamCaptureMode", None)
+    if exchange is not None:
+        return exchange(mode)
+    return driver.exchange_stream_capture_mode(mode)

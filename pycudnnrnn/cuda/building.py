@@ -36,8 +36,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from ..core import driver
-from . import foreign
+from ..core import driver, gpu
 
 #: What to do instead, said by every error of a build during a capture.
 WARM_UP = ("call it once with the same configuration, lengths and seed before the "
@@ -68,7 +67,7 @@ def outside_capture(cupy, device: int):
     if not stream.is_capturing():
         yield stream
         return
-    previous = foreign.exchange_capture_mode(cupy, driver.CAPTURE_MODE_RELAXED)
+    previous = gpu.exchange_capture_mode(cupy, driver.CAPTURE_MODE_RELAXED)
     if previous is None:
         raise RuntimeError(
             "pycudnnrnn: a new plan (or a new seed's dropout states) would be built while "
@@ -79,11 +78,13 @@ def outside_capture(cupy, device: int):
         with _private_stream(cupy, device) as private:
             yield private
     except BaseException as error:
-        error.add_note(f"pycudnnrnn: this happened while building a new plan (or dropout "
-                       f"states) outside a CUDA-graph capture in progress; {WARM_UP}")
+        if hasattr(error, "add_note"):  # Python 3.11 on; 3.10 raises the error as it is
+            error.add_note(f"pycudnnrnn: this happened while building a new plan (or "
+                           f"dropout states) outside a CUDA-graph capture in progress; "
+                           f"{WARM_UP}")
         raise
     finally:
-        foreign.exchange_capture_mode(cupy, previous)
+        gpu.exchange_capture_mode(cupy, previous)
 
 
 def _private_stream(cupy, device: int):

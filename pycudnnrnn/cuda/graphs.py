@@ -15,6 +15,7 @@ import threading
 import weakref
 
 from ..core import gpu
+from . import waiter
 
 class _Capturing(threading.local):
     held = None  # the default every thread sees: asked at every run, kept cheap
@@ -49,7 +50,7 @@ class CapturedGraph:
         # A replay may still be queued when the graph goes: the plans are let go of then
         # with an event on this stream (after every replay) as their latest use, so they
         # are freed only once it is passed. Nothing is recorded per replay.
-        weakref.finalize(self, _released, stream, self._held).atexit = False
+        weakref.finalize(self, _released, stream, pool, self._held).atexit = False
 
     def replay(self):
         """Launch the graph on its stream (asynchronously); returns ``outputs``."""
@@ -57,23 +58,26 @@ class CapturedGraph:
         return self.outputs
 
 
-_never_released: list = []  # plans of graphs whose release event failed: kept for good
+_never_released: list = []  # what graphs whose release event failed held: kept for good
 
 
-def _released(stream, held) -> None:
+def _released(stream, pool, held) -> None:
     """A ``CapturedGraph`` is gone: every replay it queued on `stream` comes before an
     event recorded there now, which becomes the latest use of each plan it `held` (see
-    ``cuda.lifetime``): they are freed only once it is passed."""
-    if not held:
-        return
+    ``cuda.lifetime``): they are freed only once it is passed. So is its private `pool`,
+    on the waiter: freeing it calls ``cudaFree``, which a collection on a thread that
+    captures in global mode must not. The event is made on the stream's device, which
+    need not be the current one when the graph is collected."""
     try:
         cupy = gpu.cupy()
-        event = stream.record(cupy.cuda.Event(block=True, disable_timing=True))
+        with cupy.cuda.Device(stream.device_id):
+            event = stream.record(cupy.cuda.Event(block=True, disable_timing=True))
     except Exception:  # CUDA failing: never free under a replay, keep them (a leak)
-        _never_released.append(held)
+        _never_released.append((pool, held))
         return
     for plan in held:
         plan.lifetime.used_on(stream, event)
+    waiter.release_after(cupy, (event,), (pool, stream))
 
 
 def capture(function) -> CapturedGraph:

@@ -20,16 +20,17 @@ a ``DropoutStates``). It knows:
   it queued, and hands it to each owner as a use (``Lifetime.used_on``): nothing per
   replay. A graph captured by anyone else (``torch.cuda.graph``, CUDA-graph trees, CuPy's
   ``Stream.begin_capture``) keeps nothing, and we cannot see it die: a plan run under
-  such a capture is pinned for the process, and so are the call's temporaries when they
-  would come from CuPy's default pool (they come from a private pool made for that call,
-  pinned with the plan; another allocator in place, PyTorch's graph pool for example,
-  is its owner's to keep). ``pinned()`` and ``pinned_bytes()`` count what is pinned.
+  such a capture is pinned for the process, and so are the call's temporaries: they come
+  from a private pool made for that call, pinned with the plan, unless the current
+  allocator keeps its blocks for graphs itself (``keeps_blocks_for_graphs``: PyTorch's,
+  whose blocks ``torch.cuda.graph`` takes from the graph's pool). ``pinned()`` and
+  ``pinned_bytes()`` count what is pinned.
 
 The release rule, one for every kind: when the owner dies, its blocks go at once if
 every use was on their one home (CuPy frees them in that stream's order, after the work:
-no cost). Otherwise they go, with the use events, to ``cuda.foreign``'s background
-waiter, which waits for the events (in relaxed capture mode, so legal while any thread
-captures) and then lets go of them.
+no cost). Otherwise they go, with the use events, to the background waiter
+(``cuda.waiter``), which waits for the events (in relaxed capture mode, so legal while
+any thread captures) and then lets go of them.
 
 Why the waiter, rather than making each home wait for the events: a fence must name the
 home stream from the thread and device the garbage collector happens to run on, and it
@@ -51,7 +52,8 @@ from __future__ import annotations
 import threading
 import weakref
 
-from . import foreign, graphs
+from ..core import gpu
+from . import graphs, waiter
 
 #: cudaEventWaitExternal: a capturing stream's wait on an event recorded outside it.
 EVENT_WAIT_EXTERNAL = 1
@@ -180,7 +182,11 @@ class Lifetime:
         held = graphs.holding()
         if held is not None:  # pycudnnrnn.graphs.capture: that graph keeps the plan
             held.append(owner)
-        elif token != self.home:
+            if stream.is_capturing():  # the graph's release event covers the replays
+                return
+            # The eager warm-up is a use like any other: the capture may fail after it,
+            # and then no graph records a release event.
+        if token != self.home:
             self._uses[token] = use_event(self.cupy, stream)
 
     def settle(self) -> None:
@@ -193,22 +199,45 @@ def _release(cupy, homes, uses, keep):
     in its order), else once the waiter has seen every use's event."""
     events = [event for key, event in list(uses.items()) if len(homes) > 1 or key not in homes]
     if events:
-        foreign.release_after(cupy, events, keep)
+        waiter.release_after(cupy, events, keep)
+
+
+_graph_safe_allocators: list = []  # predicates: allocator → whether a graph's owner keeps its blocks
+
+
+def keeps_blocks_for_graphs(predicate) -> None:
+    """Register `predicate(allocator) -> bool`: True for an allocator whose blocks a
+    graph's owner keeps as long as the graph (PyTorch's caching allocator, whose blocks
+    ``torch.cuda.graph`` takes from the graph's private pool). Under a capture we do not
+    own, a call's temporaries come from such an allocator as they are; from any other,
+    they come from a private pool pinned with the plan."""
+    _graph_safe_allocators.append(predicate)
+
+
+def _keeps_blocks_for_graphs(cupy, allocator) -> bool:
+    pool = getattr(allocator, "__self__", None)
+    stream_ordered = getattr(cupy.cuda, "MemoryAsyncPool", None)  # cudaMallocAsync: graph nodes
+    if stream_ordered is not None and isinstance(pool, stream_ordered):
+        return True
+    return any(keeps(allocator) for keeps in _graph_safe_allocators)
 
 
 class _Pinning:
     """One run under a capture we do not own: the plan is pinned, and so are the call's
-    temporaries, which would come from CuPy's default pool (a private pool for the call
-    then, allocated in relaxed capture mode: CUDA refuses ``cudaMalloc`` to a thread
-    in global mode while it captures, PyTorch's default)."""
+    temporaries. Unless the current allocator keeps its blocks for the graph
+    (``keeps_blocks_for_graphs``), they come from a private pool for the call, pinned
+    too: CuPy's default pool, or any pool of the application's (RMM's, a ``MemoryPool``
+    of its own), would hand them to the next allocation, under the replays. The private
+    pool allocates in relaxed capture mode: CUDA refuses ``cudaMalloc`` to a thread in
+    global mode while it captures, PyTorch's default."""
 
     __slots__ = ("cupy", "pool", "allocating", "mode")
 
     def __init__(self, cupy):
         self.cupy = cupy
         self.pool = self.allocating = self.mode = None
-        if cupy.cuda.get_allocator() == cupy.get_default_memory_pool().malloc:
-            self.mode = foreign.exchange_capture_mode(cupy, CAPTURE_MODE_RELAXED)
+        if not _keeps_blocks_for_graphs(cupy, cupy.cuda.get_allocator()):
+            self.mode = gpu.exchange_capture_mode(cupy, CAPTURE_MODE_RELAXED)
             self.pool = cupy.cuda.MemoryPool()
             self.allocating = cupy.cuda.using_allocator(self.pool.malloc)
             self.allocating.__enter__()
@@ -217,7 +246,7 @@ class _Pinning:
         if self.allocating is not None:
             self.allocating.__exit__(None, None, None)
             if self.mode is not None:
-                foreign.exchange_capture_mode(self.cupy, self.mode)
+                gpu.exchange_capture_mode(self.cupy, self.mode)
         with _pinned_lock:
             _pinned[id(owner)] = owner
             if self.pool is not None:

@@ -26,7 +26,7 @@ import threading
 import numpy as np
 import torch
 
-from .. import api, plan
+from .. import api, graphs, plan
 from ..core import checks, gpu
 from ..core.arrays import BackpropAddresses, ForwardAddresses, host_lengths
 from ..core.config import Attributes
@@ -512,6 +512,12 @@ def _allocator(cupy, device: int, stream):
             _allocators.clear()
         _allocators[key] = allocator
     return allocator
+
+
+# PyTorch's allocator keeps a call's temporaries for a graph: under torch.cuda.graph it
+# takes them from the graph's private pool (see ``graphs.keeps_blocks_for_graphs``).
+graphs.keeps_blocks_for_graphs(
+    lambda allocator: any(allocator == a.malloc for a in list(_allocators.values())))
 
 
 def _host_problem(input, input_h, input_c, params, lengths, attributes):

@@ -13,7 +13,7 @@ import ctypes
 import threading
 import weakref
 
-from pycudnnrnn.cuda import foreign
+from pycudnnrnn.cuda import waiter
 
 from .devices import current_device
 from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURING, COUNTS,
@@ -157,7 +157,7 @@ class FakeEvent:
     def synchronize(self):
         self._refuse_captured("cudaEventSynchronize")
         _refuse_unsafe("cudaEventSynchronize")
-        if threading.current_thread().name == getattr(foreign, "WAITER_NAME", None):
+        if threading.current_thread().name == waiter.WAITER_NAME:
             at = self._at  # a background wait: until a test's thread has run the work
             with _progress:
                 _progress.wait_for(lambda: at is None or _queue(at[0]).executed >= at[1])

@@ -247,24 +247,22 @@ def test_params_to_canonical_exports_on_the_arrays_device(fake_gpu, monkeypatch)
         np.testing.assert_array_equal(fake_cuda.to_host(got), expected)
 
 
-def test_torch_tensors_under_cupy_14_raise_no_deprecation_warning(torch_like, monkeypatch):
-    """CuPy 14 deprecates ``ExternalStream`` and warns at each construction (review
-    2026-12-07, finding 10): the functional API on PyTorch tensors warns nothing, and
-    makes CuPy's view of PyTorch's stream once, on the tensors' device (cuda:1 here,
-    cuda:0 current: ``Stream.from_external`` takes the current device's)."""
+def test_torch_tensors_under_cupy_14_raise_no_deprecation_warning(torch_like):
+    """CuPy 14 (the stand-in's) deprecates ``ExternalStream`` and warns at each
+    construction (review 2026-12-07, finding 10): the functional API on PyTorch tensors
+    warns nothing, and makes CuPy's view of PyTorch's stream once, on the tensors' device
+    (cuda:1 here, cuda:0 current: ``Stream.from_external`` takes the current device's)."""
     import warnings
-    from conftest import as_cupy_14
     fake_cuda.DEVICES[0] = 2
     case = make_case("gru", lengths="ragged", num_units=5)
     cp = _cp()
-    made = as_cupy_14(monkeypatch, cp)
     with cp.cuda.Device(1):
         args = [None if a is None else fake_cuda.FakeTorchTensor(a) for a in _on_device(case)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         for _ in range(3):
             out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
-    assert made == [(torch_like.side(1).ptr, 1)]
+    assert cp.external_streams == [(torch_like.side(1).ptr, 1)]
     with cp.cuda.Device(1), fake_cuda.FakeStream(ptr=torch_like.side(1).ptr, device_id=1):
         _close(fake_cuda.to_host(out[0]), case.forward()[0])
 

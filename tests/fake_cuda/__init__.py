@@ -58,6 +58,11 @@ It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
   capturing stream may wait on an event recorded outside the capture only
   with ``cudaEventWaitExternal`` (``runtime.streamWaitEvent(s, e, 1)``), which each
   replay then honours.
+* CuPy's version (``FakeCupy.__version__``, 14.2 unless a test sets another): CuPy 14
+  holds bfloat16, has ``cuda.Stream.from_external`` and deprecates
+  ``cuda.ExternalStream``, which warns (``DeprecationWarning``) at each one made; CuPy 13
+  refuses bfloat16 and has no ``from_external``. ``FakeCupy.external_streams`` lists the
+  views of others' streams made.
 * DLPack's stream handshake, as PyTorch and CuPy make it (``dlpack``): an importer
   passes its current stream to the exporter's ``__dlpack__(stream=...)`` (CuPy's
   ``from_dlpack``; ``torch.from_dlpack``, with ``install_torch``), and where that stream

@@ -126,7 +126,7 @@ from .cupy import FakeCupy  # noqa: F401
 from .devices import DEVICES, Device, current_device  # noqa: F401
 from .dlpack import (WAITS as DLPACK_WAITS, FakeFrameworkArray, FakeTorchCuda,  # noqa: F401
                      FakeTorchTensor, install_torch, library_stream, library_stream_entered,
-                     set_library_stream)
+                     set_library_stream, torch_from_dlpack)
 from .light import LightCupy, LightDeviceArray, install_light  # noqa: F401
 from .memory import FakeMemoryPool  # noqa: F401
 from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL,  # noqa: F401

@@ -1,7 +1,6 @@
 """Shared builders: a random, reproducible RNN problem for any configuration."""
 
 import dataclasses
-import warnings
 
 import ml_dtypes
 import numpy as np
@@ -103,30 +102,6 @@ def make_case(rnn_mode="lstm", direction="unidirectional", input_mode="linear_in
         lengths = [min(n, T) for n in lengths][:B] + [T] * max(0, B - len(lengths))
     cast = lambda a: None if a is None else a.astype(dtype)
     return Case(attrs, cast(x), cast(h), cast(c), cast(params), lengths, size)
-
-
-def as_cupy_14(monkeypatch, cupy) -> list:
-    """Make `cupy`'s (the stand-in's) streams of others CuPy 14's: ``ExternalStream`` warns
-    at every construction, deprecated; ``Stream.from_external`` takes an object of the
-    CUDA stream protocol and the current device. Returns the ``(pointer, device)`` of
-    each stream ``from_external`` made."""
-    made, external = [], cupy.cuda.ExternalStream
-
-    def deprecated(*args, **kwargs):
-        warnings.warn("ExternalStream is deprecated. Use Stream.from_external() instead",
-                      DeprecationWarning, stacklevel=2)
-        return external(*args, **kwargs)
-
-    def from_external(obj):
-        version, ptr = obj.__cuda_stream__()
-        assert version == 0
-        made.append((ptr, cupy.cuda.runtime.getDevice()))
-        return external(ptr, made[-1][1])
-
-    monkeypatch.setattr(cupy.cuda, "ExternalStream", deprecated)
-    monkeypatch.setattr(cupy.cuda, "Stream", type(
-        "Stream", (cupy.cuda.Stream,), {"from_external": staticmethod(from_external)}))
-    return made
 
 
 @pytest.fixture

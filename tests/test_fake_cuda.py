@@ -369,3 +369,72 @@ def test_devices_streams_and_arrays_know_their_device(fake_gpu):
     assert cp.zeros(3).device.id == 0
     with pytest.raises(RuntimeError, match="created on device 1"):
         stream.__enter__()
+
+
+def test_the_dlpack_handshake_orders_the_importers_stream_after_the_exporters(fake_gpu):
+    """PyTorch's ``__dlpack__`` and CuPy's: where the importer's stream differs from the
+    exporter library's current stream, the importer's waits for it (an event); on one
+    stream nothing is made; -1 orders nothing; 0 and 2 are refused as PyTorch refuses
+    them; across a capture's boundary the wait is refused as CUDA refuses it."""
+    cp = fake_cuda.FakeCupy()
+    theirs, ours = fake_cuda.FakeStream(), cp.cuda.Stream(non_blocking=True)
+    fake_cuda.set_library_stream("torch", theirs)
+    tensor = fake_cuda.FakeTorchTensor(cp.zeros(4))
+    fake_cuda._submit(theirs.ptr, lambda: tensor.array.view(np.ndarray).fill(3))  # queued
+    with ours:
+        got = cp.from_dlpack(tensor)  # ours waits on an event of theirs
+        np.testing.assert_array_equal(fake_cuda.to_host(got), 3)
+    assert fake_cuda.DLPACK_WAITS == [("torch", ours.ptr, theirs.ptr)]
+    with fake_cuda.library_stream_entered("torch", ours), ours:
+        cp.from_dlpack(tensor)  # one stream: no event
+    tensor.__dlpack__(stream=-1)
+    assert len(fake_cuda.DLPACK_WAITS) == 1
+    with pytest.raises(AssertionError, match="unsupported stream"):
+        tensor.__dlpack__(stream=0)
+    with pytest.raises(BufferError, match="per-thread"):
+        tensor.__dlpack__(stream=2)
+    with ours:  # the export: PyTorch's stream waits on CuPy's current one
+        fake_cuda.torch_from_dlpack(got)
+    assert fake_cuda.DLPACK_WAITS[-1] == ("cupy", theirs.ptr, ours.ptr)
+    with ours:
+        ours.begin_capture()
+        with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureIsolation"):
+            cp.from_dlpack(tensor)
+        with pytest.raises(RuntimeError, match="cudaErrorCapturedEvent"):
+            fake_cuda.torch_from_dlpack(got)
+        with pytest.raises(RuntimeError, match="Invalidated"):
+            ours.end_capture()
+
+
+def test_a_tensor_is_exported_only_on_its_device(fake_gpu):
+    fake_cuda.DEVICES[0] = 2
+    cp = fake_cuda.FakeCupy()
+    with cp.cuda.Device(1):
+        tensor = fake_cuda.FakeTorchTensor(cp.zeros(4))
+    with pytest.raises(BufferError, match="different CUDA device"):
+        tensor.__dlpack__(stream=1)
+    assert cp.from_dlpack(tensor).device.id == 1  # CuPy's import makes its device current
+
+
+def test_cupy_14_deprecates_external_stream_for_stream_from_external(fake_gpu):
+    """CuPy 14's ``ExternalStream`` warns at each one made; ``Stream.from_external``
+    takes an object of the CUDA stream protocol on the current device. CuPy 13 has no
+    ``from_external`` and does not warn."""
+    import warnings
+
+    from pycudnnrnn.core import gpu
+    cp = fake_cuda.FakeCupy()
+    with pytest.warns(DeprecationWarning, match="Stream.from_external"):
+        cp.cuda.ExternalStream(0xBEEF)
+    fake_cuda.DEVICES[0] = 2
+    with cp.cuda.Device(1):
+        stream = cp.cuda.Stream.from_external(gpu._StreamHandle(0xCAFE))
+    assert (stream.ptr, stream.device_id) == (0xCAFE, 1)
+    assert cp.external_streams == [(0xBEEF, 0), (0xCAFE, 1)]
+    with pytest.raises(AttributeError, match="CUDA stream protocol"):
+        cp.cuda.Stream.from_external(object())
+    cp.__version__ = "13.6.0"
+    assert getattr(cp.cuda.Stream, "from_external", None) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cp.cuda.ExternalStream(0xBEEF)

@@ -10,9 +10,7 @@ a real GPU with PyTorch, CuPy and JAX (``make gpu-check``); ``docs/gpu.md`` stat
 guarantee.
 """
 
-import contextlib
 import gc
-import types
 import weakref
 
 import numpy as np
@@ -141,144 +139,17 @@ def test_a_capture_right_after_the_plan_is_built_waits_for_its_uploads(fake_gpu,
 
 # ----------------------------------------------------------------- 3, 4: PyTorch's tensors
 
-class _TorchLike(fake_cuda.FakeFrameworkArray):
-    """Stands for a PyTorch CUDA tensor: the library knows one by its module's name and
-    runs it on PyTorch's current stream (``torch.cuda.current_stream``, patched by the
-    ``torch_like`` fixture to hand out stand-in streams). Its DLPack export makes the
-    importer's stream wait on PyTorch's current one, as PyTorch's does (the fixture)."""
-
-    requires_grad = False
-
-    def is_conj(self):
-        return False
-
-    def is_neg(self):
-        return False
-
-    @property
-    def device(self):
-        return types.SimpleNamespace(type="cuda", index=self.array.device.id)
-
-
-_TorchLike.__module__ = "torch"
-
-
-class _TorchStream:
-    """A PyTorch stream on the stand-in: a pointer (``cuda_stream``) and a device."""
-
-    def __init__(self, ptr, device=None):
-        self.cuda_stream = ptr
-        self.device_index = fake_cuda.current_device() if device is None else device
-
-    def stand_in(self):
-        return fake_cuda.FakeStream(ptr=self.cuda_stream, device_id=self.device_index)
-
-    def wait_stream(self, other):
-        """PyTorch's: an event recorded on `other`, waited on here."""
-        fake_cuda._wait(self.cuda_stream, other.stand_in().record())
-
-
-class _TorchCuda:
-    """The slice of ``torch.cuda``'s streams the library uses, on the stand-in, with
-    PyTorch's and CuPy's DLPack stream handshake (PyTorch 2.13's ``Tensor.__dlpack__``
-    and ``torch.from_dlpack``, CuPy 14's ``from_dlpack`` and ``ndarray.__dlpack__``).
-
-    PyTorch's current stream on each device is a side stream of its own (``side``)
-    unless ``stream(s)`` is entered; its default stream is the device's null stream,
-    CuPy's too (pointer 1 names it: the legacy stream). Each wait a handshake makes
-    between two streams is noted in ``waits`` as (waiting, waited, "import"/"export").
-    """
-
-    def __init__(self):
-        self.streams, self.entered, self.waits = {}, {}, []
-
-    def _device(self, device):
-        if device is None:
-            return fake_cuda.current_device()
-        return int(str(device).rpartition(":")[2])
-
-    def default_stream(self, device=None):
-        device = self._device(device)
-        return _TorchStream(fake_cuda.null_stream(device).ptr, device)
-
-    def current_stream(self, device=None):
-        device = self._device(device)
-        entered = self.entered.get(device)
-        if entered:
-            return entered[-1]
-        return _TorchStream(self.side(device).ptr, device)
-
-    def side(self, device=0):
-        """PyTorch's current stream on `device` outside ``stream(s)``: a stand-in's."""
-        return self.streams.setdefault(device, fake_cuda.FakeStream(device_id=device))
-
-    def ExternalStream(self, ptr, device=None):  # noqa: N802 (PyTorch's name)
-        return _TorchStream(ptr, self._device(device))
-
-    @contextlib.contextmanager
-    def stream(self, stream):
-        self.entered.setdefault(stream.device_index, []).append(stream)
-        try:
-            yield
-        finally:
-            self.entered[stream.device_index].pop()
-
-    @staticmethod
-    def is_initialized():
-        return True
-
-    def _handshake(self, waiting, producer, kind):
-        """The consumer's stream `waiting` waits for the producer's current stream."""
-        if waiting != producer.cuda_stream:
-            fake_cuda._wait(waiting, producer.stand_in().record())
-            self.waits.append((waiting, producer.cuda_stream, kind))
-
-    def export(self, tensor, stream):
-        """``tensor.__dlpack__(stream=stream)``, as PyTorch does it."""
-        device = tensor.array.device.id
-        if device != fake_cuda.current_device():
-            raise BufferError("Can't export tensors on a different CUDA device index.")
-        assert stream not in (0, 2), f"unsupported stream on CUDA: {stream}"
-        waiting = self.default_stream(device).cuda_stream if stream in (None, 1) else stream
-        self._handshake(waiting, self.current_stream(device), "import")
-
-    def cupy_import(self, cupy, tensor):
-        """CuPy's ``from_dlpack(tensor)``: the tensor's device made current, and its
-        current stream there passed (1 for the legacy stream)."""
-        with cupy.cuda.Device(tensor.array.device.id):
-            ptr = fake_cuda.current_stream().ptr
-            self.export(tensor, ptr if ptr else 1)
-
-    def torch_import(self, array):
-        """``torch.from_dlpack(array)``: PyTorch passes its current stream on the
-        array's device to CuPy's ``__dlpack__``, which makes that stream wait on CuPy's
-        current one (on the current device) when they differ."""
-        device = array.device.id
-        waiting = self.current_stream(device).cuda_stream
-        ours = fake_cuda.current_stream()
-        self._handshake(waiting, _TorchStream(ours.ptr, ours.device_id), "export")
-        return array  # it stays a stand-in array
-
-
 @pytest.fixture
 def torch_like(fake_gpu, monkeypatch):
-    """PyTorch's streams on the stand-in, with their DLPack handshake (``_TorchCuda``).
-
-    (Until the stand-in package has it: patched here.)"""
+    """PyTorch's streams and DLPack import on the stand-in (``fake_cuda.install_torch``),
+    PyTorch's current stream on each device a side stream of its own (cuda:1's too: a
+    test may give the stand-in a second device), not its default stream (the null
+    stream, CuPy's too): a wait between the two shows. ``side(d)`` is that stream."""
     torch = pytest.importorskip("torch")
-    from pycudnnrnn.core import dtypes
-    cuda = _TorchCuda()
-    for name in ("current_stream", "default_stream", "ExternalStream", "stream",
-                 "is_initialized"):
-        monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
-    take = fake_cuda.FakeCupy.from_dlpack
-
-    def from_dlpack(self, a):
-        if isinstance(a, _TorchLike):
-            cuda.cupy_import(self, a)
-        return take(self, a)
-    monkeypatch.setattr(fake_cuda.FakeCupy, "from_dlpack", from_dlpack)
-    monkeypatch.setattr(dtypes, "torch_from_dlpack", cuda.torch_import)
+    cuda = fake_cuda.install_torch(monkeypatch, torch)
+    for device in (0, 1):
+        fake_cuda.set_library_stream("torch", fake_cuda.FakeStream(device_id=device))
+    cuda.side = lambda device=0: fake_cuda.library_stream("torch", device)
     return cuda
 
 
@@ -289,14 +160,14 @@ def test_graphs_capture_of_the_functional_api_on_torch_tensors_captures_it(torch
     replays recompute the outputs from each new input."""
     from pycudnnrnn import graphs
     case = make_case("gru", lengths="ragged", num_units=5)
-    x, h, _, w = [None if a is None else _TorchLike(a) for a in _on_device(case)]
+    x, h, _, w = [None if a is None else fake_cuda.FakeTorchTensor(a) for a in _on_device(case)]
     rng = np.random.default_rng(7)
     queued, new_x = (rng.standard_normal(case.input.shape) for _ in range(2))
     with torch_like.side(0):
         x.array[...] = queued  # a host copy, queued on PyTorch's stream
     captured = graphs.capture(
         lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs))
-    assert torch_like.waits == []
+    assert fake_cuda.DLPACK_WAITS == []
     with captured.stream:
         captured.replay()
         _close(fake_cuda.to_host(captured.outputs[0]), _expected(case, queued)[0], "queued")
@@ -310,9 +181,9 @@ def test_the_functional_api_on_torch_tensors_makes_no_cross_stream_wait(torch_li
     stream and itself: no stream waits on another (the legacy stream waited on
     PyTorch's side stream, holding back every blocking stream)."""
     case = make_case("lstm", lengths="ragged", num_units=5)
-    args = [_TorchLike(a) for a in _on_device(case)]
+    args = [fake_cuda.FakeTorchTensor(a) for a in _on_device(case)]
     out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
-    assert torch_like.waits == []
+    assert fake_cuda.DLPACK_WAITS == []
     with torch_like.side(0):
         _close(fake_cuda.to_host(out[0]), case.forward()[0])
 
@@ -322,7 +193,7 @@ def test_torch_cuda_graph_of_the_functional_api_on_torch_tensors_replays_it(torc
     warm-up there) captures the call: its DLPack import and export happen on the
     capturing stream, and a replay recomputes the output from a new input."""
     case = make_case("gru", lengths="ragged", num_units=5)
-    x, h, _, w = [None if a is None else _TorchLike(a) for a in _on_device(case)]
+    x, h, _, w = [None if a is None else fake_cuda.FakeTorchTensor(a) for a in _on_device(case)]
     call = lambda: pycudnnrnn.forward(x, h, None, w, case.sequence_lengths, **case.attrs)
     call()  # the recipe's warm-up: the plan is built outside the capture
     fake_cuda.synchronize_all()  # torch.cuda.graph synchronizes before capturing
@@ -333,7 +204,7 @@ def test_torch_cuda_graph_of_the_functional_api_on_torch_tensors_replays_it(torc
             y = call()[0]
         finally:
             graph = capturing.end_capture()
-    assert torch_like.waits == []
+    assert fake_cuda.DLPACK_WAITS == []
     new_x = np.random.default_rng(8).standard_normal(case.input.shape)
     x.array[...] = fake_cuda._device(new_x)
     graph.launch(capturing)
@@ -348,7 +219,7 @@ def test_torch_tensors_on_another_gpu_than_the_current_one(torch_like):
     case = make_case("lstm", lengths="ragged", num_units=5)
     cp = _cp()
     with cp.cuda.Device(1):
-        args = [_TorchLike(a) for a in _on_device(case)]
+        args = [fake_cuda.FakeTorchTensor(a) for a in _on_device(case)]
     out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
     assert out[0].device.id == 1
     with cp.cuda.Device(1), torch_like.side(1):
@@ -376,24 +247,22 @@ def test_params_to_canonical_exports_on_the_arrays_device(fake_gpu, monkeypatch)
         np.testing.assert_array_equal(fake_cuda.to_host(got), expected)
 
 
-def test_torch_tensors_under_cupy_14_raise_no_deprecation_warning(torch_like, monkeypatch):
-    """CuPy 14 deprecates ``ExternalStream`` and warns at each construction (review
-    2026-12-07, finding 10): the functional API on PyTorch tensors warns nothing, and
-    makes CuPy's view of PyTorch's stream once, on the tensors' device (cuda:1 here,
-    cuda:0 current: ``Stream.from_external`` takes the current device's)."""
+def test_torch_tensors_under_cupy_14_raise_no_deprecation_warning(torch_like):
+    """CuPy 14 (the stand-in's) deprecates ``ExternalStream`` and warns at each
+    construction (review 2026-12-07, finding 10): the functional API on PyTorch tensors
+    warns nothing, and makes CuPy's view of PyTorch's stream once, on the tensors' device
+    (cuda:1 here, cuda:0 current: ``Stream.from_external`` takes the current device's)."""
     import warnings
-    from conftest import as_cupy_14
     fake_cuda.DEVICES[0] = 2
     case = make_case("gru", lengths="ragged", num_units=5)
     cp = _cp()
-    made = as_cupy_14(monkeypatch, cp)
     with cp.cuda.Device(1):
-        args = [None if a is None else _TorchLike(a) for a in _on_device(case)]
+        args = [None if a is None else fake_cuda.FakeTorchTensor(a) for a in _on_device(case)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         for _ in range(3):
             out = pycudnnrnn.forward(*args, case.sequence_lengths, **case.attrs)
-    assert made == [(torch_like.side(1).ptr, 1)]
+    assert cp.external_streams == [(torch_like.side(1).ptr, 1)]
     with cp.cuda.Device(1), fake_cuda.FakeStream(ptr=torch_like.side(1).ptr, device_id=1):
         _close(fake_cuda.to_host(out[0]), case.forward()[0])
 

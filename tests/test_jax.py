@@ -708,7 +708,7 @@ def stand_in_gpu(monkeypatch):
         assert offset == 0
         return memory
 
-    # (the stand-in's own ExternalStream makes XLA's stream current, with its own queue)
+    # (the stand-in's own Stream.from_external makes XLA's stream current, with its own queue)
     fake_cupy.cuda.UnownedMemory = lambda ptr, size, owner, device: \
         (ctypes.c_char * size).from_address(ptr)
     fake_cupy.cuda.MemoryPointer = memory_pointer
@@ -879,15 +879,13 @@ def test_cuda_checked_training_forward_uses_xlas_forward_sized_workspace(
                for _, size in frame.allocations), frame.allocations
 
 
-def test_cuda_handlers_under_cupy_14_raise_no_deprecation_warning(stand_in_gpu, monkeypatch):
-    """CuPy 14 deprecates ``ExternalStream`` and warns at each construction (review
-    2026-12-07, finding 10): XLA calls warn nothing, and CuPy's view of XLA's stream is
-    made once for all of them."""
+def test_cuda_handlers_under_cupy_14_raise_no_deprecation_warning(stand_in_gpu):
+    """CuPy 14 (the stand-in's) deprecates ``ExternalStream`` and warns at each
+    construction (review 2026-12-07, finding 10): XLA calls warn nothing, and CuPy's view
+    of XLA's stream is made once for all of them."""
     import warnings
-    from conftest import as_cupy_14
     from pycudnnrnn.core import gpu
     from pycudnnrnn.jax import targets as ffi_targets
-    made = as_cupy_14(monkeypatch, gpu.cupy())
     case = _case("gru-bi-ragged", lengths="ragged")
     op = _op(case)
     sizes = ffi_targets.buffer_sizes(rnn_jax._problem(op, case.input, case.input_h, case.input_c,
@@ -898,7 +896,7 @@ def test_cuda_handlers_under_cupy_14_raise_no_deprecation_warning(stand_in_gpu, 
         for _ in range(3):
             frame, expected, results = _forward_frame(case, op, sizes)
             assert frame.call(forward) is None, frame.errors
-    assert made == [(frame.stream, 0)]
+    assert gpu.cupy().external_streams == [(frame.stream, 0)]
     for ours, want in zip(results[:-2], [e for e in expected[:3] if e.size]):
         assert_ulp_close(ours, want)
 

@@ -535,54 +535,20 @@ def test_cuda_calls_run_on_torchs_stream_and_allocator(monkeypatch):
     assert seen["entered"][-1] == ("using_allocator", ("torch", 64, 0, 0xCAFE))
 
 
-def test_cuda_calls_under_cupy_14_raise_no_deprecation_warning(monkeypatch):
-    """CuPy 14 deprecates ``ExternalStream`` and warns at each construction (review
-    2026-12-07, finding 10): kernels._on_device takes ``Stream.from_external`` there,
-    once per (device, stream), on the tensor's device (it takes the current one's)."""
-    import contextlib
+def test_cuda_calls_under_cupy_14_raise_no_deprecation_warning(fake_gpu, monkeypatch):
+    """CuPy 14 (the stand-in's) deprecates ``ExternalStream`` and warns at each
+    construction (review 2026-12-07, finding 10): kernels._on_device takes
+    ``Stream.from_external`` there, once per (device, stream), on the tensor's device
+    (it takes the current one's), and runs on PyTorch's stream there."""
     import types
     import warnings
+    import fake_cuda
     from pycudnnrnn.core import gpu
     from pycudnnrnn.torch import op_backends as kernels
-    current, made, entered = [0], [], []
-
-    class Device:
-        def __init__(self, device):
-            self.device = device
-
-        def __enter__(self):
-            current.append(self.device)
-
-        def __exit__(self, *exc):
-            current.pop()
-
-    class Stream:
-        def __init__(self, ptr):
-            self.ptr = ptr
-
-        @staticmethod
-        def from_external(obj):
-            made.append((obj.__cuda_stream__(), current[-1]))
-            return Stream(obj.__cuda_stream__()[1])
-
-        def __enter__(self):
-            entered.append((self.ptr, current[-1]))
-
-        def __exit__(self, *exc):
-            return None
-
-    def external_stream(ptr, device):
-        warnings.warn("ExternalStream is deprecated", DeprecationWarning)
-        return Stream(ptr)
-
-    cuda = types.SimpleNamespace(
-        Device=Device, Stream=Stream, ExternalStream=external_stream,
-        using_allocator=lambda malloc: contextlib.nullcontext(),
-        memory=types.SimpleNamespace(PythonFunctionAllocator=lambda malloc, free:
-                                      types.SimpleNamespace(malloc=malloc)))
-    cupy = types.SimpleNamespace(cuda=cuda)
-    monkeypatch.setattr(gpu, "cupy", lambda: cupy)
-    monkeypatch.setattr(kernels, "_allocators", {}, raising=False)  # none from real CuPy
+    fake_cuda.DEVICES[0] = 2
+    cupy, entered = gpu.cupy(), []
+    monkeypatch.setattr(kernels, "_allocator", lambda cupy, device, stream:  # none real
+                        types.SimpleNamespace(malloc=lambda nbytes: pytest.fail("allocated")))
     monkeypatch.setattr(torch.cuda, "current_stream",
                         lambda device=None: types.SimpleNamespace(cuda_stream=0xBEEF))
     tensor = types.SimpleNamespace(device=torch.device("cuda", 1))
@@ -590,8 +556,8 @@ def test_cuda_calls_under_cupy_14_raise_no_deprecation_warning(monkeypatch):
         warnings.simplefilter("error", DeprecationWarning)
         for _ in range(3):
             with kernels._on_device(tensor):
-                pass
-    assert made == [((0, 0xBEEF), 1)] and entered == [(0xBEEF, 1)] * 3
+                entered.append((fake_cuda.current_stream().ptr, fake_cuda.current_device()))
+    assert cupy.external_streams == [(0xBEEF, 1)] and entered == [(0xBEEF, 1)] * 3
 
 
 @pytest.mark.parametrize("mode,gradients", [("lstm", "all"), ("gru", "data"),

@@ -11,7 +11,8 @@
 One module per thing it fakes, each to be read against CUDA's rules for that thing:
 ``state`` (counters, the lock its time runs under), ``devices``, ``streams`` (queues,
 events, capture modes, capture and graphs), ``memory`` (pools), ``arrays`` (device arrays
-over pool blocks), ``dlpack`` (other libraries' arrays), ``cupy`` (``FakeCupy``),
+over pool blocks), ``dlpack`` (other libraries' arrays, PyTorch's streams, the DLPack
+stream handshake), ``cupy`` (``FakeCupy``),
 ``cudnn`` (``FakeCudnn`` and cuDNN's weight slots) and ``light`` (the light stand-in).
 This module puts them in place and re-exports what tests use.
 
@@ -57,6 +58,20 @@ It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
   capturing stream may wait on an event recorded outside the capture only
   with ``cudaEventWaitExternal`` (``runtime.streamWaitEvent(s, e, 1)``), which each
   replay then honours.
+* CuPy's version (``FakeCupy.__version__``, 14.2 unless a test sets another): CuPy 14
+  holds bfloat16, has ``cuda.Stream.from_external`` and deprecates
+  ``cuda.ExternalStream``, which warns (``DeprecationWarning``) at each one made; CuPy 13
+  refuses bfloat16 and has no ``from_external``. ``FakeCupy.external_streams`` lists the
+  views of others' streams made.
+* DLPack's stream handshake, as PyTorch and CuPy make it (``dlpack``): an importer
+  passes its current stream to the exporter's ``__dlpack__(stream=...)`` (CuPy's
+  ``from_dlpack``; ``torch.from_dlpack``, with ``install_torch``), and where that stream
+  differs from the exporter library's current one the exporter records an event on its
+  own and makes the importer's wait on it, under CUDA's capture rules: across a
+  capture's boundary the wait is refused. Another library's current stream per device
+  (``library_stream``) is its null stream unless a test sets one (``set_library_stream``,
+  ``library_stream_entered``); ``FakeTorchTensor`` and ``FakeTorchCuda`` are PyTorch's
+  tensors and streams on the stand-in. Each such wait is noted in ``DLPACK_WAITS``.
 * a thread's capture interaction mode (``runtime.threadExchangeStreamCaptureMode``, as
   CUDA's ``cudaThreadExchangeStreamCaptureMode``; global by default): a thread in relaxed
   mode may query and sync while others capture, a thread-local one while others capture
@@ -109,7 +124,9 @@ from .cudnn import (DROPOUT_STATES_BYTES, FakeCudnn, WeightSlot, _array,  # noqa
                     temp_space_bytes, weight_slots, weight_space_elements)
 from .cupy import FakeCupy  # noqa: F401
 from .devices import DEVICES, Device, current_device  # noqa: F401
-from .dlpack import FakeFrameworkArray  # noqa: F401
+from .dlpack import (WAITS as DLPACK_WAITS, FakeFrameworkArray, FakeTorchCuda,  # noqa: F401
+                     FakeTorchTensor, install_torch, library_stream, library_stream_entered,
+                     set_library_stream, torch_from_dlpack)
 from .light import LightCupy, LightDeviceArray, install_light  # noqa: F401
 from .memory import FakeMemoryPool  # noqa: F401
 from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL,  # noqa: F401
@@ -132,6 +149,7 @@ def install(monkeypatch):
     synchronize_all()  # what an earlier stand-in queued runs before its memory is reused
     _KEPT.clear()
     _WATCHED.clear()
+    DLPACK_WAITS.clear()
     reset_counts()
     CALLS.clear()
     CAPTURING.clear()

@@ -100,6 +100,12 @@ class FakeDeviceArray(np.ndarray):
     def __dlpack_device__(self):
         return (2, self.device.id)
 
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        """CuPy's export: the consumer's `stream` waits for CuPy's current stream where
+        they differ (``dlpack.export_array``)."""
+        from .dlpack import export_array  # DLPack sits on arrays: imported late
+        return export_array(self, stream)
+
     def __setitem__(self, key, value):
         plain = _plain(self)
         if isinstance(value, np.ndarray) and not isinstance(value, FakeDeviceArray) \

@@ -2,6 +2,7 @@
 
 import ctypes
 import types
+import warnings
 
 import numpy as np
 
@@ -30,12 +31,61 @@ def _memory_pointer(memory, offset):
     assert offset == 0, "the stand-in's MemoryPointer takes offset 0 only"
     return memory
 
+
+def _major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+class _SinceCupy14:
+    """A classmethod CuPy 14 added: absent (an AttributeError, so ``getattr(..., None)``
+    finds none) while the stand-in plays an older CuPy."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __get__(self, instance, owner):
+        version = owner._cupy.__version__
+        if _major(version) < 14:
+            raise AttributeError(f"type object 'Stream' has no attribute "
+                                 f"'{self.function.__name__}' (CuPy {version}; added in 14)")
+        return self.function.__get__(owner)
+
+
+def _from_external(cls, obj):
+    """CuPy 14's ``Stream.from_external(obj)`` (``cupy/cuda/stream.pyx``): a view of the
+    stream of `obj`, an object of the CUDA stream protocol (``obj.__cuda_stream__()``
+    is ``(0, pointer)``), on the current device (the protocol names none); it holds
+    `obj`."""
+    try:
+        result = obj.__cuda_stream__()
+    except AttributeError:
+        raise AttributeError(f"Object of type {type(obj).__name__} does not implement the "
+                             f"CUDA stream protocol (__cuda_stream__ method)") from None
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise TypeError(f"__cuda_stream__() must return a 2-tuple of (version, stream_ptr), "
+                        f"got {type(result).__name__}")
+    version, ptr = result
+    if not isinstance(version, int) or not isinstance(ptr, int):
+        raise TypeError(f"__cuda_stream__() must return (int, int), got "
+                        f"({type(version).__name__}, {type(ptr).__name__})")
+    if version != 0:
+        raise ValueError(f"__cuda_stream__() returned unsupported version {version}, only "
+                         f"version 0 is supported")
+    stream = cls(ptr=ptr, device_id=current_device())
+    stream._foreign_stream_ref = obj
+    cls._cupy.external_streams.append((ptr, stream.device_id))
+    return stream
+
 class FakeCupy(types.ModuleType):
     """The CuPy functions and attributes the backend and the API use.
 
     ``__version__`` says which CuPy it plays: 14 (the default) holds bfloat16; set it to
     "13.6.0" and, as CuPy 13 does, its DLPack import, allocations and kernels refuse
-    bfloat16 (so the library must carry bfloat16 as its bits).
+    bfloat16 (so the library must carry bfloat16 as its bits). CuPy 14 has
+    ``cuda.Stream.from_external`` and deprecates ``cuda.ExternalStream``, which warns
+    (``DeprecationWarning``) at each one made; CuPy 13 has no ``from_external``.
+    ``external_streams`` holds the ``(pointer, device)`` of each view of another's
+    stream made by either.
     """
 
     ndarray = FakeDeviceArray
@@ -52,9 +102,20 @@ class FakeCupy(types.ModuleType):
 
     def __init__(self):
         super().__init__("fake_cupy")
+        self.external_streams = []
+        # This CuPy's Stream: FakeStream, with CuPy 14's from_external on this version.
+        stream_class = type("Stream", (FakeStream,), {
+            "_cupy": self, "from_external": _SinceCupy14(_from_external),
+            "__module__": __name__, "__doc__": FakeStream.__doc__})
 
         def external_stream(ptr, device_id=-1):  # -1: unknown, taken as the current one
-            return FakeStream(ptr=ptr, device_id=None if device_id == -1 else device_id)
+            if _major(self.__version__) >= 14:
+                warnings.warn("ExternalStream is deprecated. Use Stream.from_external() "
+                              "instead to interoperate with external streams that implement "
+                              "the CUDA stream protocol.", DeprecationWarning, stacklevel=2)
+            stream = FakeStream(ptr=ptr, device_id=None if device_id == -1 else device_id)
+            self.external_streams.append((ptr, stream.device_id))
+            return stream
 
         def stream_wait_event(stream, event, flags=0):
             streams._wait(stream, _EVENTS[event], flags)  # streams' own: a test may count it
@@ -71,7 +132,7 @@ class FakeCupy(types.ModuleType):
                                           streamCaptureModeGlobal=CAPTURE_GLOBAL,
                                           streamCaptureModeThreadLocal=CAPTURE_THREAD_LOCAL,
                                           streamCaptureModeRelaxed=CAPTURE_RELAXED),
-            Device=Device, get_current_stream=current_stream, Stream=FakeStream,
+            Device=Device, get_current_stream=current_stream, Stream=stream_class,
             ExternalStream=external_stream, Event=FakeEvent, MemoryPool=FakeMemoryPool,
             using_allocator=_UsingAllocator, get_allocator=_allocator,
             # views of memory others own (XLA's buffers), as the CUDA handlers make them

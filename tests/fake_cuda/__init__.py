@@ -113,11 +113,11 @@ from .dlpack import FakeFrameworkArray  # noqa: F401
 from .light import LightCupy, LightDeviceArray, install_light  # noqa: F401
 from .memory import FakeMemoryPool  # noqa: F401
 from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL,  # noqa: F401
-                    CAPTURING, COUNTS, EVENT_WAIT_EXTERNAL, POISON, STRICT, _local,
-                    reset_counts)
+                    CAPTURING, COUNTS, EVENT_WAIT_EXTERNAL, PER_THREAD_DEFAULT_STREAM, POISON,
+                    STRICT, _local, reset_counts)
 from .streams import (NULL_STREAM, _CAPTURES, FakeEvent, FakeGraph, FakeStream,  # noqa: F401
                       _WATCHED, _drain, _queue, _submit, _wait, current_stream, null_stream,
-                      synchronize_all)
+                      per_thread_stream, synchronize_all)
 
 
 def install(monkeypatch):
@@ -137,6 +137,8 @@ def install(monkeypatch):
     CAPTURING.clear()
     _CAPTURES.clear()
     STRICT[0] = os.environ.get("FAKE_CUDA_STRICT") == "1"  # a whole run in strict mode
+    # CuPy's per-thread default stream, for a whole run as CuPy's variable turns it on
+    PER_THREAD_DEFAULT_STREAM[0] = os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM") == "1"
     DEVICES[0] = 1
     _local.__dict__.clear()
     return fake_api

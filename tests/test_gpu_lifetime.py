@@ -1008,6 +1008,38 @@ def test_a_plan_on_device_1_dropped_with_device_0_current_is_freed_behind_its_ru
     _released()
 
 
+def test_a_graph_on_device_1_dropped_with_device_0_current_lets_its_plans_go(fake_gpu):
+    """Finding 7's kin: a ``graphs.capture`` on device 1, its replay queued, dropped with
+    device 0 current. Its finaliser records its release event on the graph's stream, a
+    device-1 stream: an event made on device 0 cannot be recorded there (CUDA's
+    cudaErrorInvalidResourceHandle), and the plans were then kept for good. They must be
+    let go of once the replay is done, and not before."""
+    from pycudnnrnn.cuda import graphs
+    cp = _cp()
+    fake_cuda.DEVICES[0] = 2
+    case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
+    with cp.cuda.Device(1):
+        x, h, c, w = _on_device(case)
+        plan = _ragged_plan(case, device="cuda:1")
+        captured = graphs.capture(lambda: plan.forward(x, h, c, w)[0])
+        stream, y = captured.stream, captured.outputs
+        with stream:
+            captured.replay()  # queued
+    executor = weakref.ref(plan._executor)
+    kept = len(graphs._never_released)
+    with cp.cuda.Device(0):
+        del captured, plan
+        gc.collect()
+    assert len(graphs._never_released) == kept  # not kept for good
+    with cp.cuda.Device(1):
+        junk = _filled(cp, range(64, 8192, 64), 0x7F)  # device 1's legacy stream, the home
+        with stream:
+            _close(fake_cuda.to_host(y), case.forward()[0])
+        assert _changed(junk, 0x7F) == 0
+    _released()
+    assert executor() is None
+
+
 # ----------------------------------------------------------------- review 3, finding 3: built in a capture
 
 CAPTURE_MODES = [fake_cuda.CAPTURE_RELAXED, fake_cuda.CAPTURE_GLOBAL]

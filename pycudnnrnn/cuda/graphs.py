@@ -68,7 +68,10 @@ def _released(stream, held) -> None:
         return
     try:
         cupy = gpu.cupy()
-        event = stream.record(cupy.cuda.Event(block=True, disable_timing=True))
+        # An event is made on the current device and recorded only on a stream of its
+        # own device: the collection may run with any device current.
+        with cupy.cuda.Device(stream.device_id):
+            event = stream.record(cupy.cuda.Event(block=True, disable_timing=True))
     except Exception:  # CUDA failing: never free under a replay, keep them (a leak)
         _never_released.append(held)
         return

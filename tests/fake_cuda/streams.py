@@ -154,11 +154,16 @@ class FakeEvent:
         self._graph = None  # the graph of that capture
         self.ptr = FakeEvent._next[0]
         FakeEvent._next[0] += 0x10
+        self.device = current_device()  # CUDA makes an event on the current device
         _EVENTS[self.ptr] = self
 
     def record(self, stream=None):
         stream = stream if stream is not None else current_stream()
         key = _key(stream.ptr)  # an event names its point in the stream named now
+        device = key[1] if type(key) is tuple else stream.device_id
+        if device != self.device:  # cudaEventRecord: "must be on the same device"
+            raise RuntimeError(f"cudaErrorInvalidResourceHandle: an event of device "
+                               f"{self.device} recorded on a stream of device {device}")
         with _lock:
             graph = _CAPTURES.get(key)
             self.captured, self._graph = graph is not None, graph

@@ -397,6 +397,7 @@ def test_pointer_0_and_1_name_the_legacy_stream_of_the_current_device(fake_gpu, 
     whatever the stream object was made on; each device's null stream is pointer 0."""
     cp = fake_cuda.FakeCupy()
     fake_cuda.DEVICES[0] = 2
+    fake_cuda.PER_THREAD_DEFAULT_STREAM[0] = False  # the legacy default, in any run
     with cp.cuda.Device(1):
         assert cp.cuda.get_current_stream().ptr == 0
     ran = []

@@ -985,6 +985,7 @@ def test_a_plan_on_device_1_dropped_with_device_0_current_is_freed_behind_its_ru
     fills blocks: none may be the plan's while the side stream's run is queued."""
     cp = _cp()
     fake_cuda.DEVICES[0] = 2
+    fake_cuda.PER_THREAD_DEFAULT_STREAM[0] = False  # the legacy default, in any run
     case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
     with cp.cuda.Device(1):
         x, h, c, w = _on_device(case)

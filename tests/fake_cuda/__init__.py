@@ -70,6 +70,12 @@ It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
   the current one is refused, as CuPy refuses it. Devices are GPUs of different kinds:
   cuDNN on device n asks for a larger workspace and reserve space than on device 0
   (``temp_space_bytes``), so sizes taken on the wrong device show.
+* CUDA's special stream handles, resolved at each call: pointer 0 (and 1,
+  ``cudaStreamLegacy``) is the legacy stream of the device current then, every device's
+  null stream; pointer 2 (``cudaStreamPerThread``) is the calling thread's own stream.
+  ``PER_THREAD_DEFAULT_STREAM[0]`` (the ``per_thread_gpu`` fixture) makes it every
+  thread's default stream, as ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` does in CuPy.
+  An event is made on the current device and recorded only on a stream of its device.
 
 What it adds besides, to catch GPU bugs a CPU test would miss:
 

@@ -123,6 +123,18 @@ def strict_gpu(fake_gpu):
 
 
 @pytest.fixture
+def per_thread_gpu(fake_gpu):
+    """The stand-in GPU with CuPy's per-thread default stream on (as
+    ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``): each thread's default stream is its own,
+    and every thread's has pointer 2."""
+    import fake_cuda
+    fake_cuda.PER_THREAD_DEFAULT_STREAM[0] = True
+    yield fake_gpu
+    fake_cuda.synchronize_all()  # every thread's stream has run before it goes off
+    fake_cuda.PER_THREAD_DEFAULT_STREAM[0] = False
+
+
+@pytest.fixture
 def case_factory():
     return make_case
 

@@ -438,3 +438,77 @@ def test_cupy_14_deprecates_external_stream_for_stream_from_external(fake_gpu):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cp.cuda.ExternalStream(0xBEEF)
+
+
+# ----------------------------------------------------------------- CUDA's special stream handles
+
+def _on_thread(work):
+    """What `work()` returns, run on a thread of its own (its error raised here)."""
+    import threading
+    out = {}
+
+    def run():
+        try:
+            out["value"] = work()
+        except BaseException as error:  # noqa: BLE001 (raised on the test's thread)
+            out["error"] = error
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@pytest.mark.parametrize("ptr", [0, 1])
+def test_pointer_0_and_1_name_the_legacy_stream_of_the_current_device(fake_gpu, ptr):
+    """cudaStreamLegacy (1), and 0: the legacy stream of the device current at the call,
+    whatever the stream object was made on; each device's null stream is pointer 0."""
+    cp = fake_cuda.FakeCupy()
+    fake_cuda.DEVICES[0] = 2
+    fake_cuda.PER_THREAD_DEFAULT_STREAM[0] = False  # the legacy default, in any run
+    with cp.cuda.Device(1):
+        assert cp.cuda.get_current_stream().ptr == 0
+    ran = []
+    handle = cp.cuda.ExternalStream(ptr, 0)  # made for device 0
+    with cp.cuda.Device(1):
+        fake_cuda._submit(handle.ptr, lambda: ran.append(1))  # on device 1's legacy stream
+    handle.synchronize()  # device 0's
+    fake_cuda.NULL_STREAM.synchronize()
+    assert ran == []
+    with cp.cuda.Device(1):
+        fake_cuda.NULL_STREAM.synchronize()  # pointer 0, device 1 current
+    assert ran == [1]
+
+
+def test_pointer_2_names_each_threads_own_stream(per_thread_gpu):
+    """cudaStreamPerThread (2): every thread's default stream with CuPy's per-thread
+    default stream on, and a different stream on each thread; an event names its point
+    in the stream of the thread that recorded it."""
+    cp = fake_cuda.FakeCupy()
+    assert cp.cuda.get_current_stream().ptr == 2
+    ran = []
+
+    def queue_one():
+        assert cp.cuda.get_current_stream().ptr == 2
+        fake_cuda._submit(2, lambda: ran.append(1))
+        return cp.cuda.get_current_stream().record()
+    event = _on_thread(queue_one)
+    cp.cuda.get_current_stream().synchronize()  # this thread's: not the other's
+    assert ran == [] and not event.done
+    event.synchronize()
+    assert ran == [1]
+
+
+def test_the_pool_keys_the_per_thread_stream_by_thread(per_thread_gpu):
+    """CuPy's pool (#5069): a block freed on one thread's per-thread stream goes at once
+    to that thread's next request only; another thread's waits until the freeing
+    thread's stream got past the free."""
+    cp = fake_cuda.FakeCupy()
+    a = cp.zeros(64, cp.float32)
+    address = a.data.ptr
+    del a
+    fake_cuda._submit(2, lambda: None)  # more work queued on this thread's stream
+    assert _on_thread(lambda: cp.empty(64, cp.float32).data.ptr) != address
+    b = cp.empty(64, cp.float32)
+    assert b.data.ptr == address  # this thread's stream: at once

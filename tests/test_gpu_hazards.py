@@ -1006,16 +1006,28 @@ assert cupy.cuda.get_current_stream().ptr == 2, "the per-thread default stream i
 case = _ragged_gpu_case()
 args = [cupy.asarray(a) for a in (case.input, case.input_h, case.input_c, case.params)]
 cupy.cuda.get_current_stream().synchronize()
-built, result = threading.Event(), {}
+warmed, built, result = threading.Event(), threading.Event(), {}
+
+
+def warm_up():
+    """This thread's cuDNN handle and the configuration's descriptors, made before the
+    spin: a first call may synchronize, which would hide the race."""
+    cupy.asnumpy(pycudnnrnn.forward(*args, None, **case.attrs)[0])  # another plan
 
 
 def b():  # runs the plan at once on its own per-thread default stream
+    try:
+        warm_up()
+    finally:
+        warmed.set()
     built.wait()
     result["y"] = cupy.asnumpy(result["plan"].forward(*args)[0])
 
 
 thread = threading.Thread(target=b)
 thread.start()
+warm_up()
+warmed.wait()
 junk = [cupy.full(n, 0x7F, cupy.uint8) for n in range(64, 8192, 64)]
 del junk  # freed into this thread's arena, 0x7F
 _spin(cupy, 0.5)
@@ -1035,7 +1047,9 @@ print("OK")
 def test_gpu_finding_5_a_plan_built_on_one_threads_default_stream_runs_on_anothers():
     """Finding 5: with CuPy's per-thread default stream, thread A builds a ragged plan
     behind a 0.5 s spin (its uploads queued there) over freed 0x7F blocks; thread B runs
-    it at once: B's run must wait for A's uploads (pointer 2 on both threads)."""
+    it at once: B's run must wait for A's uploads (pointer 2 on both threads). Both
+    threads first run another plan of the configuration, so that nothing the build or
+    the run makes for the first time (a cuDNN handle) synchronizes behind the spin."""
     pytest.importorskip("cupy")
     assert "OK" in _own_process(_FINDING_5, CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1")
 
@@ -1132,6 +1146,42 @@ def test_gpu_finding_7_a_plan_on_cuda1_dropped_with_cuda0_current(cuda_only):
     with cupy.cuda.Device(1):
         junk = [cupy.full(n, 0x7F, cupy.uint8) for n in range(64, 8192, 64)]
         side.synchronize()
+        got = cupy.asnumpy(y)
+    np.testing.assert_allclose(got, case.forward()[0], rtol=1e-4, atol=1e-5)
+    assert junk
+
+
+@pytest.mark.gpu
+def test_gpu_finding_7_a_graph_on_cuda1_dropped_with_cuda0_current(cuda_only):
+    """Finding 7's kin (two GPUs): a ``graphs.capture`` on cuda:1 replayed behind a 0.5 s
+    spin, dropped with cuda:0 current. Its release event must be made on cuda:1 (CUDA
+    records an event only on a stream of its device), or its plan is kept for good; and
+    cuda:1's legacy stream filling freed blocks with 0x7F must not change the replay."""
+    import cupy
+    from pycudnnrnn.cuda import graphs
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    case = _ragged_gpu_case()
+    kept = len(graphs._never_released)
+    with cupy.cuda.Device(1):
+        x, h, c, w = (cupy.asarray(a) for a in (case.input, case.input_h, case.input_c,
+                                                case.params))
+        plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=16, input_size=8, max_time=12,
+                                  batch_size=6, sequence_lengths=case.sequence_lengths,
+                                  direction="bidirectional", dtype="float32",
+                                  device="cuda:1")
+        captured = graphs.capture(lambda: plan.forward(x, h, c, w)[0])
+        stream, y = captured.stream, captured.outputs
+        with stream:
+            _spin(cupy, 0.5)
+            captured.replay()
+    with cupy.cuda.Device(0):
+        del captured, plan
+        gc.collect()
+    assert len(graphs._never_released) == kept
+    with cupy.cuda.Device(1):
+        junk = [cupy.full(n, 0x7F, cupy.uint8) for n in range(64, 8192, 64)]
+        stream.synchronize()
         got = cupy.asnumpy(y)
     np.testing.assert_allclose(got, case.forward()[0], rtol=1e-4, atol=1e-5)
     assert junk

@@ -755,6 +755,159 @@ def test_a_dropped_captured_graph_does_not_free_its_plans_under_a_queued_replay(
     _released()
 
 
+def _on_thread(work):
+    """What `work()` returns, run on a thread of its own (with CuPy's per-thread default
+    stream on, that thread's own stream); its error is raised here."""
+    import threading
+    out = {}
+
+    def run():
+        try:
+            out["value"] = work()
+        except BaseException as error:  # noqa: BLE001 (raised on the test's thread)
+            out["error"] = error
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _ragged_plan(case, **extra):
+    return pycudnnrnn.RNNPlan(num_layers=1, num_units=8, input_size=3, max_time=4,
+                              batch_size=3, sequence_lengths=case.sequence_lengths,
+                              dtype="float64", direction="bidirectional", **extra)
+
+
+def test_a_plan_built_on_one_threads_default_stream_waits_for_its_uploads_on_anothers(
+        per_thread_gpu):
+    """Finding 5: with CuPy's per-thread default stream, thread A builds a ragged plan
+    (its uploads queued on A's stream, behind work queued there) and thread B runs it at
+    once. Both streams are pointer 2, but they are two streams: B's run must wait for
+    A's uploads (its lengths and masks), or cuDNN reads them before they are there."""
+    case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
+    x, h, c, w = _on_device(case)
+    fake_cuda._submit(2, lambda: None)  # work queued on A's stream before the build
+    plan = _ragged_plan(case, device="cuda")
+    got = _on_thread(lambda: fake_cuda.to_host(plan.forward(x, h, c, w)[0]))
+    _close(got, case.forward()[0])
+
+
+def test_a_plan_run_on_another_threads_default_stream_is_freed_behind_that_run(
+        per_thread_gpu):
+    """Finding 5: a plan built on thread A (its home: A's per-thread stream), run on
+    thread B's (work still queued there), then dropped. B's run is a use on another
+    stream, though both are pointer 2: the plan's blocks must not go to the next
+    allocations on A's stream before B's run is done."""
+    cp = _cp()
+    case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
+    x, h, c, w = _on_device(case)
+    plan = _ragged_plan(case, device="cuda")
+    cp.cuda.get_current_stream().synchronize()  # the uploads are there: only the free races
+
+    def run_on_b():
+        y = plan.forward(x, h, c, w)[0]  # queued on B's stream
+        return y, cp.cuda.get_current_stream().record()
+    y, done_on_b = _on_thread(run_on_b)
+    executor = weakref.ref(plan._executor)
+    del plan
+    gc.collect()
+    assert executor() is None
+    junk = _filled(cp, range(64, 8192, 64), 0x7F)  # on A's stream, the plan's home
+    done_on_b.synchronize()
+    _close(fake_cuda.to_host(y), case.forward()[0])
+    assert _changed(junk, 0x7F) == 0
+    _released()
+
+
+def test_dropout_forwards_on_two_threads_default_streams_draw_in_order(per_thread_gpu):
+    """Finding 5: a seed's dropout states drawn by a forward queued on thread A's
+    per-thread stream, then restarted and drawn on thread B's: B's must wait for A's
+    (both pointer 2), so that each draws the seed's first masks."""
+    case = make_case("lstm", num_layers=2, num_units=6)
+    x, h, c, w = _on_device(case)
+    plan = pycudnnrnn.RNNPlan(num_layers=2, num_units=6, input_size=3, max_time=4,
+                              batch_size=3, dtype="float64", device="cuda", dropout=0.5,
+                              seed=4705)
+    arrays = dict(input=x, input_h=h, input_c=c, params=w)
+    first = fake_cuda.to_host(plan.run_forward(arrays, restart_dropout=True)[0])
+    on_a = plan.run_forward(arrays, restart_dropout=True)[0]  # queued on A's stream
+    cp = _cp()
+
+    def forward_on_b():
+        y = plan.run_forward(arrays, restart_dropout=True)[0]  # queued on B's stream
+        return y, cp.cuda.get_current_stream().record()
+    on_b, done_on_b = _on_thread(forward_on_b)
+    _close(fake_cuda.to_host(on_a), first, "on A")
+    done_on_b.synchronize()
+    _close(fake_cuda.to_host(on_b), first, "on B")
+
+
+def test_a_plan_on_device_1_dropped_with_device_0_current_is_freed_behind_its_runs(fake_gpu):
+    """Finding 7: a ragged plan on device 1 whose home is device 1's legacy stream
+    (pointer 0), run on a device-1 side stream behind queued work, then dropped while
+    device 0 is current. Pointer 0 there names device 0's legacy stream: whatever orders
+    the blocks' release must not name it. Device 1's legacy stream then allocates and
+    fills blocks: none may be the plan's while the side stream's run is queued."""
+    cp = _cp()
+    fake_cuda.DEVICES[0] = 2
+    fake_cuda.PER_THREAD_DEFAULT_STREAM[0] = False  # the legacy default, in any run
+    case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
+    with cp.cuda.Device(1):
+        x, h, c, w = _on_device(case)
+        plan = _ragged_plan(case, device="cuda:1")
+        assert cp.cuda.get_current_stream().ptr == 0  # the plan's home: the legacy stream
+        side = cp.cuda.Stream(non_blocking=True)
+        with side:
+            fake_cuda._submit(side.ptr, lambda: None)  # queued work ahead of the run
+            y = plan.forward(x, h, c, w)[0]
+    with cp.cuda.Device(0):
+        executor = weakref.ref(plan._executor)
+        del plan
+        gc.collect()
+        assert executor() is None
+    with cp.cuda.Device(1):
+        junk = _filled(cp, range(64, 8192, 64), 0x7F)  # device 1's legacy stream
+        with side:
+            got = fake_cuda.to_host(y)
+        _close(got, case.forward()[0])
+        assert _changed(junk, 0x7F) == 0
+    _released()
+
+
+def test_a_graph_on_device_1_dropped_with_device_0_current_lets_its_plans_go(fake_gpu):
+    """Finding 7's kin: a ``graphs.capture`` on device 1, its replay queued, dropped with
+    device 0 current. Its finaliser records its release event on the graph's stream, a
+    device-1 stream: an event made on device 0 cannot be recorded there (CUDA's
+    cudaErrorInvalidResourceHandle), and the plans were then kept for good. They must be
+    let go of once the replay is done, and not before."""
+    from pycudnnrnn.cuda import graphs
+    cp = _cp()
+    fake_cuda.DEVICES[0] = 2
+    case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
+    with cp.cuda.Device(1):
+        x, h, c, w = _on_device(case)
+        plan = _ragged_plan(case, device="cuda:1")
+        captured = graphs.capture(lambda: plan.forward(x, h, c, w)[0])
+        stream, y = captured.stream, captured.outputs
+        with stream:
+            captured.replay()  # queued
+    executor = weakref.ref(plan._executor)
+    kept = len(graphs._never_released)
+    with cp.cuda.Device(0):
+        del captured, plan
+        gc.collect()
+    assert len(graphs._never_released) == kept  # not kept for good
+    with cp.cuda.Device(1):
+        junk = _filled(cp, range(64, 8192, 64), 0x7F)  # device 1's legacy stream, the home
+        with stream:
+            _close(fake_cuda.to_host(y), case.forward()[0])
+        assert _changed(junk, 0x7F) == 0
+    _released()
+    assert executor() is None
+
+
 # ----------------------------------------------------------------- review 3, finding 3: built in a capture
 
 CAPTURE_MODES = [fake_cuda.CAPTURE_RELAXED, fake_cuda.CAPTURE_GLOBAL]

@@ -85,6 +85,12 @@ It lives in time, as a GPU does (STYLE.md, "a test double that lives in time"):
   the current one is refused, as CuPy refuses it. Devices are GPUs of different kinds:
   cuDNN on device n asks for a larger workspace and reserve space than on device 0
   (``temp_space_bytes``), so sizes taken on the wrong device show.
+* CUDA's special stream handles, resolved at each call: pointer 0 (and 1,
+  ``cudaStreamLegacy``) is the legacy stream of the device current then, every device's
+  null stream; pointer 2 (``cudaStreamPerThread``) is the calling thread's own stream.
+  ``PER_THREAD_DEFAULT_STREAM[0]`` (the ``per_thread_gpu`` fixture) makes it every
+  thread's default stream, as ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` does in CuPy.
+  An event is made on the current device and recorded only on a stream of its device.
 
 What it adds besides, to catch GPU bugs a CPU test would miss:
 
@@ -130,11 +136,11 @@ from .dlpack import (WAITS as DLPACK_WAITS, FakeFrameworkArray, FakeTorchCuda,  
 from .light import LightCupy, LightDeviceArray, install_light  # noqa: F401
 from .memory import FakeMemoryPool  # noqa: F401
 from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL,  # noqa: F401
-                    CAPTURING, COUNTS, EVENT_WAIT_EXTERNAL, POISON, STRICT, _local,
-                    reset_counts)
+                    CAPTURING, COUNTS, EVENT_WAIT_EXTERNAL, PER_THREAD_DEFAULT_STREAM, POISON,
+                    STRICT, _local, reset_counts)
 from .streams import (NULL_STREAM, _CAPTURES, FakeEvent, FakeGraph, FakeStream,  # noqa: F401
                       _WATCHED, _drain, _queue, _submit, _wait, current_stream, null_stream,
-                      synchronize_all)
+                      per_thread_stream, synchronize_all)
 
 
 def install(monkeypatch):
@@ -155,6 +161,8 @@ def install(monkeypatch):
     CAPTURING.clear()
     _CAPTURES.clear()
     STRICT[0] = os.environ.get("FAKE_CUDA_STRICT") == "1"  # a whole run in strict mode
+    # CuPy's per-thread default stream, for a whole run as CuPy's variable turns it on
+    PER_THREAD_DEFAULT_STREAM[0] = os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM") == "1"
     DEVICES[0] = 1
     _local.__dict__.clear()
     return fake_api

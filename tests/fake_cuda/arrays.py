@@ -13,7 +13,7 @@ import numpy as np
 from .devices import current_device
 from .memory import FakeMemoryPool, _PoolRoot, _allocator
 from .state import COUNTS, _count
-from .streams import _CAPTURES, _drain, _now, _upload, current_stream
+from .streams import _capture_of, _drain, _key, _now, _upload, current_stream
 
 def _empty(shape, dtype):
     """A FakeDeviceArray over a pool block (poison: NaN for floats, as garbage would be)."""
@@ -30,7 +30,7 @@ def _empty(shape, dtype):
     # The root's base is the block, and NumPy collapses a view's base only through
     # arrays of the view's own type: every view keeps the root, and so the block.
     root = np.ndarray.__new__(_PoolRoot, (block.size,), np.uint8, block)
-    root.release = (pool, block, current_stream().ptr)  # CuPy frees on that stream too
+    root.release = (pool, block, _key(current_stream().ptr))  # CuPy frees on that stream too
     root.device_id = current_device()
     flat = np.ndarray.__getitem__(root.view(FakeDeviceArray), slice(0, nbytes))
     return flat.view(dtype).reshape(shape)
@@ -65,7 +65,7 @@ def _plain(a):
     that does not keep the memory alive (what a graph holds of it: its address)."""
     if not isinstance(a, FakeDeviceArray):
         return a
-    return _unowned(a) if current_stream().ptr in _CAPTURES else a.view(np.ndarray)
+    return _unowned(a) if current_stream().is_capturing() else a.view(np.ndarray)
 
 
 def _unowned(a):
@@ -87,7 +87,7 @@ def _new(compute):
     _drain(ptr)
     value = compute()
     out = _pooled(value)
-    graph = _CAPTURES.get(ptr)
+    graph = _capture_of(ptr)
     if graph is not None:
         target = _unowned(out)
         graph.ops.append(lambda: np.copyto(target, compute(), casting="unsafe"))
@@ -124,7 +124,7 @@ class FakeDeviceArray(np.ndarray):
                 _root(item) is _root(self):
             return item  # a view: no device work
         out = _pooled(item)  # a gather (or one element): a new device array
-        graph = _CAPTURES.get(ptr)
+        graph = _capture_of(ptr)
         if graph is not None:
             plain, target = _unowned(self), _unowned(out)
             graph.ops.append(lambda: np.copyto(target, plain[key]))

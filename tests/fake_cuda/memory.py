@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from .state import COUNTS, POISON, _local, _lock
-from .streams import _submit, current_stream
+from .streams import _key, _submit, current_stream
 
 _BLOCK = 512  # CuPy's allocation unit
 
@@ -35,7 +35,7 @@ class FakeMemoryPool:
     def take(self, nbytes):
         COUNTS[self.counter] += 1
         size = max(_BLOCK, -(-int(nbytes) // _BLOCK) * _BLOCK)
-        stream = current_stream().ptr
+        stream = _key(current_stream().ptr)  # the per-thread stream: this thread's
         with _lock:
             free = self.free[size]
             for i in range(len(free) - 1, -1, -1):  # the most recently freed first
@@ -52,7 +52,9 @@ class FakeMemoryPool:
         return sum(b.size for b in self.blocks)
 
     def give_back(self, block, stream_ptr):
-        """`block`'s last array is gone: poison it after its stream's work, reuse it."""
+        """`block`'s last array is gone: poison it after its stream's work, reuse it.
+        `stream_ptr` is the stream's key (``streams._key``) taken at the allocation, as
+        CuPy's pool keys the per-thread stream by the allocating thread (#5069)."""
         poisoned = [False]
 
         def poison():

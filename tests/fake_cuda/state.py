@@ -15,6 +15,10 @@ CAPTURING = []
 #: Set STRICT[0] to run streams out of submission order at device syncs.
 STRICT = [False]
 
+#: Set PER_THREAD_DEFAULT_STREAM[0] to make every thread's default stream its own
+#: per-thread stream (pointer 2), as ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` does.
+PER_THREAD_DEFAULT_STREAM = [False]
+
 #: cudaStreamCaptureMode (CuPy's ``runtime.streamCaptureMode*``), and cudaEventWaitExternal.
 CAPTURE_GLOBAL, CAPTURE_THREAD_LOCAL, CAPTURE_RELAXED = 0, 1, 2
 EVENT_WAIT_EXTERNAL = 1

@@ -6,6 +6,12 @@ queried at once, as CuPy's pinned-memory watcher does (``_upload``). Every other
 operation runs at once on the current stream, after that stream's queued work (``_now``).
 Nothing orders two streams but events and syncs. Capture follows CUDA's rules for each
 mode (see the package's docstring); a graph replays what its stream captured, by address.
+
+A stream handle names a stream only at the call, as CUDA's special handles do (``_key``):
+pointer 0 and 1 (``cudaStreamLegacy``) name the legacy stream of the device current at
+the call, and pointer 2 (``cudaStreamPerThread``) the calling thread's own stream on that
+device. Every other pointer is a stream of its own. Queues, events, captures and the pool
+hold what the handle named then.
 """
 
 import collections
@@ -17,7 +23,28 @@ from pycudnnrnn.cuda import waiter
 
 from .devices import current_device
 from .state import (CALLS, CAPTURE_GLOBAL, CAPTURE_RELAXED, CAPTURING, COUNTS,
-                    EVENT_WAIT_EXTERNAL, STRICT, _count, _local, _lock, _progress)
+                    EVENT_WAIT_EXTERNAL, PER_THREAD_DEFAULT_STREAM, STRICT, _count, _local,
+                    _lock, _progress)
+
+#: cudaStreamLegacy and cudaStreamPerThread (pointer 0 names the legacy stream too).
+LEGACY, PER_THREAD = 1, 2
+
+
+def _key(ptr):
+    """The stream that handle `ptr` names here and now: ``("legacy", device)`` for pointer
+    0 or 1 (the current device's legacy stream), ``("per-thread", device, thread id)``
+    for pointer 2 (this thread's own stream on the current device), else `ptr` itself.
+    A key is its own key: what was resolved once names the same stream on any thread."""
+    if type(ptr) is tuple or ptr > PER_THREAD:
+        return ptr
+    if ptr == PER_THREAD:
+        return ("per-thread", current_device(), threading.get_ident())
+    return ("legacy", current_device())
+
+
+def _capture_of(ptr):
+    """The graph the stream `ptr` names here captures into, or None."""
+    return _CAPTURES.get(_key(ptr))
 
 
 class _Queue:
@@ -29,14 +56,15 @@ class _Queue:
         self.ops, self.submitted, self.executed, self.running = collections.deque(), 0, 0, False
 
 
-_QUEUES: dict = {}    # stream pointer → _Queue
-_CAPTURES: dict = {}  # stream pointer → the FakeGraph it is capturing into
+_QUEUES: dict = {}    # stream key (``_key``) → _Queue
+_CAPTURES: dict = {}  # stream key → the FakeGraph it is capturing into
 
 
 def _queue(ptr) -> _Queue:
-    q = _QUEUES.get(ptr)
+    key = _key(ptr)
+    q = _QUEUES.get(key)
     if q is None:
-        q = _QUEUES[ptr] = _Queue()
+        q = _QUEUES[key] = _Queue()
     return q
 
 
@@ -44,7 +72,7 @@ def _submit(ptr, op, captured=True):
     """Queue `op` on stream `ptr` (or record it, while that stream captures and
     `captured`: the pool's own bookkeeping is never part of a graph)."""
     with _lock:
-        graph = _CAPTURES.get(ptr) if captured else None
+        graph = _capture_of(ptr) if captured else None
         if graph is not None:
             graph.ops.append(op)
             return
@@ -89,10 +117,14 @@ def _stream_stack(device):
 
 
 def current_stream():
-    """The current device's current stream on this thread (CuPy keeps one per device)."""
+    """The current device's current stream on this thread (CuPy keeps one per device):
+    by default its null stream, or with ``PER_THREAD_DEFAULT_STREAM[0]`` set (CuPy's
+    ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``) the per-thread stream, pointer 2."""
     device = current_device()
     stack = _stream_stack(device)
-    return stack[-1] if stack else null_stream(device)
+    if stack:
+        return stack[-1]
+    return per_thread_stream(device) if PER_THREAD_DEFAULT_STREAM[0] else null_stream(device)
 
 
 def _now(compute):
@@ -101,7 +133,7 @@ def _now(compute):
     ptr = current_stream().ptr
     _drain(ptr)
     value = compute()
-    graph = _CAPTURES.get(ptr)
+    graph = _capture_of(ptr)
     if graph is not None:
         graph.ops.append(compute)
     return value
@@ -117,23 +149,29 @@ class FakeEvent:
     _next = [0x9000]
 
     def __init__(self, block=False, disable_timing=False, interprocess=False):
-        self._at = None  # (stream pointer, operations submitted before it)
+        self._at = None  # (stream key, operations submitted before it)
         self.captured = False  # last recorded in a capture
         self._graph = None  # the graph of that capture
         self.ptr = FakeEvent._next[0]
         FakeEvent._next[0] += 0x10
+        self.device = current_device()  # CUDA makes an event on the current device
         _EVENTS[self.ptr] = self
 
     def record(self, stream=None):
         stream = stream if stream is not None else current_stream()
+        key = _key(stream.ptr)  # an event names its point in the stream named now
+        device = key[1] if type(key) is tuple else stream.device_id
+        if device != self.device:  # cudaEventRecord: "must be on the same device"
+            raise RuntimeError(f"cudaErrorInvalidResourceHandle: an event of device "
+                               f"{self.device} recorded on a stream of device {device}")
         with _lock:
-            graph = _CAPTURES.get(stream.ptr)
+            graph = _CAPTURES.get(key)
             self.captured, self._graph = graph is not None, graph
             if graph is not None:  # replayed: the event marks the replay's point
                 graph.ops.append(lambda: None)
-                self._at = (stream.ptr, None)
+                self._at = (key, None)
                 return
-            self._at = (stream.ptr, _queue(stream.ptr).submitted)
+            self._at = (key, _queue(key).submitted)
 
     def _refuse_captured(self, what):
         if self.captured:
@@ -211,6 +249,7 @@ def _wait(ptr, event, flags=0):
     capture: a capturing stream may wait on an event of its own capture, or (with
     cudaEventWaitExternal) on one recorded outside it, which each replay waits for; the
     rest is refused (and invalidates the capture)."""
+    ptr = _key(ptr)
     graph = _CAPTURES.get(ptr)
     at = event._at
     if graph is None:
@@ -263,7 +302,7 @@ class FakeStream:
         _stream_stack(self.device_id).pop()
 
     def synchronize(self):
-        if self.ptr in _CAPTURES:
+        if _capture_of(self.ptr) is not None:
             raise RuntimeError("cudaErrorStreamCaptureUnsupported: a sync of a capturing stream")
         _refuse_unsafe("cudaStreamSynchronize")
         _count("sync")
@@ -279,15 +318,17 @@ class FakeStream:
         _wait(self.ptr, event)
 
     def begin_capture(self, mode=None):
-        CAPTURING.append(self.ptr)
-        _CAPTURES[self.ptr] = FakeGraph(len(CALLS), CAPTURE_RELAXED if mode is None else mode)
+        key = _key(self.ptr)
+        CAPTURING.append(key)
+        _CAPTURES[key] = FakeGraph(len(CALLS), CAPTURE_RELAXED if mode is None else mode)
 
     def is_capturing(self):
-        return self.ptr in _CAPTURES
+        return _capture_of(self.ptr) is not None
 
     def end_capture(self):
-        CAPTURING.remove(self.ptr)
-        graph = _CAPTURES.pop(self.ptr)
+        key = _key(self.ptr)
+        CAPTURING.remove(key)
+        graph = _CAPTURES.pop(key)
         graph.calls = CALLS[graph.start:]
         if graph.invalid:
             raise RuntimeError(f"cudaErrorStreamCaptureInvalidated: {graph.invalid}")
@@ -296,14 +337,24 @@ class FakeStream:
 
 NULL_STREAM = FakeStream(null=True, device_id=0)
 _NULL_STREAMS = {0: NULL_STREAM}
+_PER_THREAD_STREAMS: dict = {}
 
 
 def null_stream(device: int) -> FakeStream:
-    """Device `device`'s null stream (device 0's has pointer 0; the others a pointer of
-    their own here, so that the stand-in keeps their queues apart)."""
+    """Device `device`'s null stream: pointer 0, which names the legacy stream of the
+    device current at each call (``_key``), as in CUDA."""
     stream = _NULL_STREAMS.get(device)
     if stream is None:
-        stream = _NULL_STREAMS[device] = FakeStream(device_id=device)
+        stream = _NULL_STREAMS[device] = FakeStream(null=True, device_id=device)
+    return stream
+
+
+def per_thread_stream(device: int) -> FakeStream:
+    """CuPy's per-thread default stream on `device` (``cupy.cuda.Stream.ptds``): pointer
+    2, which names the calling thread's own stream on the current device (``_key``)."""
+    stream = _PER_THREAD_STREAMS.get(device)
+    if stream is None:
+        stream = _PER_THREAD_STREAMS[device] = FakeStream(ptr=PER_THREAD, device_id=device)
     return stream
 
 

@@ -470,7 +470,7 @@ def test_pointer_0_and_1_name_the_legacy_stream_of_the_current_device(fake_gpu, 
     with cp.cuda.Device(1):
         assert cp.cuda.get_current_stream().ptr == 0
     ran = []
-    handle = cp.cuda.ExternalStream(ptr, 0)  # made for device 0
+    handle = fake_cuda.FakeStream(ptr=ptr, device_id=0)  # made for device 0
     with cp.cuda.Device(1):
         fake_cuda._submit(handle.ptr, lambda: ran.append(1))  # on device 1's legacy stream
     handle.synchronize()  # device 0's

@@ -351,6 +351,34 @@ def test_a_saved_model_runs_where_pycudnnrnn_cannot_be_imported(tmp_path):
     assert_ulp_close(np.load(tmp_path / "y.npy"), want, ulps=64)
 
 
+def test_a_loaded_model_gives_the_gradients_of_the_saved_one(tmp_path):
+    """A SavedModel is differentiable once loaded (fine-tuning it): with respect to its
+    input and its variables, as the module was before saving."""
+    case = make_case("gru", num_layers=1, lengths="ragged", dtype=np.float32)
+    x = tf.constant(case.input)
+
+    class Model(tf.Module):
+        def __init__(self):
+            self.params = tf.Variable(case.params)
+
+        @tf.function(input_signature=[tf.TensorSpec(case.input.shape, tf.float32)])
+        def __call__(self, x):
+            h = tf.zeros(case.input_h.shape)
+            return ptf.rnn(x, h, None, self.params, case.sequence_lengths, rnn_mode="gru")[0]
+
+    def gradients(model):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(model(x) ** 2)
+        return [g.numpy() for g in tape.gradient(loss, [x, model.params])]
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path / "model"))
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    for got, want in zip(gradients(loaded), gradients(model), strict=True):
+        assert_ulp_close(got, want, ulps=64)
+
+
 def test_mirrored_strategy_trains_as_one_device():
     """A Keras model with our layer under MirroredStrategy over two logical CPUs equals
     the same steps on one device (a process of its own: the devices are set at start)."""

@@ -329,6 +329,27 @@ def test_gpu_check_refuses_to_pass_without_a_gpu(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_every_test_the_gpu_check_counts_on_is_a_gpu_test():
+    """Each hazard of ``make gpu-check`` is settled by tests it names: each must be one that
+    ``pytest -m gpu`` runs (a test left unmarked leaves its hazard "not settled")."""
+    import re
+    import subprocess
+    import sys
+    from conftest import benchmark_script
+    check = benchmark_script("gpu_check")
+    names = {name for _, tests in check.HAZARDS for name in tests}
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    files = sorted({os.path.join(tests, f) for f in os.listdir(tests)
+                    if f.startswith("test_") and f.endswith(".py") and any(
+                        re.search(rf"def {re.escape(n.split('[')[0])}\(",
+                                  open(os.path.join(tests, f)).read()) for n in names)})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                           "-p", "no:cacheprovider", *files], capture_output=True, text=True,
+                          timeout=600, cwd=os.path.dirname(tests))
+    collected = {line.split("::")[-1] for line in proc.stdout.splitlines() if "::" in line}
+    assert sorted(names - collected) == []
+
+
 def test_gpu_check_limits_sum_to_under_six_minutes():
     """A device session has about 15 minutes; a check must fit twice with start-up."""
     from conftest import benchmark_script

@@ -572,7 +572,6 @@ def test_gpu_functional_api_on_a_torch_side_stream():
         np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.gpu
 def _skip_without_gpu_bfloat16():
     """bfloat16 on the real GPU needs cuDNN >= 9.13 and CuPy 14."""
     from pycudnnrnn.cudnn import descriptors, loader
@@ -582,6 +581,7 @@ def _skip_without_gpu_bfloat16():
         pytest.skip("needs cuDNN >= 9.13 and CuPy 14 for bfloat16")
 
 
+@pytest.mark.gpu
 def test_gpu_ragged_batch_major_bfloat16_with_an_empty_row_through_pytorch():
     """Hazard 8 through PyTorch tensors (the plan's twin is above)."""
     import ml_dtypes

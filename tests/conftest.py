@@ -74,6 +74,25 @@ class Case:
         return s if self.attrs["time_major"] else s.swapaxes(0, 1)
 
 
+def on_thread(work):
+    """What `work()` returns, run on a thread of its own (with CuPy's per-thread default
+    stream on, that thread's own stream); its error is raised here."""
+    import threading
+    out = {}
+
+    def run():
+        try:
+            out["value"] = work()
+        except BaseException as error:  # noqa: BLE001 (raised on the test's thread)
+            out["error"] = error
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 def make_case(rnn_mode="lstm", direction="unidirectional", input_mode="linear_input",
               num_proj=0, num_layers=1, lengths="full", time_major=True, T=4, B=3,
               input_size=3, num_units=4, dtype=np.float64, seed=0, dropout=0.0,

@@ -10,7 +10,7 @@ import pytest
 
 import fake_cuda
 import pycudnnrnn
-from conftest import assert_ulp_close, benchmark_script, make_case
+from conftest import assert_ulp_close, benchmark_script, make_case, on_thread
 from pycudnnrnn.core.checks import make_config
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "gpu-layout.json")
@@ -442,24 +442,6 @@ def test_cupy_14_deprecates_external_stream_for_stream_from_external(fake_gpu):
 
 # ----------------------------------------------------------------- CUDA's special stream handles
 
-def _on_thread(work):
-    """What `work()` returns, run on a thread of its own (its error raised here)."""
-    import threading
-    out = {}
-
-    def run():
-        try:
-            out["value"] = work()
-        except BaseException as error:  # noqa: BLE001 (raised on the test's thread)
-            out["error"] = error
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 @pytest.mark.parametrize("ptr", [0, 1])
 def test_pointer_0_and_1_name_the_legacy_stream_of_the_current_device(fake_gpu, ptr):
     """cudaStreamLegacy (1), and 0: the legacy stream of the device current at the call,
@@ -493,7 +475,7 @@ def test_pointer_2_names_each_threads_own_stream(per_thread_gpu):
         assert cp.cuda.get_current_stream().ptr == 2
         fake_cuda._submit(2, lambda: ran.append(1))
         return cp.cuda.get_current_stream().record()
-    event = _on_thread(queue_one)
+    event = on_thread(queue_one)
     cp.cuda.get_current_stream().synchronize()  # this thread's: not the other's
     assert ran == [] and not event.done
     event.synchronize()
@@ -509,6 +491,6 @@ def test_the_pool_keys_the_per_thread_stream_by_thread(per_thread_gpu):
     address = a.data.ptr
     del a
     fake_cuda._submit(2, lambda: None)  # more work queued on this thread's stream
-    assert _on_thread(lambda: cp.empty(64, cp.float32).data.ptr) != address
+    assert on_thread(lambda: cp.empty(64, cp.float32).data.ptr) != address
     b = cp.empty(64, cp.float32)
     assert b.data.ptr == address  # this thread's stream: at once

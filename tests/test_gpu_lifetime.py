@@ -19,7 +19,7 @@ import pytest
 import fake_cuda
 import pycudnnrnn
 from pycudnnrnn.core.config import Attributes
-from conftest import make_case
+from conftest import make_case, on_thread
 from pycudnnrnn import plan as plans
 
 
@@ -755,25 +755,6 @@ def test_a_dropped_captured_graph_does_not_free_its_plans_under_a_queued_replay(
     _released()
 
 
-def _on_thread(work):
-    """What `work()` returns, run on a thread of its own (with CuPy's per-thread default
-    stream on, that thread's own stream); its error is raised here."""
-    import threading
-    out = {}
-
-    def run():
-        try:
-            out["value"] = work()
-        except BaseException as error:  # noqa: BLE001 (raised on the test's thread)
-            out["error"] = error
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 def _ragged_plan(case, **extra):
     return pycudnnrnn.RNNPlan(num_layers=1, num_units=8, input_size=3, max_time=4,
                               batch_size=3, sequence_lengths=case.sequence_lengths,
@@ -790,7 +771,7 @@ def test_a_plan_built_on_one_threads_default_stream_waits_for_its_uploads_on_ano
     x, h, c, w = _on_device(case)
     fake_cuda._submit(2, lambda: None)  # work queued on A's stream before the build
     plan = _ragged_plan(case, device="cuda")
-    got = _on_thread(lambda: fake_cuda.to_host(plan.forward(x, h, c, w)[0]))
+    got = on_thread(lambda: fake_cuda.to_host(plan.forward(x, h, c, w)[0]))
     _close(got, case.forward()[0])
 
 
@@ -809,7 +790,7 @@ def test_a_plan_run_on_another_threads_default_stream_is_freed_behind_that_run(
     def run_on_b():
         y = plan.forward(x, h, c, w)[0]  # queued on B's stream
         return y, cp.cuda.get_current_stream().record()
-    y, done_on_b = _on_thread(run_on_b)
+    y, done_on_b = on_thread(run_on_b)
     executor = weakref.ref(plan._executor)
     del plan
     gc.collect()
@@ -838,7 +819,7 @@ def test_dropout_forwards_on_two_threads_default_streams_draw_in_order(per_threa
     def forward_on_b():
         y = plan.run_forward(arrays, restart_dropout=True)[0]  # queued on B's stream
         return y, cp.cuda.get_current_stream().record()
-    on_b, done_on_b = _on_thread(forward_on_b)
+    on_b, done_on_b = on_thread(forward_on_b)
     _close(fake_cuda.to_host(on_a), first, "on A")
     done_on_b.synchronize()
     _close(fake_cuda.to_host(on_b), first, "on B")
@@ -1033,9 +1014,7 @@ def test_a_failed_capture_keeps_its_plan_behind_the_queued_warm_up(fake_gpu):
     cp = _cp()
     case = make_case("lstm", "bidirectional", lengths="ragged", num_units=8)
     x, h, c, w = _on_device(case)
-    plan = pycudnnrnn.RNNPlan(num_layers=1, num_units=8, input_size=3, max_time=4,
-                              batch_size=3, sequence_lengths=case.sequence_lengths,
-                              dtype="float64", device="cuda", direction="bidirectional")
+    plan = _ragged_plan(case, device="cuda")
     plan.forward(x, h, c, w)
     fake_cuda.synchronize_all()
     out = []

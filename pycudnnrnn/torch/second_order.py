@@ -369,7 +369,7 @@ def step_by_step(input, input_h, input_c, weights, has_biases, sequence_lengths,
         weights, has_biases = [w for _, w in torch_kernels._torch_weights(
             weights[0], rnn_mode, bidirectional, num_layers, input.shape[-1],
             states[-1], states[0], input_mode)], True
-    per = len(weights) // len(states[0])  # w_ih, w_hh, the biases, w_hr
+    per = torch_kernels._per_direction(weights, states[0])  # w_ih, w_hh, the biases, w_hr
     lengths = torch.full((B,), T) if sequence_lengths is None else \
         sequence_lengths.cpu().to(torch.int64)
     ragged = bool((lengths < T).any())
@@ -383,27 +383,16 @@ def step_by_step(input, input_h, input_c, weights, has_biases, sequence_lengths,
         valid = (torch.arange(T)[:, None] < lengths).to(x.device)[..., None]
         x = torch.where(valid, x, 0.0)
     going = (lengths[None, :] > torch.arange(T)[:, None]).sum(1).tolist()  # rows per step
-    if bidirectional:  # a row reversed within its length (padding in place: an involution)
-        steps = torch.arange(T)[:, None]
-        flip = torch.where(steps < lengths, lengths - 1 - steps, steps).to(x.device)[..., None]
     cell = _CELLS[rnn_mode]
-    finals = []
-    for layer in range(num_layers):
-        outputs = []
-        for k in range(layer * directions, (layer + 1) * directions):
-            reverse = k % directions == 1
-            source = x.gather(0, flip.expand_as(x)) if reverse else x
-            w = weights[k * per:(k + 1) * per]
-            w_ih, w_hh = w[0], w[1]
-            b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
-            w_hr = w[-1] if len(w) in (3, 5) else None  # an LSTM's projection
-            gates = torch.nn.functional.linear(source, w_ih, b_ih)  # every step's at once
-            y, ends = _direction(cell, gates, [s[k] for s in states], w_hh, b_hh, w_hr,
-                                 going)
-            outputs.append(y.gather(0, flip.expand_as(y)) if reverse else y)
-            finals.append(ends)
-        x = torch.cat(outputs, -1) if bidirectional else outputs[0]
-    output = x
+
+    def run(k, source):  # layer and direction k, forward in time
+        w = weights[k * per:(k + 1) * per]
+        b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
+        w_hr = w[-1] if len(w) in (3, 5) else None  # an LSTM's projection
+        gates = torch.nn.functional.linear(source, w[0], b_ih)  # every step's at once
+        return _direction(cell, gates, [s[k] for s in states], w[1], b_hh, w_hr, going)
+
+    output, finals = torch_kernels._layers(x, lengths, len(states[0]), bidirectional, run)
     finals = [torch.stack([f[i] for f in finals]) for i in range(len(states))]
     if ragged:  # the caller's order again
         unsort = torch.argsort(rows)

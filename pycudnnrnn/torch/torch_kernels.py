@@ -353,9 +353,9 @@ def _layers(x, lengths, count, bidirectional, direction):
     giving ``(output, final states)``. The reverse direction gets each row reversed
     within its length (padding in place: an involution), and its output reversed back.
     `finals`: each layer and direction's final states, in torch.nn's order."""
-    if bidirectional:
+    if bidirectional:  # (the lengths are on the host; the index goes where `x` is)
         steps = torch.arange(x.shape[0])[:, None]
-        flip = torch.where(steps < lengths, lengths - 1 - steps, steps)[..., None]
+        flip = torch.where(steps < lengths, lengths - 1 - steps, steps).to(x.device)[..., None]
     directions = 2 if bidirectional else 1
     finals = []
     for layer in range(count // directions):

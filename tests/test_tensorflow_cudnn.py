@@ -283,6 +283,7 @@ def test_a_saved_gpu_trace_runs_where_pycudnnrnn_cannot_be_imported(monkeypatch,
     assert any("CudnnRNNV3" in kinds for _, kinds in _library(
         model.__call__.get_concrete_function()).values())
     tf.saved_model.save(model, str(tmp_path / "model"))
+    assert b"CudnnRNNV3" in (tmp_path / "model" / "saved_model.pb").read_bytes()  # the twin
     np.save(tmp_path / "x.npy", case.input)
     np.save(tmp_path / "lengths.npy", np.asarray(case.sequence_lengths, np.int32))
     script = textwrap.dedent("""

@@ -223,6 +223,28 @@ def _library(concrete):
             for f in concrete.graph.as_graph_def().library.function}
 
 
+def _implementations_run(function, *args):
+    """``(results, devices)``: `function`'s results, and the preferred devices of the
+    implementations its run called once TensorFlow (Grappler's implementation selector)
+    had optimized its graph, as RunMetadata records it."""
+    from tensorflow.python.eager import context
+    devices = {}
+    for name, (attributes, _) in _library(function.get_concrete_function(*args)).items():
+        if "api_preferred_device" in attributes:
+            devices[name] = attributes["api_preferred_device"]
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        results = function(*args)
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    called = {n.attr["f"].func.name.split("_specialized_for_")[0]
+              for graph in metadata.function_graphs for n in graph.post_optimization_graph.node
+              if n.op in ("PartitionedCall", "StatefulPartitionedCall")}
+    return results, {devices[name] for name in called if name in devices}
+
+
 def test_a_trace_where_tensorflow_sees_a_gpu_holds_both_implementations(monkeypatch):
     """The selector's graph: the CPU implementation called, and TensorFlow's kernel in its
     twin (same api_implements, preferred device GPU) with its gradient functions in the
@@ -254,7 +276,8 @@ def test_a_trace_where_tensorflow_sees_a_gpu_holds_both_implementations(monkeypa
     called = {n.attr["f"].func.name for n in concrete.graph.as_graph_def().node
               if n.op in ("PartitionedCall", "StatefulPartitionedCall")}
     assert called and {devices.get(name) for name in called} == {"CPU"}  # the default
-    y, dp = step(*args)
+    (y, dp), ran = _implementations_run(step, *args)
+    assert ran == {"CPU"}
     assert_ulp_close(y.numpy(), case.forward()[0])
     with tf.GradientTape() as tape:
         tape.watch(args[3])
@@ -358,11 +381,12 @@ def test_gpu_eager_call_and_gradients_equal_the_cpu_route(strict_float32):
 
 
 @gpu
-def test_gpu_tf_function_with_a_tape_inside_equals_the_cpu_route(strict_float32):
+def test_gpu_tf_function_with_a_tape_inside_runs_the_kernel_as_the_cpu_route(strict_float32):
+    """Inside a tf.function with the tape inside, TensorFlow's implementation selector
+    swaps in the kernel; the results are the CPU route's."""
     case = _gpu_case()
 
-    @tf.function
-    def step(x, h, c, p):
+    def body(x, h, c, p):
         with tf.GradientTape() as tape:
             tape.watch(p)
             y = ptf.rnn(x, h, c, p, case.sequence_lengths, **case.attrs)[0]
@@ -370,8 +394,9 @@ def test_gpu_tf_function_with_a_tape_inside_equals_the_cpu_route(strict_float32)
         return y, tape.gradient(loss, p)
 
     args = _tensors(case)
-    got = step(*args)
-    for g, w in zip(got, _on_cpu(step, *args), strict=True):
+    got, ran = _implementations_run(tf.function(body), *args)
+    assert ran == {"GPU"}, "the implementation selector did not swap in the kernel"
+    for g, w in zip(got, _on_cpu(body, *args), strict=True):
         np.testing.assert_allclose(g.numpy(), w, **TOLERANCE)
 
 

@@ -4,7 +4,8 @@ On the CPU, a stand-in for the kernel (``fake_tf_cudnn``, with TensorFlow's quir
 its place, so that our code around it is tested: forward and tape gradients against the
 NumPy backend, each fix the kernel needs, the route each call takes, and the graph a
 trace makes where TensorFlow sees a GPU (both implementations, for TensorFlow's
-implementation selector), saved and run where pycudnnrnn cannot be imported.
+implementation selector), saved and run where pycudnnrnn cannot be imported, and
+pycudnnrnn.keras's layers on the kernel.
 
 The tests marked ``gpu("tensorflow")`` run on a real GPU that TensorFlow sees (skipped
 otherwise): the kernel itself against the CPU route, eagerly, in a ``tf.function`` with
@@ -330,6 +331,22 @@ def test_a_saved_gpu_trace_runs_where_pycudnnrnn_cannot_be_imported(monkeypatch,
                               case.params, case.sequence_lengths, rnn_mode="gru",
                               direction="bidirectional").output
     assert_ulp_close(np.load(tmp_path / "y.npy"), want, ulps=64)
+
+
+def test_keras_layers_take_the_kernel_where_it_runs():
+    """pycudnnrnn.keras on TensorFlow where the kernel can run: the layers take the
+    params buffer and the kernel (eagerly, with a mask with a hole) and give what
+    TensorFlow's operations give, also after a fit (a process of its own: Keras's
+    backend is fixed at its import)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "tensorflow_keras_kernel_script.py")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "same" in done.stdout
 
 
 # ------------------------------------------------------------------ on a real GPU

@@ -71,6 +71,11 @@ def _device_type(tensor):
     return tf.DeviceSpec.from_string(scope or tensor.device).device_type
 
 
+def serves_dtype(dtype) -> bool:
+    """Whether the kernel takes `dtype` (a name or a dtype)."""
+    return tf.as_dtype(dtype) in DTYPES
+
+
 def kernel(op, config, dtype, tensor_seed, own_masks):
     """The kernel's static part for this call, or None where it cannot serve it.
 
@@ -87,7 +92,7 @@ def kernel(op, config, dtype, tensor_seed, own_masks):
         reserve space for backprop): cuDNN's masks would not be those.
     """
     dropout = op.dropout if op.is_training and config.num_layers > 1 else 0.0
-    if dtype not in DTYPES:
+    if not serves_dtype(dtype):
         return None
     if dropout and (tensor_seed or own_masks or op.seed not in _INT32
                     or op.seed2 not in _INT32):

@@ -219,12 +219,28 @@ def _gpu_reason():
     return None if usable else f"no usable GPU with cuDNN 9: {detail}"
 
 
+def _tensorflow_gpu_reason():
+    """Why ``gpu("tensorflow")`` tests cannot run here (TensorFlow sees no GPU), or None."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return "no TensorFlow"
+    return None if tf.config.list_physical_devices("GPU") else "TensorFlow sees no GPU"
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
-    reason = _gpu_reason()
-    if reason:
-        for item in gpu_items:
-            item.add_marker(pytest.mark.skip(reason=reason))
+    # gpu("tensorflow"): TensorFlow's own cuDNN kernel, which needs no CuPy
+    tensorflow = [item for item in gpu_items
+                  if item.get_closest_marker("gpu").args == ("tensorflow",)]
+    reasons = {"cupy": None, "tensorflow": None}
+    for item in gpu_items:
+        kind = "tensorflow" if item in tensorflow else "cupy"
+        if reasons[kind] is None:
+            reasons[kind] = (_tensorflow_gpu_reason() if kind == "tensorflow"
+                             else _gpu_reason()) or ""
+        if reasons[kind]:
+            item.add_marker(pytest.mark.skip(reason=reasons[kind]))
 

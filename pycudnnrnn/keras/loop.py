@@ -27,7 +27,9 @@ own, not a second copy of it.
 
 On TensorFlow the op is written in TensorFlow's operations (``pycudnnrnn.tensorflow``),
 so there is no buffer to fill: its graph takes Keras's weights and mask as they are
-(``_tensorflow_op``), with about half the operations around its loops.
+(``_tensorflow_op``), with about half the operations around its loops. Where TensorFlow's
+cuDNN kernel can run it (a GPU), the layer takes the other backends' path instead: the
+kernel takes a params buffer and lengths.
 """
 
 from __future__ import annotations
@@ -103,6 +105,17 @@ def _op(rnn_mode, x, h0, c0, params, lengths, direction="unidirectional"):
                    time_major=False)
     raise NotImplementedError(f"pycudnnrnn.keras runs on the jax, torch and tensorflow "
                               f"backends, not {name}")
+
+
+def _tensorflow_graph(x, dtype) -> bool:
+    """Whether a call on TensorFlow runs the op's graph on Keras's weights
+    (``_tensorflow_op``): everywhere but where TensorFlow's cuDNN kernel can serve it
+    (``pycudnnrnn.tensorflow.cudnn``: a GPU), which takes the gathered params buffer and
+    lengths of the other backends' path."""
+    if backend.backend() != "tensorflow":
+        return False
+    from ..tensorflow import cudnn
+    return not (cudnn.runs_here(x) and cudnn.serves_dtype(dtype))
 
 
 def _tensorflow_op(rnn_mode, x, h0, c0, weights, mask, carry_output,
@@ -210,7 +223,7 @@ def run(rnn_mode, sequences, initial_state, mask, *, kernel, recurrent_kernel, b
     if go_backwards:
         x = ops.flip(x, axis=1)
         mask = None if mask is None else ops.flip(mask, axis=1)
-    if backend.backend() == "tensorflow":
+    if _tensorflow_graph(x, dtype):
         [(y, h, c)] = _tensorflow_op(rnn_mode, x, [h0], None if c0 is None else [c0],
                                      [(kernel, recurrent_kernel, bias)], mask,
                                      not zero_output_for_mask)
@@ -241,7 +254,7 @@ def run_bidirectional(rnn_mode, sequences, forward_state, backward_state, mask, 
     x = ops.cast(sequences, dtype)
     lstm = rnn_mode == "lstm"
     states = [[ops.cast(s, dtype) for s in pair] for pair in zip(forward_state, backward_state)]
-    if backend.backend() == "tensorflow":
+    if _tensorflow_graph(x, dtype):
         (y_f, h_f, c_f), (y_b, h_b, c_b) = _tensorflow_op(
             rnn_mode, x, states[0], states[1] if lstm else None,
             [forward_weights, backward_weights], mask, not zero_output_for_mask,

@@ -5,7 +5,8 @@ a CPU they fail with "no registered kernels". This package computes the same fun
 in TensorFlow's own operations (``graph``), so that a ``GradientTape`` differentiates it
 (to any order), a ``tf.function`` traces it (XLA's ``jit_compile`` too), and a
 SavedModel stores it as TensorFlow's operations: the saved model runs where this library
-is not installed (TensorFlow Serving, say).
+is not installed (TensorFlow Serving, say). On a GPU, TensorFlow's own ``CudnnRNNV3``
+kernel computes it (``cudnn``), with our params buffer as it is.
 
 * ``rnn``: the differentiable forward, in the style of ``pycudnnrnn.torch.rnn`` and
   ``pycudnnrnn.jax.rnn``.

@@ -10,20 +10,22 @@ messages name the argument. Sizes unknown at trace time (a dynamic batch or time
 checked when the graph runs, as TensorFlow's own ops check theirs
 (``InvalidArgumentError``). The computation is ``graph.rnn``: an eager call runs it as
 one ``tf.function`` per static part of a call, and a traced call adds its operations to
-the caller's graph. TensorFlow differentiates it.
+the caller's graph. TensorFlow differentiates it. Where TensorFlow has a GPU, TensorFlow's
+own cuDNN kernel serves the calls it can (``cudnn``); ``_route`` decides which.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import uuid
 
 import numpy as np
 import tensorflow as tf
 
 from ..core import checks
 from ..core.config import Attributes
-from . import graph
+from . import cudnn, graph
 
 #: The first bytes of every reserve space the forward makes in training.
 _MAGIC = b"pcrnn-tf"
@@ -190,40 +192,67 @@ def _arguments(input, input_h, input_c, params, sequence_lengths, op):
     return input, input_h, input_c, params, sequence_lengths
 
 
-def _forward(op, input, input_h, input_c, params, sequence_lengths, seed, sizes=None):
-    """``(config, output, output_h, output_c, masks)`` of a checked call; the masks are
-    drawn from `seed`."""
+def _forward(op, input, input_h, input_c, params, sequence_lengths, seed, sizes=None,
+             tensor_seed=False, own_masks=True):
+    """``(config, output, output_h, output_c, masks)`` of a checked call; the masks, if the
+    call draws its own (``_run``), are drawn from `seed`."""
     config, checked = _check(op, input, input_h, input_c, params, sequence_lengths,
                              sizes or {})
     time_axis, batch_axis = (0, 1) if op.time_major else (1, 0)
     shape = tf.shape(input)
-    masks = graph.masks(config, op.is_training, (shape[time_axis], shape[batch_axis]), seed,
-                        tf.float32 if input.dtype.size == 2 else input.dtype)
-    return (config, *_run(op, config, input, input_h, input_c, params, sequence_lengths,
-                          checked, masks), masks)
+    draw = lambda: graph.masks(  # noqa: E731
+        config, op.is_training, (shape[time_axis], shape[batch_axis]), seed,
+        tf.float32 if input.dtype.size == 2 else input.dtype)
+    output, output_h, output_c, masks = _run(
+        op, config, input, input_h, input_c, params, sequence_lengths, checked, draw,
+        tensor_seed, own_masks)
+    return config, output, output_h, output_c, masks
 
 
-def _run(op, config, input, input_h, input_c, params, sequence_lengths, checked, masks):
-    """``(output, output_h, output_c)``: ``graph.rnn`` through its cached function."""
+def _route(op, config, input, tensor_seed, own_masks):
+    """The one place that picks what computes a call: a ``cudnn.Kernel`` where TensorFlow's
+    cuDNN kernel serves it, else None (``graph.rnn``, TensorFlow's operations).
+
+    Eagerly the kernel runs where the call runs on a GPU. Traced where TensorFlow sees a
+    GPU, the graph holds both, and TensorFlow's implementation selector runs the one for
+    the device it places the call on (``_selected``). With no GPU nothing changes: the
+    operations join the caller's graph, as they always did.
+    """
+    if not cudnn.runs_here(input):
+        return None
+    return cudnn.kernel(op, config, input.dtype, tensor_seed, own_masks)
+
+
+def _run(op, config, input, input_h, input_c, params, sequence_lengths, checked, masks,
+         tensor_seed=False, own_masks=True):
+    """``(output, output_h, output_c, masks)``: by TensorFlow's kernel or ``graph.rnn``
+    (``_route``). `masks` gives the dropout masks (``{layer: mask}``) when called: an
+    eager call on the kernel draws none (cuDNN draws its own)."""
     time_axis, batch_axis = (0, 1) if op.time_major else (1, 0)
     shape = tf.shape(input)
     max_time = input.shape[time_axis] or shape[time_axis]
     lengths = _lengths_tensor(sequence_lengths, checked, shape[batch_axis], max_time)
+    kernel = _route(op, config, input, tensor_seed, own_masks)
+    eager = tf.executing_eagerly()
+    masks = {} if kernel is not None and eager else masks()
     static = (config, op.time_major, lengths is not None, tuple(sorted(masks)))
     # Eagerly, one graph per static part (not a Python loop of kernels); inside a trace,
     # the ops join the caller's graph: a nested function there costs a call per run and
     # its gradient's, about a quarter of a small Keras training step.
-    function = _function(*static) if tf.executing_eagerly() else \
-        functools.partial(_traced, *static)
+    if kernel is None:
+        function = _function(*static) if eager else functools.partial(_traced, *static)
+    else:
+        function = _kernel_function(kernel, *static[2:]) if eager else \
+            functools.partial(_selected, static, kernel)
     args = [input, input_h] + ([input_c] if config.is_lstm else []) + [params]
     output, output_h, output_c = function(*args, *([lengths] if lengths is not None else []),
                                           *(masks[k] for k in sorted(masks)))
-    if not tf.executing_eagerly():  # the sizes a trace knows (a relaxed trace forgets them)
+    if not eager:  # the sizes a trace knows (a relaxed trace forgets them)
         output.set_shape(input.shape[:2].concatenate([config.num_dirs * config.state_size]))
         output_h.set_shape(input_h.shape)
         if config.is_lstm:
             output_c.set_shape(input_c.shape)
-    return output, output_h, output_c
+    return output, output_h, output_c, masks
 
 
 @functools.lru_cache(maxsize=128)
@@ -237,15 +266,60 @@ def _function(config, time_major, has_lengths, masked_layers):
     return tf.function(run, reduce_retracing=True, autograph=False)
 
 
-def _traced(config, time_major, has_lengths, masked_layers, *args):
-    """The body of ``_function``'s ``tf.function``: its flat arguments to ``graph.rnn``."""
+@functools.lru_cache(maxsize=128)
+def _kernel_function(kernel, has_lengths, masked_layers):
+    """``cudnn.rnn`` for one static part of a call, as ``_function`` is for ``graph.rnn``."""
+    run = functools.partial(_kernel_traced, kernel, has_lengths, masked_layers)
+    return tf.function(run, reduce_retracing=True, autograph=False)
+
+
+def _unpack(lstm, has_lengths, masked_layers, args):
+    """``(input, input_h, input_c, params, lengths, masks)`` from a call's flat arguments."""
     args = list(args)
     input, input_h = args.pop(0), args.pop(0)
-    input_c = args.pop(0) if config.is_lstm else None
+    input_c = args.pop(0) if lstm else None
     params = args.pop(0)
     lengths = args.pop(0) if has_lengths else None
-    masks = dict(zip(masked_layers, args))
+    return input, input_h, input_c, params, lengths, dict(zip(masked_layers, args))
+
+
+def _traced(config, time_major, has_lengths, masked_layers, *args):
+    """The body of ``_function``'s ``tf.function``: its flat arguments to ``graph.rnn``."""
+    input, input_h, input_c, params, lengths, masks = _unpack(config.is_lstm, has_lengths,
+                                                              masked_layers, args)
     return graph.rnn(config, time_major, input, input_h, input_c, params, lengths, masks)
+
+
+def _kernel_traced(kernel, has_lengths, masked_layers, *args):
+    """``_traced``'s twin for TensorFlow's kernel: the same arguments (cuDNN draws its own
+    dropout masks: those given are not used) to ``cudnn.rnn``."""
+    input, input_h, input_c, params, lengths, _ = _unpack(kernel.lstm, has_lengths,
+                                                          masked_layers, args)
+    return cudnn.rnn(kernel, input, input_h, input_c, params, lengths)
+
+
+def _selected(static, kernel, *args):
+    """A traced call where TensorFlow sees a GPU: both implementations, for TensorFlow's
+    implementation selector (``api_implements``, as ``ctc_ops.ctc_loss_v3`` and tf_keras's
+    LSTM use it), which runs the one for the device the call is placed on.
+
+    The graph calls TensorFlow's operations (``_traced``) and holds the kernel's twin
+    and its gradient functions in its library. The default must be the CPU's: under a
+    tape outside the caller's function, forward and backward run as separate functions,
+    the swap fails its signature check, and what runs is the default. The name is new
+    per call, so that two calls never pair with each other's twin.
+    """
+    name = "pycudnnrnn_rnn_" + uuid.uuid4().hex
+    cpu, gpu = (tf.function(function, autograph=False, experimental_attributes={
+        "api_implements": name, "api_preferred_device": device})
+        for function, device in ((functools.partial(_traced, *static), "CPU"),
+                                 (functools.partial(_kernel_traced, kernel, *static[2:]),
+                                  "GPU")))
+    outputs = cpu(*args)
+    twin = gpu.get_concrete_function(*args)
+    twin.add_to_graph()
+    twin.add_gradient_functions_to_graph()
+    return outputs
 
 
 def _attributes(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major,
@@ -285,7 +359,8 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     -------
     output, output_h, output_c : tf.Tensor
         output_c is empty ``(0,)`` unless LSTM. A ``GradientTape`` differentiates them
-        with respect to every floating argument, to any order.
+        with respect to every floating argument, to any order; on a GPU, where cuDNN
+        computes them, to the first order (``pycudnnrnn.tensorflow.cudnn``).
     """
     op = _attributes(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
                      time_major, is_training)
@@ -293,8 +368,9 @@ def rnn(input, input_h, input_c, params, sequence_lengths=None, *, rnn_mode="lst
     sizes = {name: value for name, value in (("num_layers", num_layers),
                                              ("num_units", num_units),
                                              ("input_size", input_size)) if value is not None}
-    _, output, output_h, output_c, _ = _forward(op, *arguments, _seed_tensor(seed, seed2),
-                                                sizes)
+    _, output, output_h, output_c, _ = _forward(
+        op, *arguments, _seed_tensor(seed, seed2), sizes,
+        tensor_seed=isinstance(seed, (tf.Tensor, tf.Variable)), own_masks=False)
     return output, output_h, output_c
 
 
@@ -367,7 +443,7 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(sources)
             results = _run(op, config, input, input_h, input_c, params, sequence_lengths,
-                           checked, masks)
+                           checked, lambda: masks)
         wanted = [output_backprop, output_h_backprop] + ([output_c_backprop] if op.lstm else [])
         targets = list(results[:len(wanted)])
         grads = tape.gradient(targets, sources, output_gradients=[

@@ -286,6 +286,55 @@ def test_a_trace_where_tensorflow_sees_a_gpu_holds_both_implementations(monkeypa
     np.testing.assert_allclose(dp.numpy(), tape.gradient(want, args[3]).numpy(), rtol=1e-10)
 
 
+def _grappler_signature_problems(library):
+    """What Grappler's implementation selector refuses in a function library
+    (function_api_info.cc, ValidateSignatures): functions of one ``api_implements`` and
+    one kind (inference, forward, backward) whose argument dtypes differ, inputs for
+    inference and forward functions, outputs for inference and backward ones. One such
+    pair and the selector skips the whole graph: every call runs its default."""
+    groups = {}
+    for f in library.function:
+        attrs = {k: v.s.decode() for k, v in f.attr.items() if v.s}
+        if "api_implements" not in attrs:
+            continue
+        kind = ("backward" if "forward_function_name" in attrs else
+                "forward" if "backward_function_name" in attrs else "inference")
+        groups.setdefault((attrs["api_implements"], kind), []).append(f.signature)
+    problems = []
+    for (name, kind), signatures in groups.items():
+        assert len(signatures) == 2, (name, kind, len(signatures))  # the pair, each kind
+        first, second = ([[a.type for a in getattr(s, part)] for s in signatures]
+                         for part in ("input_arg", "output_arg"))
+        if kind != "backward" and first[0] != first[1]:
+            problems.append((kind, "inputs"))
+        if kind != "forward" and second[0] != second[1]:
+            problems.append((kind, "outputs"))
+    return sorted({kind for _, kind in groups}), problems
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_the_selectors_pair_has_one_signature_with_dropout_too(monkeypatch, dropout):
+    """Both implementations take and give the same dtypes, for the inference, forward
+    and backward functions alike. With dropout the CPU one takes masks that cuDNN does
+    not: their gradient must not make its backward return more than the kernel's."""
+    monkeypatch.setattr(cudnn, "_visible_gpus", lambda: ["GPU:0 (stand-in)"])
+    case = make_case("lstm", num_layers=3, lengths="ragged", dropout=dropout)
+    args = _tensors(case)
+
+    @tf.function
+    def step(x, h, c, p):
+        with tf.GradientTape() as tape:
+            tape.watch([x, h, c, p])
+            y, hy, cy = ptf.rnn(x, h, c, p, case.sequence_lengths, seed=3, **case.attrs)
+            loss = tf.reduce_sum(y) + tf.reduce_sum(hy) + tf.reduce_sum(cy)
+        return tape.gradient(loss, [x, h, c, p])
+
+    library = step.get_concrete_function(*args).graph.as_graph_def().library
+    kinds, problems = _grappler_signature_problems(library)
+    assert kinds == ["backward", "forward", "inference"]
+    assert problems == []
+
+
 def test_a_saved_gpu_trace_runs_where_pycudnnrnn_cannot_be_imported(monkeypatch, tmp_path):
     """A SavedModel traced where TensorFlow sees a GPU holds both implementations; loaded
     on the CPU without pycudnnrnn, the CPU one runs."""

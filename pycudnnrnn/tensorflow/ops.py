@@ -284,9 +284,15 @@ def _unpack(lstm, has_lengths, masked_layers, args):
 
 
 def _traced(config, time_major, has_lengths, masked_layers, *args):
-    """The body of ``_function``'s ``tf.function``: its flat arguments to ``graph.rnn``."""
+    """The body of ``_function``'s ``tf.function``: its flat arguments to ``graph.rnn``.
+
+    The dropout masks are constants to the gradient. No caller asks for theirs, and the
+    kernel's twin (``_selected``) has none: a gradient here would give this backward
+    function more outputs than the twin's, and Grappler's implementation selector
+    refuses such a pair and skips the whole graph."""
     input, input_h, input_c, params, lengths, masks = _unpack(config.is_lstm, has_lengths,
                                                               masked_layers, args)
+    masks = {layer: tf.stop_gradient(mask) for layer, mask in masks.items()}
     return graph.rnn(config, time_major, input, input_h, input_c, params, lengths, masks)
 
 

@@ -205,6 +205,36 @@ def test_a_second_derivative_through_the_kernel_is_a_clear_error(kernel):
         outer.gradient(penalty, p)
 
 
+def test_nested_and_persistent_tapes_take_first_order_gradients_through_the_kernel(kernel):
+    """Only a second derivative that flows through the kernel is refused. A tape that
+    records another tape's gradient without differentiating it (a training tape around a
+    saliency gradient), and a persistent tape asked inside its context, give the first
+    order gradients: an eager call must not build the gradient of its own gradient."""
+    case = make_case("lstm", num_layers=1, lengths="zero")
+    x, h, c, p = _tensors(case)
+    params = tf.Variable(p)
+    with tf.GradientTape() as outer:  # watches the variable
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            y = ptf.rnn(x, h, c, params, case.sequence_lengths, **case.attrs)[0]
+            score = tf.reduce_sum(y)
+        saliency = inner.gradient(score, x)  # logged, not differentiated
+        loss = tf.reduce_sum(y ** 2)
+    dp = outer.gradient(loss, params)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        score = tf.reduce_sum(ptf.rnn(x, h, c, params, case.sequence_lengths,
+                                      **case.attrs)[0])
+        dx = tape.gradient(score, x)
+    assert kernel
+    with tf.GradientTape() as want_tape:
+        want = tf.reduce_sum(ptf.rnn(x, h, c, params, case.sequence_lengths,
+                                     **case.attrs)[0] ** 2)
+    np.testing.assert_array_equal(dx.numpy(), saliency.numpy())
+    np.testing.assert_allclose(dp.numpy(), want_tape.gradient(want, params).numpy(),
+                               rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="a GPU is here")
 def test_the_route_is_tensorflows_operations_without_a_gpu():
     """With no GPU visible nothing changes: no kernel, eagerly or traced."""

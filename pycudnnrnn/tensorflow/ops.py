@@ -268,9 +268,13 @@ def _function(config, time_major, has_lengths, masked_layers):
 
 @functools.lru_cache(maxsize=128)
 def _kernel_function(kernel, has_lengths, masked_layers):
-    """``cudnn.rnn`` for one static part of a call, as ``_function`` is for ``graph.rnn``."""
-    run = functools.partial(_kernel_traced, kernel, has_lengths, masked_layers)
-    return tf.function(run, reduce_retracing=True, autograph=False)
+    """``cudnn.rnn`` for one static part of an eager call, run op by op (a score of
+    operations around one kernel), not as a ``tf.function``: under a tape that records
+    another tape's gradient (nested tapes, a persistent tape asked inside its context),
+    TensorFlow builds the gradient of a function's backward function when it records
+    it, and that of the kernel's backward is refused: even a first order gradient would
+    fail. Op by op, only a second derivative that flows through the kernel fails."""
+    return functools.partial(_kernel_traced, kernel, has_lengths, masked_layers)
 
 
 def _unpack(lstm, has_lengths, masked_layers, args):

@@ -9,6 +9,11 @@ cudnn_rnn_ops.cc, and the descriptor in xla/stream_executor/cuda/cuda_dnn.cc):
   are written back as that memory.
 * A sequence length of 0 is refused (cuDNN's BAD_PARAM; an ``InvalidArgumentError``
   here). ``sequence_lengths`` is required.
+* ``time_major=True`` with a row shorter than the time axis is refused. The kernel turns
+  on cuDNN's padded I/O only then (``ShouldUsePaddedIO``: batch-major calls always),
+  but caches cuDNN's descriptor per node by sizes, not by that flag: a node whose first
+  call had full rows runs later ragged ones with padded I/O off, which cuDNN fails
+  (tensorflow/tensorflow#41630, whose fix keyed the cache by max_seq_length alone).
 * ``auto_select``: skip_input when input_size equals ``input_h``'s last size (num_proj
   when projecting), not num_units.
 * A non-LSTM ``output_c`` is a scalar; with ``is_training=False`` so is the reserve
@@ -51,9 +56,13 @@ def CudnnRNNV3(input, input_h, input_c, params, sequence_lengths, rnn_mode="lstm
         input_mode=input_mode, direction=direction, num_proj=num_proj,
         dropout=dropout, seed=seed, seed2=seed2)
     lengths = tf.cast(sequence_lengths, tf.int32)
-    refused = tf.debugging.assert_positive(
-        lengths, message="CudnnRNNV3 (stand-in): cuDNN refuses a sequence length of 0")
-    with tf.control_dependencies([refused]):
+    refused = [tf.debugging.assert_positive(
+        lengths, message="CudnnRNNV3 (stand-in): cuDNN refuses a sequence length of 0")]
+    if time_major:
+        refused.append(tf.debugging.assert_equal(
+            lengths, tf.shape(input)[0], message="CudnnRNNV3 (stand-in): time-major with "
+            "ragged lengths may run on a descriptor cached with padded I/O off"))
+    with tf.control_dependencies(refused):
         lengths = tf.identity(lengths)
     x = input if time_major else tf.transpose(input, [1, 0, 2])
     shape = tf.shape(x)

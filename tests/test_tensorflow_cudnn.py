@@ -93,7 +93,7 @@ def test_the_kernels_forward_and_tape_gradients_are_the_numpy_backends(kernel, c
     want = case.forward()
     got, grads, cotangents = _rnn_and_grads(case)
     assert kernel, "the call did not reach the kernel"
-    assert {c["time_major"] for c in kernel} == {True}
+    assert {c["time_major"] for c in kernel} == {False}  # (padded I/O always on)
     assert {c["input_mode"] for c in kernel} <= {"linear_input", "skip_input"}
     for g, w in zip(got, want[:3]):
         assert_ulp_close(g.numpy(), w)
@@ -205,6 +205,36 @@ def test_a_second_derivative_through_the_kernel_is_a_clear_error(kernel):
         outer.gradient(penalty, p)
 
 
+def test_nested_and_persistent_tapes_take_first_order_gradients_through_the_kernel(kernel):
+    """Only a second derivative that flows through the kernel is refused. A tape that
+    records another tape's gradient without differentiating it (a training tape around a
+    saliency gradient), and a persistent tape asked inside its context, give the first
+    order gradients: an eager call must not build the gradient of its own gradient."""
+    case = make_case("lstm", num_layers=1, lengths="zero")
+    x, h, c, p = _tensors(case)
+    params = tf.Variable(p)
+    with tf.GradientTape() as outer:  # watches the variable
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            y = ptf.rnn(x, h, c, params, case.sequence_lengths, **case.attrs)[0]
+            score = tf.reduce_sum(y)
+        saliency = inner.gradient(score, x)  # logged, not differentiated
+        loss = tf.reduce_sum(y ** 2)
+    dp = outer.gradient(loss, params)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        score = tf.reduce_sum(ptf.rnn(x, h, c, params, case.sequence_lengths,
+                                      **case.attrs)[0])
+        dx = tape.gradient(score, x)
+    assert kernel
+    with tf.GradientTape() as want_tape:
+        want = tf.reduce_sum(ptf.rnn(x, h, c, params, case.sequence_lengths,
+                                     **case.attrs)[0] ** 2)
+    np.testing.assert_array_equal(dx.numpy(), saliency.numpy())
+    np.testing.assert_allclose(dp.numpy(), want_tape.gradient(want, params).numpy(),
+                               rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="a GPU is here")
 def test_the_route_is_tensorflows_operations_without_a_gpu():
     """With no GPU visible nothing changes: no kernel, eagerly or traced."""
@@ -284,6 +314,55 @@ def test_a_trace_where_tensorflow_sees_a_gpu_holds_both_implementations(monkeypa
         tape.watch(args[3])
         want = ptf.rnn(*args, case.sequence_lengths, **case.attrs)[0]
     np.testing.assert_allclose(dp.numpy(), tape.gradient(want, args[3]).numpy(), rtol=1e-10)
+
+
+def _grappler_signature_problems(library):
+    """What Grappler's implementation selector refuses in a function library
+    (function_api_info.cc, ValidateSignatures): functions of one ``api_implements`` and
+    one kind (inference, forward, backward) whose argument dtypes differ, inputs for
+    inference and forward functions, outputs for inference and backward ones. One such
+    pair and the selector skips the whole graph: every call runs its default."""
+    groups = {}
+    for f in library.function:
+        attrs = {k: v.s.decode() for k, v in f.attr.items() if v.s}
+        if "api_implements" not in attrs:
+            continue
+        kind = ("backward" if "forward_function_name" in attrs else
+                "forward" if "backward_function_name" in attrs else "inference")
+        groups.setdefault((attrs["api_implements"], kind), []).append(f.signature)
+    problems = []
+    for (name, kind), signatures in groups.items():
+        assert len(signatures) == 2, (name, kind, len(signatures))  # the pair, each kind
+        first, second = ([[a.type for a in getattr(s, part)] for s in signatures]
+                         for part in ("input_arg", "output_arg"))
+        if kind != "backward" and first[0] != first[1]:
+            problems.append((kind, "inputs"))
+        if kind != "forward" and second[0] != second[1]:
+            problems.append((kind, "outputs"))
+    return sorted({kind for _, kind in groups}), problems
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_the_selectors_pair_has_one_signature_with_dropout_too(monkeypatch, dropout):
+    """Both implementations take and give the same dtypes, for the inference, forward
+    and backward functions alike. With dropout the CPU one takes masks that cuDNN does
+    not: their gradient must not make its backward return more than the kernel's."""
+    monkeypatch.setattr(cudnn, "_visible_gpus", lambda: ["GPU:0 (stand-in)"])
+    case = make_case("lstm", num_layers=3, lengths="ragged", dropout=dropout)
+    args = _tensors(case)
+
+    @tf.function
+    def step(x, h, c, p):
+        with tf.GradientTape() as tape:
+            tape.watch([x, h, c, p])
+            y, hy, cy = ptf.rnn(x, h, c, p, case.sequence_lengths, seed=3, **case.attrs)
+            loss = tf.reduce_sum(y) + tf.reduce_sum(hy) + tf.reduce_sum(cy)
+        return tape.gradient(loss, [x, h, c, p])
+
+    library = step.get_concrete_function(*args).graph.as_graph_def().library
+    kinds, problems = _grappler_signature_problems(library)
+    assert kinds == ["backward", "forward", "inference"]
+    assert problems == []
 
 
 def test_a_saved_gpu_trace_runs_where_pycudnnrnn_cannot_be_imported(monkeypatch, tmp_path):

@@ -6,9 +6,14 @@ the same cell, direction and input modes), so our params buffer goes in as it is
 TensorFlow registers the kernel's gradient (``CudnnRNNBackpropV3``). What the kernel
 gets wrong or does otherwise is fixed around it here (TensorFlow's cudnn_rnn_ops.cc):
 
-* Batch-major states: with ``time_major=False`` the kernel reads ``input_h`` of
-  documented shape [B, L·D, P] as [L·D, B, P] memory. It is always called time-major;
-  a batch-major call is transposed in and out.
+* Always batch-major. The kernel turns on cuDNN's padded I/O for a time-major call only
+  where some row is shorter than the time axis, and caches cuDNN's descriptor per node
+  by sizes, not by that flag: a node whose first call had full rows would run later
+  ragged ones with padded I/O off (tensorflow/tensorflow#41630). A batch-major call
+  always has it on, as tf_keras's LSTM and GRU call the kernel.
+* Batch-major states: the kernel reads ``input_h`` of documented shape [B, L·D, P] as
+  [L·D, B, P] memory, and writes ``output_h`` so. The states go in and come out as
+  that memory, reshaped (not transposed) to the documented shape.
 * A row of length 0: cuDNN refuses it. The kernel gets length 1 for it, a zero input
   and a zero initial state; its output is put back to zero and its final states to the
   initial ones. No value of that row reaches the weights, and its gradients are exact.
@@ -114,35 +119,41 @@ def rnn(static, input, input_h, input_c, params, lengths):
     """``(output, output_h, output_c)`` by TensorFlow's kernel, as ``graph.rnn`` computes
     them. `static` is a ``Kernel``; `lengths` an int32 [B] tensor in range, or None."""
     dtype = input.dtype
-    enter = (lambda a: a) if static.time_major else (lambda a: tf.transpose(a, [1, 0, 2]))
-    x, h0 = enter(input), enter(input_h)
-    c0 = enter(input_c) if static.lstm else None
+    swap = lambda a: tf.transpose(a, [1, 0, 2])  # noqa: E731
+    x = swap(input) if static.time_major else input  # [B, T, F]: the kernel's layout
+    states = (lambda a: a) if static.time_major else swap  # ours, time-major: [L·D, B, P]
+    h0 = states(input_h)
+    c0 = states(input_c) if static.lstm else None
     shape = tf.shape(x)
     if lengths is None:
-        kernel_lengths, running, started = tf.fill(shape[1:2], shape[0]), None, None
+        kernel_lengths, running, started = tf.fill(shape[:1], shape[1]), None, None
     else:
-        running = tf.transpose(tf.sequence_mask(lengths, shape[0]))[..., None]  # [T, B, 1]
-        started = (lengths > 0)[None, :, None]
+        running = tf.sequence_mask(lengths, shape[1])[..., None]  # [B, T, 1]
+        started = (lengths > 0)[None, :, None]  # [1, B, 1], for the states
         x = tf.where(running, x, tf.zeros_like(x))  # padding may hold anything, even NaN
         kernel_lengths = tf.maximum(lengths, 1)  # cuDNN refuses 0: such a row runs zeros
     h_in, c_in = h0, c0
     if started is not None:  # a row that never runs: no value of its state reaches cuDNN
         h_in = tf.where(started, h0, tf.zeros_like(h0))
         c_in = None if c0 is None else tf.where(started, c0, tf.zeros_like(c0))
+    # the kernel's batch-major states: [B, L·D, P] in shape, [L·D, B, P] in memory
+    memory = lambda s: tf.reshape(s, [-1, s.shape[0], s.shape[2]])  # noqa: E731
     output, output_h, output_c, _, _ = _kernel(
-        input=_first_order(x), input_h=_first_order(h_in),
-        input_c=_first_order(c_in) if static.lstm else tf.zeros((), dtype),
+        input=_first_order(x), input_h=memory(_first_order(h_in)),
+        input_c=memory(_first_order(c_in)) if static.lstm else tf.zeros((), dtype),
         params=_first_order(params), sequence_lengths=kernel_lengths,
         rnn_mode=static.rnn_mode, input_mode=static.input_mode, direction=static.direction,
         dropout=static.dropout, seed=static.seed, seed2=static.seed2,
-        num_proj=static.num_proj, is_training=True, time_major=True)
+        num_proj=static.num_proj, is_training=True, time_major=False)
+    output_h = tf.reshape(output_h, tf.shape(h0))
+    output_c = tf.reshape(output_c, tf.shape(c0)) if static.lstm else None
     if running is not None:  # (also the step a row of length 0 ran on zeros)
         output = tf.where(running, output, tf.zeros_like(output))
         output_h = tf.where(started, output_h, h0)
-        output_c = tf.where(started, output_c, c0) if static.lstm else output_c
-    leave = (lambda a: a) if static.time_major else (lambda a: tf.transpose(a, [1, 0, 2]))
+        output_c = tf.where(started, output_c, c0) if static.lstm else None
+    leave = (lambda a: a) if static.time_major else swap
     output_c = leave(output_c) if static.lstm else tf.zeros((0,), dtype)
-    return leave(output), leave(output_h), output_c
+    return swap(output) if static.time_major else output, leave(output_h), output_c
 
 
 @tf.custom_gradient

@@ -268,9 +268,13 @@ def _function(config, time_major, has_lengths, masked_layers):
 
 @functools.lru_cache(maxsize=128)
 def _kernel_function(kernel, has_lengths, masked_layers):
-    """``cudnn.rnn`` for one static part of a call, as ``_function`` is for ``graph.rnn``."""
-    run = functools.partial(_kernel_traced, kernel, has_lengths, masked_layers)
-    return tf.function(run, reduce_retracing=True, autograph=False)
+    """``cudnn.rnn`` for one static part of an eager call, run op by op (a score of
+    operations around one kernel), not as a ``tf.function``: under a tape that records
+    another tape's gradient (nested tapes, a persistent tape asked inside its context),
+    TensorFlow builds the gradient of a function's backward function when it records
+    it, and that of the kernel's backward is refused: even a first order gradient would
+    fail. Op by op, only a second derivative that flows through the kernel fails."""
+    return functools.partial(_kernel_traced, kernel, has_lengths, masked_layers)
 
 
 def _unpack(lstm, has_lengths, masked_layers, args):
@@ -284,9 +288,15 @@ def _unpack(lstm, has_lengths, masked_layers, args):
 
 
 def _traced(config, time_major, has_lengths, masked_layers, *args):
-    """The body of ``_function``'s ``tf.function``: its flat arguments to ``graph.rnn``."""
+    """The body of ``_function``'s ``tf.function``: its flat arguments to ``graph.rnn``.
+
+    The dropout masks are constants to the gradient. No caller asks for theirs, and the
+    kernel's twin (``_selected``) has none: a gradient here would give this backward
+    function more outputs than the twin's, and Grappler's implementation selector
+    refuses such a pair and skips the whole graph."""
     input, input_h, input_c, params, lengths, masks = _unpack(config.is_lstm, has_lengths,
                                                               masked_layers, args)
+    masks = {layer: tf.stop_gradient(mask) for layer, mask in masks.items()}
     return graph.rnn(config, time_major, input, input_h, input_c, params, lengths, masks)
 
 

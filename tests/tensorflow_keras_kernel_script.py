@@ -2,7 +2,8 @@
 kernel of ``fake_tf_cudnn`` here): the layers take the params buffer and the kernel, and
 give what they give on TensorFlow's operations. Prints "same" when they agree: outputs
 and weight gradients of an eager call with a mask (the kernel runs), and the weights
-after a ``fit`` (traced: the selector's default, TensorFlow's operations, runs). Run by
+after a ``fit`` (traced: the selector's default, TensorFlow's operations, runs). Where
+the kernel runs, each layer refuses XLA, as Keras's own LSTM does on a GPU. Run by
 tests/test_tensorflow_cudnn.py in a process of its own (Keras's backend is fixed at its
 import)."""
 
@@ -43,6 +44,14 @@ def call_and_gradients():
     return [out.numpy()] + [g.numpy() for g in tape.gradient(loss, model.trainable_weights)]
 
 
+def supports_jit():
+    """Whether each of our layers lets Keras compile it with XLA, after a call."""
+    model = build()
+    model(x)
+    return [layer.supports_jit for layer in model._flatten_layers()
+            if isinstance(layer, (pk.LSTM, pk.GRU))]
+
+
 def fit():
     model = build()
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=False)
@@ -56,12 +65,16 @@ def agree(got, want):
 
 
 ops_route = call_and_gradients(), fit()
+if not all(supports_jit()):
+    sys.exit("on TensorFlow's operations a layer refused XLA")
 cudnn._kernel = fake_tf_cudnn.CudnnRNNV3
 cudnn._visible_gpus = lambda: ["GPU:0 (stand-in)"]
 cudnn._device_type = lambda tensor: "GPU"
 kernel_route = call_and_gradients()
 assert fake_tf_cudnn.CALLS, "the layers did not reach the kernel"
 fitted = fit()
+if any(supports_jit()):  # Keras's own LSTM refuses XLA where cuDNN runs it, the same way
+    sys.exit("on the kernel a layer let jit_compile='auto' choose XLA, which skips cuDNN")
 for name, got, want in (("call", kernel_route, ops_route[0]), ("fit", fitted, ops_route[1])):
     if not agree(got, want):
         sys.exit(f"{name}: the kernel route differs from TensorFlow's operations")

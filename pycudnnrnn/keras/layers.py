@@ -70,6 +70,10 @@ class _OnOurOp:
             initial_state = initial_state[0]
         if not isinstance(initial_state, (list, tuple)):
             initial_state = [initial_state]
+        if loop.runs_tensorflow_kernel(sequences, self.compute_dtype):
+            # As Keras's own LSTM says on a GPU: then compile's jit_compile="auto" leaves
+            # XLA off, which would compile TensorFlow's operations and never reach cuDNN.
+            self.supports_jit = False
         cell = self.cell
         if training and 0.0 < cell.dropout < 1.0:
             # The mask the cell drew for this call (RNN.call prepares it): the one Keras's
@@ -142,6 +146,9 @@ class Bidirectional(keras.layers.Bidirectional):
         else:
             half = len(initial_state) // 2
             forward_state, backward_state = list(initial_state[:half]), list(initial_state[half:])
+        if loop.runs_tensorflow_kernel(sequences, self.compute_dtype):
+            for layer in (self, fwd, bwd):  # (see _OnOurOp.inner_loop)
+                layer.supports_jit = False
         weights = lambda l: (l.cell.kernel, l.cell.recurrent_kernel, l.cell.bias)
         # Keras's RNN.call draws each cell's dropout mask at every call, inference included
         # (unused there), which advances the cell's seed generator: drawn here too, so that

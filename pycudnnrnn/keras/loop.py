@@ -118,6 +118,12 @@ def _tensorflow_graph(x, dtype) -> bool:
     return not (cudnn.runs_here(x) and cudnn.serves_dtype(dtype))
 
 
+def runs_tensorflow_kernel(x, dtype) -> bool:
+    """Whether a call on Keras's TensorFlow backend goes to TensorFlow's cuDNN kernel,
+    which XLA cannot compile."""
+    return backend.backend() == "tensorflow" and not _tensorflow_graph(x, dtype)
+
+
 def _tensorflow_op(rnn_mode, x, h0, c0, weights, mask, carry_output,
                    direction="unidirectional"):
     """The op's computation on TensorFlow (``pycudnnrnn.tensorflow.graph``), fed Keras's

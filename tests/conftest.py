@@ -388,9 +388,10 @@ def process_state_unchanged(request):
     threads and float32, TensorFlow at 0/0 threads (its default: chosen from the cores),
     jax_enable_x64 off, OpenBLAS (NumPy's) and libgomp (torch's) at 2 threads; one OpenMP
     runtime (torch's libgomp; no libiomp5 or libomp), and the three imports load no second
-    OpenBLAS; a matmul in each framework is right in every order. OS threads: 2 after the imports; after one op
-    in each, torch +1, TensorFlow +5, JAX +15 (its XLA CPU client), 23 in all in every
-    order: pools idle between tests, as no test runs two frameworks at once. Test files in
+    OpenBLAS; a matmul in each framework is right in every order. OS threads: 2 after the
+    imports; after one op in each, torch +1, TensorFlow +5, JAX +15 (its XLA CPU client),
+    23 in all in every order: pools idle between tests, as no test runs two frameworks at
+    once. Test files in
     other orders gave the same outcomes: test_tensorflow.py alone and after test_torch_ops.py
     and test_jax.py, 51 of 51 passed each time; test_torch_ops.py, test_jax.py and
     test_keras.py passed with test_tensorflow.py collected first and without it (there

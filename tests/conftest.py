@@ -290,7 +290,8 @@ def _read(reads):
 
 
 def process_state():
-    """Every process-wide setting a test could leave behind for the tests after it, by name.
+    """Every process-wide setting a test could leave behind for the tests after it, by name
+    (pycudnnrnn's own two among them: TF32 on the GPU, and the PyTorch adapter's CPU kernels).
 
     A framework is read only when something has imported it already: reading never imports
     one (an import is itself process-wide: Keras, for one, fixes its backend at import).
@@ -302,6 +303,12 @@ def process_state():
     state["os.getcwd()"] = os.getcwd()
     state["numpy.geterr()"] = np.geterr()
     state.update({name: get() for name, get in _BLAS_THREADS.items()})
+    gpu, kernels = (sys.modules.get("pycudnnrnn.core.gpu"),
+                    sys.modules.get("pycudnnrnn.torch.torch_kernels"))
+    if gpu is not None:
+        state["pycudnnrnn.core.gpu.get_allow_tf32()"] = gpu.get_allow_tf32()
+    if kernels is not None:  # this thread's: tests run on the main thread
+        state["pycudnnrnn.torch: CPU kernels"] = kernels._choice.kernels
     torch, jax = sys.modules.get("torch"), sys.modules.get("jax")
     tf, keras = sys.modules.get("tensorflow"), sys.modules.get("keras")
     if torch is not None and hasattr(torch, "get_num_threads"):

@@ -121,3 +121,17 @@ def test_keras_settings_are_read():
     assert _changes(lambda: keras.config.set_dtype_policy("mixed_float16"),
                     lambda: keras.config.set_dtype_policy(policy)) == \
         [f"keras.config.dtype_policy(): {policy!r} -> 'mixed_float16'"]
+
+
+def test_pycudnnrnns_own_settings_are_read():
+    import pycudnnrnn
+    from pycudnnrnn.core import gpu
+    assert _changes(lambda: pycudnnrnn.set_allow_tf32(True),
+                    lambda: pycudnnrnn.set_allow_tf32(False)) == \
+        ["pycudnnrnn.core.gpu.get_allow_tf32(): False -> True"]
+    assert not gpu.get_allow_tf32()
+    if "torch" in sys.modules:
+        import pycudnnrnn.torch as prt
+        assert _changes(lambda: prt.set_cpu_kernels("numpy"),
+                        lambda: prt.set_cpu_kernels("torch")) == \
+            ["pycudnnrnn.torch: CPU kernels: 'torch' -> 'numpy'"]

@@ -11,14 +11,33 @@ process_wide = [c for c in blas._controls() if isinstance(c, blas._ProcessWide)]
 needs_openblas = pytest.mark.skipif(not process_wide, reason="NumPy's BLAS is not OpenBLAS")
 
 
+class _Every:
+    """Every process-wide OpenBLAS that blas controls, as one: NumPy's, and SciPy's too
+    where something imported scipy.linalg first (torch.testing._internal does, so
+    tests/test_torch_module_db.py collected before this file loads a second OpenBLAS)."""
+
+    def __init__(self, controls):
+        self.controls = controls
+
+    def get(self):
+        """The libraries' thread count where they agree, else each one's."""
+        counts = [c.get() for c in self.controls]
+        return counts[0] if len(set(counts)) == 1 else tuple(counts)
+
+    def set(self, n):
+        for c in self.controls:
+            c.set(n)
+
+
 @pytest.fixture
 def two_threads():
     """OpenBLAS at two threads (whatever the machine's core count), restored after."""
-    [control] = process_wide
-    before = control.get()
-    control.set(2)
-    yield control
-    control.set(before)
+    before = [c.get() for c in process_wide]
+    every = _Every(process_wide)
+    every.set(2)
+    yield every
+    for c, n in zip(process_wide, before):
+        c.set(n)
 
 
 @needs_openblas
@@ -88,3 +107,21 @@ def test_the_xla_cpu_handler_runs_on_one_blas_thread(two_threads, monkeypatch):
 def test_thread_counts_name_numpys_blas():
     counts = blas.thread_counts()
     assert counts and all(c["threads"] >= 1 and c["library"] for c in counts)
+
+
+def test_these_tests_pass_where_a_second_openblas_was_loaded_first(tmp_path):
+    """SciPy's OpenBLAS loaded before this file is collected (as tests/test_torch_module_db.py
+    does, through torch.testing) makes two process-wide libraries; the tests above hold both."""
+    pytest.importorskip("scipy")
+    import subprocess
+    import sys
+    script = ("import sys, pytest, scipy.linalg\n"
+              "from pycudnnrnn.core import blas\n"
+              "print('process-wide OpenBLAS:', sum(isinstance(c, blas._ProcessWide) "
+              "for c in blas._controls()))\n"
+              f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {__file__!r}, "
+              "'-k', 'not second_openblas']))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "process-wide OpenBLAS: 2" in proc.stdout, proc.stdout[-4000:]

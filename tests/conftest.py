@@ -123,6 +123,49 @@ def make_case(rnn_mode="lstm", direction="unidirectional", input_mode="linear_in
     return Case(attrs, cast(x), cast(h), cast(c), cast(params), lengths, size)
 
 
+def case_id(case: dict) -> str:
+    """A test id from a grid entry's values."""
+    return "-".join(str(v) for v in case.values())
+
+
+def cotangents(results, seed=1):
+    """Random cotangents of the shapes of `results` (zeros for an empty one)."""
+    rng = np.random.default_rng(seed)
+    shapes = [tuple(r.shape) for r in results]
+    return [rng.standard_normal(s) if np.prod(s) else np.zeros(s) for s in shapes]
+
+
+def run_saved_model_without_pycudnnrnn(folder, *inputs, cpu_only=False):
+    """The output of the SavedModel in `folder`/model on `inputs`, loaded and run in a
+    fresh process where pycudnnrnn cannot be imported, as TensorFlow Serving runs it
+    (with `cpu_only`, with TensorFlow's GPUs hidden)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    for k, value in enumerate(inputs):
+        np.save(os.path.join(folder, f"input{k}.npy"), value)
+    script = textwrap.dedent(f"""
+        import sys
+        class Refuse:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "pycudnnrnn":
+                    raise ImportError("pycudnnrnn must not be imported here")
+        sys.meta_path.insert(0, Refuse())
+        import numpy as np, tensorflow as tf
+        if {cpu_only}:
+            tf.config.set_visible_devices([], "GPU")
+        model = tf.saved_model.load(sys.argv[1] + "/model")
+        y = model(*(np.load(sys.argv[1] + f"/input{{k}}.npy") for k in range({len(inputs)})))
+        np.save(sys.argv[1] + "/output.npy", y.numpy())
+        assert not any(m.startswith("pycudnnrnn") for m in sys.modules)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", script, str(folder)], check=True, cwd=folder,
+                   env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)
+    return np.load(os.path.join(folder, "output.npy"))
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The stand-in GPU of fake_cuda; no plan built on it outlives the test."""

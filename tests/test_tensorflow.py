@@ -9,7 +9,6 @@ cannot import pycudnnrnn, and ``MirroredStrategy`` over two CPU devices.
 import os
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -19,7 +18,8 @@ tf = pytest.importorskip("tensorflow")
 
 import pycudnnrnn  # noqa: E402
 import pycudnnrnn.tensorflow as ptf  # noqa: E402
-from conftest import assert_ulp_close, make_case  # noqa: E402
+from conftest import (assert_ulp_close, case_id, cotangents, make_case,  # noqa: E402
+                      run_saved_model_without_pycudnnrnn)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -34,26 +34,16 @@ GRID += [dict(rnn_mode="lstm", num_proj=3, direction="bidirectional", lengths="z
          dict(rnn_mode="lstm", input_mode="auto_select", input_size=4, lengths="zero")]
 
 
-def _ids(case):
-    return "-".join(str(v) for v in case.values())
-
-
 def _tensors(case):
     return [None if a is None else tf.constant(a)
             for a in (case.input, case.input_h, case.input_c, case.params)]
 
 
-def _cotangents(results, seed=1):
-    rng = np.random.default_rng(seed)
-    shapes = [tuple(r.shape) for r in results]
-    return [rng.standard_normal(s) if np.prod(s) else np.zeros(s) for s in shapes]
-
-
-@pytest.mark.parametrize("config", GRID, ids=_ids)
+@pytest.mark.parametrize("config", GRID, ids=case_id)
 def test_forward_and_tape_gradients_are_the_numpy_backends(config):
     case = make_case(**config)
     want = case.forward()
-    dy, dh, dc = _cotangents(want[:3])
+    dy, dh, dc = cotangents(want[:3])
     want_grads = case.backprop(want, dy, dh, dc if case.input_c is not None else None)
     variables = [None if a is None else tf.Variable(a) for a in _tensors(case)]
     with tf.GradientTape() as tape:
@@ -77,12 +67,12 @@ def test_forward_and_tape_gradients_are_the_numpy_backends(config):
         assert_ulp_close(grads[k].numpy(), w, ulps=64, err_msg=name)
 
 
-@pytest.mark.parametrize("config", GRID[:6] + GRID[-3:], ids=_ids)
+@pytest.mark.parametrize("config", GRID[:6] + GRID[-3:], ids=case_id)
 def test_the_raw_pair_is_the_ops(config):
     """cudnn_rnn_v3 / cudnn_rnn_backprop_v3 with tf.raw_ops' arguments and results."""
     case = make_case(**config)
     want = case.forward()
-    dy, dh, dc = _cotangents(want[:3])
+    dy, dh, dc = cotangents(want[:3])
     lstm = case.input_c is not None
     want_grads = case.backprop(want, dy, dh, dc if lstm else None)
     x, h, c, p = _tensors(case)
@@ -144,7 +134,7 @@ def test_dropout_is_seeded_and_backprop_uses_the_forwards_masks():
                      **attrs)
     np.testing.assert_array_equal(seeded[0], first[0])
     # the raw pair's backprop equals the tape's gradient of the same seeded forward
-    dy, dh, dc = _cotangents(first)
+    dy, dh, dc = cotangents(first)
     forward = ptf.cudnn_rnn_v3(x, h, c, p, case.sequence_lengths, seed=7, **attrs)
     np.testing.assert_array_equal(forward[0], first[0])
     raw = ptf.cudnn_rnn_backprop_v3(x, h, c, p, case.sequence_lengths, *forward[:3], dy, dh,
@@ -223,7 +213,7 @@ def test_second_order_equals_differences_of_the_first():
     the NumPy backend's first-order gradient."""
     case = make_case("lstm", "bidirectional", num_layers=2, num_proj=2, lengths="zero")
     x, h, c, p = _tensors(case)
-    dy = _cotangents(case.forward()[:1])[0]
+    dy = cotangents(case.forward()[:1])[0]
     v = np.random.default_rng(3).standard_normal(case.params.shape)
 
     def penalty_numpy(params):
@@ -327,28 +317,12 @@ def test_a_saved_model_runs_where_pycudnnrnn_cannot_be_imported(tmp_path):
             return ptf.rnn(x, h, h, self.params, lengths, direction="bidirectional")[0]
 
     tf.saved_model.save(Model(), str(tmp_path / "model"))
-    np.save(tmp_path / "x.npy", case.input)
-    np.save(tmp_path / "lengths.npy", np.asarray(case.sequence_lengths, np.int32))
-    script = textwrap.dedent("""
-        import sys
-        class Refuse:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "pycudnnrnn":
-                    raise ImportError("pycudnnrnn must not be imported here")
-        sys.meta_path.insert(0, Refuse())
-        import numpy as np, tensorflow as tf
-        model = tf.saved_model.load(sys.argv[1] + "/model")
-        y = model(np.load(sys.argv[1] + "/x.npy"), np.load(sys.argv[1] + "/lengths.npy"))
-        np.save(sys.argv[1] + "/y.npy", y.numpy())
-        assert not any(m.startswith("pycudnnrnn") for m in sys.modules)
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, cwd=tmp_path,
-                   env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)
+    got = run_saved_model_without_pycudnnrnn(
+        tmp_path, case.input, np.asarray(case.sequence_lengths, np.int32))
     want = pycudnnrnn.forward(case.input, np.zeros((4, 3, 4), np.float32),
                               np.zeros((4, 3, 4), np.float32), case.params,
                               case.sequence_lengths, direction="bidirectional").output
-    assert_ulp_close(np.load(tmp_path / "y.npy"), want, ulps=64)
+    assert_ulp_close(got, want, ulps=64)
 
 
 def test_a_loaded_model_gives_the_gradients_of_the_saved_one(tmp_path):

@@ -15,7 +15,6 @@ a tape inside, and under a Keras ``fit``.
 import os
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -26,7 +25,8 @@ tf = pytest.importorskip("tensorflow")
 import fake_tf_cudnn  # noqa: E402
 import pycudnnrnn  # noqa: E402
 import pycudnnrnn.tensorflow as ptf  # noqa: E402
-from conftest import assert_ulp_close, make_case  # noqa: E402
+from conftest import (assert_ulp_close, case_id, cotangents, make_case,  # noqa: E402
+                      run_saved_model_without_pycudnnrnn)
 from pycudnnrnn.tensorflow import cudnn, ops  # noqa: E402
 
 GRID = [dict(rnn_mode=m, direction="bidirectional", time_major=True, lengths="zero",
@@ -43,18 +43,9 @@ GRID += [dict(rnn_mode="lstm", direction="bidirectional", time_major=False, leng
               lengths="zero")]
 
 
-def _ids(case):
-    return "-".join(str(v) for v in case.values())
-
-
 def _tensors(case):
     return [None if a is None else tf.constant(a)
             for a in (case.input, case.input_h, case.input_c, case.params)]
-
-
-def _cotangents(results, seed=1):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(tuple(r.shape)) for r in results]
 
 
 @pytest.fixture
@@ -75,7 +66,7 @@ def _rnn_and_grads(case, **overrides):
     lstm = case.input_c is not None
     variables = [None if a is None else tf.Variable(a) for a in _tensors(case)]
     attrs = {**case.attrs, **overrides}
-    dy, dh, dc = _cotangents(case.forward()[:3])
+    dy, dh, dc = cotangents(case.forward()[:3])
     with tf.GradientTape() as tape:
         got = ptf.rnn(*variables, case.sequence_lengths, **attrs)
         loss = tf.reduce_sum(got[0] * dy) + tf.reduce_sum(got[1] * dh)
@@ -85,7 +76,7 @@ def _rnn_and_grads(case, **overrides):
     return got, grads, (dy, dh, dc if lstm else None)
 
 
-@pytest.mark.parametrize("config", GRID, ids=_ids)
+@pytest.mark.parametrize("config", GRID, ids=case_id)
 def test_the_kernels_forward_and_tape_gradients_are_the_numpy_backends(kernel, config):
     """Through the kernel (batch-major states, zero lengths, no lengths, auto_select,
     non-LSTM output_c all fixed around it), the op is the NumPy backend's."""
@@ -168,7 +159,7 @@ def test_the_raw_pairs_masks_and_bfloat16_stay_on_tensorflows_operations(kernel)
     x, h, c, p = _tensors(case)
     forward = ptf.cudnn_rnn_v3(x, h, c, p, case.sequence_lengths, seed=5, **case.attrs)
     assert not kernel
-    dy, dh, dc = _cotangents(forward[:3])
+    dy, dh, dc = cotangents(forward[:3])
     raw = ptf.cudnn_rnn_backprop_v3(x, h, c, p, case.sequence_lengths, *forward[:3], dy, dh,
                                     dc, forward[3], seed=5, **case.attrs)
     assert not kernel
@@ -387,29 +378,12 @@ def test_a_saved_gpu_trace_runs_where_pycudnnrnn_cannot_be_imported(monkeypatch,
         model.__call__.get_concrete_function()).values())
     tf.saved_model.save(model, str(tmp_path / "model"))
     assert b"CudnnRNNV3" in (tmp_path / "model" / "saved_model.pb").read_bytes()  # the twin
-    np.save(tmp_path / "x.npy", case.input)
-    np.save(tmp_path / "lengths.npy", np.asarray(case.sequence_lengths, np.int32))
-    script = textwrap.dedent("""
-        import sys
-        class Refuse:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "pycudnnrnn":
-                    raise ImportError("pycudnnrnn must not be imported here")
-        sys.meta_path.insert(0, Refuse())
-        import numpy as np, tensorflow as tf
-        tf.config.set_visible_devices([], "GPU")
-        model = tf.saved_model.load(sys.argv[1] + "/model")
-        y = model(np.load(sys.argv[1] + "/x.npy"), np.load(sys.argv[1] + "/lengths.npy"))
-        np.save(sys.argv[1] + "/y.npy", y.numpy())
-        assert not any(m.startswith("pycudnnrnn") for m in sys.modules)
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, cwd=tmp_path,
-                   env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)
+    got = run_saved_model_without_pycudnnrnn(
+        tmp_path, case.input, np.asarray(case.sequence_lengths, np.int32), cpu_only=True)
     want = pycudnnrnn.forward(case.input, np.zeros((4, 3, 4), np.float32), None,
                               case.params, case.sequence_lengths, rnn_mode="gru",
                               direction="bidirectional").output
-    assert_ulp_close(np.load(tmp_path / "y.npy"), want, ulps=64)
+    assert_ulp_close(got, want, ulps=64)
 
 
 def test_keras_layers_take_the_kernel_where_it_runs():

@@ -275,12 +275,11 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
-    # gpu("tensorflow"): TensorFlow's own cuDNN kernel, which needs no CuPy
-    tensorflow = [item for item in gpu_items
-                  if item.get_closest_marker("gpu").args == ("tensorflow",)]
     reasons = {"cupy": None, "tensorflow": None}
     for item in gpu_items:
-        kind = "tensorflow" if item in tensorflow else "cupy"
+        # gpu("tensorflow"): TensorFlow's own cuDNN kernel, which needs no CuPy
+        kind = "tensorflow" if item.get_closest_marker("gpu").args == ("tensorflow",) \
+            else "cupy"
         if reasons[kind] is None:
             reasons[kind] = (_tensorflow_gpu_reason() if kind == "tensorflow"
                              else _gpu_reason()) or ""

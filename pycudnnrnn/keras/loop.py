@@ -107,21 +107,20 @@ def _op(rnn_mode, x, h0, c0, params, lengths, direction="unidirectional"):
                               f"backends, not {name}")
 
 
-def _tensorflow_graph(x, dtype) -> bool:
-    """Whether a call on TensorFlow runs the op's graph on Keras's weights
-    (``_tensorflow_op``): everywhere but where TensorFlow's cuDNN kernel can serve it
-    (``pycudnnrnn.tensorflow.cudnn``: a GPU), which takes the gathered params buffer and
-    lengths of the other backends' path."""
+def runs_tensorflow_kernel(x, dtype) -> bool:
+    """Whether a call on Keras's TensorFlow backend goes to TensorFlow's cuDNN kernel
+    (``pycudnnrnn.tensorflow.cudnn``: a GPU), which XLA cannot compile. It takes the
+    other backends' path (a gathered params buffer and lengths); elsewhere TensorFlow
+    runs the op's graph on Keras's weights (``_tensorflow_op``)."""
     if backend.backend() != "tensorflow":
         return False
     from ..tensorflow import cudnn
-    return not (cudnn.runs_here(x) and cudnn.serves_dtype(dtype))
+    return cudnn.runs_here(x) and cudnn.serves_dtype(dtype)
 
 
-def runs_tensorflow_kernel(x, dtype) -> bool:
-    """Whether a call on Keras's TensorFlow backend goes to TensorFlow's cuDNN kernel,
-    which XLA cannot compile."""
-    return backend.backend() == "tensorflow" and not _tensorflow_graph(x, dtype)
+def _tensorflow_graph(x, dtype) -> bool:
+    """Whether a call runs the op's graph on Keras's weights (``_tensorflow_op``)."""
+    return backend.backend() == "tensorflow" and not runs_tensorflow_kernel(x, dtype)
 
 
 def _tensorflow_op(rnn_mode, x, h0, c0, weights, mask, carry_output,

@@ -121,7 +121,8 @@ def rnn(static, input, input_h, input_c, params, lengths):
     dtype = input.dtype
     swap = lambda a: tf.transpose(a, [1, 0, 2])  # noqa: E731
     x = swap(input) if static.time_major else input  # [B, T, F]: the kernel's layout
-    states = (lambda a: a) if static.time_major else swap  # ours, time-major: [L·D, B, P]
+    # ours <-> time-major [L·D, B, P] (a transposition: its own inverse)
+    states = (lambda a: a) if static.time_major else swap
     h0 = states(input_h)
     c0 = states(input_c) if static.lstm else None
     shape = tf.shape(x)
@@ -151,9 +152,8 @@ def rnn(static, input, input_h, input_c, params, lengths):
         output = tf.where(running, output, tf.zeros_like(output))
         output_h = tf.where(started, output_h, h0)
         output_c = tf.where(started, output_c, c0) if static.lstm else None
-    leave = (lambda a: a) if static.time_major else swap
-    output_c = leave(output_c) if static.lstm else tf.zeros((0,), dtype)
-    return swap(output) if static.time_major else output, leave(output_h), output_c
+    output_c = states(output_c) if static.lstm else tf.zeros((0,), dtype)
+    return swap(output) if static.time_major else output, states(output_h), output_c
 
 
 @tf.custom_gradient

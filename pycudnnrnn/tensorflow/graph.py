@@ -5,9 +5,11 @@ and the tests hold the two together. Being TensorFlow's operations, it is what a
 ``tf.function`` traces, XLA compiles, a ``GradientTape`` differentiates (to any order)
 and a SavedModel stores: a model saved with it loads and runs without this library.
 
-* Each pseudo-layer makes its input's product for all steps at once, outside the loop
+* Each pseudo-layer makes its input's product for many steps at once, outside the loop
   (one large matrix product); the loop, a ``tf.while_loop``, makes the state's product
   and the gate arithmetic of one step.
+* The gradient is written out (``_recurrence``), not derived by TensorFlow: a loop back
+  over the steps, then the weights' gradients as products over many steps at once.
 * A ragged batch: rows keep their state past their last step, and their output there
   is zero. The reverse direction reads each row backwards from its own last step
   (``tf.reverse_sequence``). The state of a row of length 0 is zeroed before it meets
@@ -138,6 +140,9 @@ class _Cell:
     def __init__(self, mode, w_input_t, w_rec_t, bias, b_rec=None, w_proj_t=None,
                  gru_gates="rzn"):
         self.mode = mode
+        w_input_t, w_rec_t, bias, b_rec, w_proj_t = (
+            None if w is None else tf.convert_to_tensor(w)
+            for w in (w_input_t, w_rec_t, bias, b_rec, w_proj_t))
         self.gates = {"lstm": 4, "gru": 3}.get(mode, 1)
         self.w_input_t, self.w_rec_t, self.w_proj_t = w_input_t, w_rec_t, w_proj_t
         self.bias, self.b_rec = bias, b_rec
@@ -172,13 +177,41 @@ class _Cell:
         flat = tf.reshape(x, [-1, shape[2]]) @ self.w_input_t
         return tf.reshape(flat, tf.concat([shape[:2], [-1]], 0)) + self.bias
 
+    def input_backward(self, x, dxw):
+        """``(dx, [dw_input_t, dbias])`` (no `dw_input_t` for skip_input) from the
+        gradient `dxw` of ``input_products(x)``."""
+        dbias = tf.reduce_sum(dxw, [0, 1])
+        if self.w_input_t is None:
+            shape = tf.shape(dxw)
+            split = tf.reshape(dxw, tf.concat([shape[:2], [self.gates, -1]], 0))
+            return tf.reduce_sum(split, 2), [dbias]
+        shape = tf.shape(dxw)
+        flat = tf.matmul(tf.reshape(dxw, [-1, shape[2]]), self.w_input_t, transpose_b=True)
+        return (tf.reshape(flat, tf.concat([shape[:2], [-1]], 0)),
+                [_product(x, dxw), dbias])
+
+    def weights(self) -> list:
+        """The weights the loop uses, in the order its gradient returns theirs."""
+        return [w for w in (self.w_input_t, self.bias, self.w_rec_t, self.b_rec,
+                            self.w_proj_t) if w is not None]
+
     def step(self, xw, h, c):
-        """The new ``(h, c)`` (c None but for an LSTM) from a step's input product."""
+        """``(h, c, kept)``: the new state (c None but for an LSTM) from a step's input
+        product, and the tensors ``step_backward`` needs of the step (a tuple of
+        ``kept`` of them)."""
         if self.mode == "lstm":
             i, f, g, o = tf.split(xw + h @ self.w_rec_t, 4, axis=-1)
-            c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-            out = tf.sigmoid(o) * tf.tanh(c)
-            return (out if self.w_proj_t is None else out @ self.w_proj_t), c
+            i, f, g, o = tf.sigmoid(i), tf.sigmoid(f), tf.tanh(g), tf.sigmoid(o)
+            c_prev, c = c, f * c + i * g
+            tc = tf.tanh(c)
+            out = o * tc
+            # The derivatives the backward step multiplies by, made here: nothing here
+            # waits for them, where there the next step would.
+            gates = tf.concat([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g),
+                               tc * o * (1 - o)], -1)
+            if self.w_proj_t is None:
+                return out, c, (gates, o * (1 - tc * tc), f)
+            return out @ self.w_proj_t, c, (gates, o * (1 - tc * tc), f, out)
         if self.mode == "gru":  # (split, not sliced: a slice's gradient is a padded copy)
             x_r, x_z, x_n = tf.split(xw, 3, axis=-1)
             h_r, h_z, h_n = tf.split(h @ self.w_rec_t + self.b_rec, 3, axis=-1)
@@ -186,9 +219,64 @@ class _Cell:
                 x_r, x_z, h_r, h_z = x_z, x_r, h_z, h_r
             r, z = tf.sigmoid(x_r + h_r), tf.sigmoid(x_z + h_z)
             n = tf.tanh(x_n + r * h_n)
-            return (h - n) * z + n, None
+            return (h - n) * z + n, None, (r, z, n, h_n)
         pre = xw + h @ self.w_rec_t
-        return (tf.tanh(pre) if self.mode == "rnn_tanh" else tf.nn.relu(pre)), None
+        h = tf.tanh(pre) if self.mode == "rnn_tanh" else tf.nn.relu(pre)
+        return h, None, (h,)
+
+    def _rec_backward(self, dz):
+        """``dz @ w_rec_tᵀ``: the gradient of ``h @ w_rec_t`` for its `h`."""
+        return tf.matmul(dz, self.w_rec_t, transpose_b=True)
+
+    @property
+    def kept(self) -> int:
+        """How many tensors ``step`` keeps."""
+        if self.mode == "lstm":
+            return 3 if self.w_proj_t is None else 4
+        return 4 if self.mode == "gru" else 1
+
+    def step_backward(self, kept, h_prev, dh, dc):
+        """One step's gradients, from those of its new state `dh`, `dc`: ``(dxw, dzh,
+        dh_prev, dc_prev)``, where `dxw` is the input product's and `dzh` that of the
+        state's product ``h_prev @ w_rec_t (+ b_rec)`` (`dxw` itself but for a GRU).
+        `kept` is ``step``'s; `h_prev` the state before the step."""
+        if self.mode == "lstm":
+            gates, dc_dout, f = kept[:3]
+            if self.w_proj_t is not None:
+                dh = tf.matmul(dh, self.w_proj_t, transpose_b=True)
+            dc = dc + dh * dc_dout
+            dz = tf.concat([dc, dc, dc, dh], -1) * gates
+            return dz, dz, self._rec_backward(dz), dc * f
+        if self.mode == "gru":
+            r, z, n, h_n = kept
+            dn = dh * (1 - z) * (1 - n * n)
+            dr = dn * h_n * r * (1 - r)
+            dz = dh * (h_prev - n) * z * (1 - z)
+            dx = [dr, dz, dn] if self.gru_gates == "rzn" else [dz, dr, dn]
+            dzh = tf.concat(dx[:2] + [dn * r], -1)
+            return (tf.concat(dx, -1), dzh,
+                    dh * z + self._rec_backward(dzh), None)
+        (h,) = kept
+        dz = dh * (1 - h * h) if self.mode == "rnn_tanh" else tf.where(h > 0, dh, tf.zeros_like(dh))
+        return dz, dz, self._rec_backward(dz), None
+
+    def recurrent_backward(self, h_prev, dzh, kept, dh):
+        """The gradients of the recurrent weights (``weights`` from ``w_rec_t`` on) over
+        all steps at once, from the states before each step `h_prev` [T, B, P],
+        ``step_backward``'s `dzh` [T, B, G·H], and (for a projection) ``step``'s `kept`
+        tensors [T, B, ...] and the new states' gradients `dh` [T, B, P]."""
+        found = [_product(h_prev, dzh)]
+        if self.b_rec is not None:
+            found.append(tf.reduce_sum(dzh, [0, 1]))
+        if self.w_proj_t is not None:
+            found.append(_product(kept[3], dh))
+        return found
+
+
+def _product(a, b):
+    """``Σ_t a[t]ᵀ b[t]`` of `a` [T, B, M] and `b` [T, B, N]: [M, N], one product."""
+    return tf.matmul(tf.reshape(a, [-1, tf.shape(a)[-1]]),
+                     tf.reshape(b, [-1, tf.shape(b)[-1]]), transpose_a=True)
 
 
 class _Rows:
@@ -227,10 +315,9 @@ class _Rows:
         A step a row does not run outputs zero, or with `carry_output` the row's last
         output (zero before its first), as Keras's TensorFlow loop does.
         """
-        xw = cell.input_products(x)
         running = self.running
         if reverse:
-            xw = self._reverse(xw)
+            x = self._reverse(x)
             if self.lengths is None and running is not None:
                 running = tf.reverse(running, [0])
         ragged = running is not None
@@ -239,34 +326,161 @@ class _Rows:
                     for s in (h0, c0))
         else:
             h, c = h0, c0
-        steps = tf.shape(xw)[0]
-        inputs = tf.TensorArray(xw.dtype, size=steps).unstack(xw)
-        outputs = tf.TensorArray(h.dtype, size=steps)
-        lstm = c is not None
+        y, h, c = _recurrence(cell, x, h, c, running, carry_output)
+        if reverse:
+            y = self._reverse(y)
+        if ragged:
+            h = tf.where(self.started, h, h0)
+            c = tf.where(self.started, c, c0) if c0 is not None else None
+        return y, h, c
 
-        def body(t, h, c, last, outputs):
-            new_h, new_c = cell.step(inputs.read(t), h, c if lstm else None)
+
+_CHUNKS, _CHUNK_STEPS = 4, 8  # at most 4 loops, of at least 8 steps each
+
+
+def _recurrence(cell, x, h0, c0, running, carry_output):
+    """``(y, h, c)``: `cell` over the steps of `x` [T, B, in] from the state `h0`, `c0`
+    (None but for an LSTM); `running` [T, B] bool or None; `carry_output` as
+    ``_Rows.run``.
+
+    Its gradient is written out, not derived by TensorFlow from the loop: a loop back
+    over the steps makes each step's gate gradients and the previous state's, and the
+    weights' gradients are then products over many steps at once, where the derived
+    gradient makes and sums one per step. The gradient is itself TensorFlow's operations
+    on the forward loop's saved tensors, so it differentiates again (second order).
+
+    Where the number of steps is known, they run in ``_CHUNKS`` consecutive loops. A
+    chunk's products over all its steps (its input products, forward; its inputs' and
+    weights' gradients, backward) then need only that chunk's loop, and TensorFlow runs
+    them beside the next chunk's loop, on another thread.
+    """
+    lstm, ragged = c0 is not None, running is not None
+    weights = cell.weights()
+    x, h0 = tf.convert_to_tensor(x), tf.convert_to_tensor(h0)
+    states = [h0, tf.convert_to_tensor(c0)] if lstm else [h0]
+    steps = x.shape[0]
+    # (one loop under XLA: it compiles no more than two alike loops in one function,
+    # tensorflow#122886, and schedules the products itself)
+    chunks = 1 if steps is None or _compiled() else max(1, min(_CHUNKS, steps // _CHUNK_STEPS))
+    bounds = [None] + [steps * k // chunks for k in range(1, chunks)] + [None]
+    spans = list(zip(bounds[:-1], bounds[1:]))
+    zero = tf.zeros((), x.dtype)  # a loop variable that is not used
+
+    def forward(xw, h, c, last, running):
+        """One chunk's loop: its outputs and the state after it, and what its gradient
+        needs: each step's state h before it, and the tensors ``_Cell.step`` keeps."""
+        n = _length(xw)
+        inputs = tf.TensorArray(xw.dtype, size=n).unstack(xw)
+        array = lambda: tf.TensorArray(xw.dtype, size=n)  # noqa: E731
+        h_first = h
+
+        def body(t, h, c, last, ys, hs, kept):
+            hs = hs.write(t, h) if ragged else hs  # (else the outputs before)
+            new_h, new_c, keep = cell.step(inputs.read(t), h, c)
+            kept = tuple(a.write(t, k) for a, k in zip(kept, keep))
             if ragged:
                 run = running[t][:, None]
                 new_h = tf.where(run, new_h, h)
                 new_c = tf.where(run, new_c, c) if lstm else c
                 y = tf.where(run, new_h, last if carry_output else tf.zeros_like(new_h))
             else:
-                new_c = new_c if lstm else c
-                y = new_h
-            return t + 1, new_h, new_c, (y if carry_output else last), outputs.write(t, y)
+                new_c, y = new_c if lstm else c, new_h
+            return t + 1, new_h, new_c, y if carry_output else last, ys.write(t, y), hs, kept
 
-        c_loop = c if lstm else tf.zeros((), h.dtype)
-        last = tf.zeros_like(h) if carry_output else tf.zeros((), h.dtype)
-        # maximum_iterations: the gradient's accumulators can be allocated once, at their
-        # size, as Keras's own loop has them
-        _, h, c_loop, _, outputs = tf.while_loop(
-            lambda t, *_: t < steps, body, (tf.constant(0), h, c_loop, last, outputs),
-            maximum_iterations=steps)
-        y = outputs.stack()
-        if reverse:
-            y = self._reverse(y)
-        if ragged:
-            h = tf.where(self.started, h, h0)
-            c_loop = tf.where(self.started, c_loop, c0) if lstm else c_loop
-        return y, h, (c_loop if lstm else None)
+        # maximum_iterations: the arrays can be allocated once, at their size
+        _, h, c, last, ys, hs, kept = tf.while_loop(
+            lambda t, *_: t < n, body,
+            (tf.constant(0), h, c, last, array(), array(),
+             tuple(array() for _ in range(cell.kept))),
+            maximum_iterations=n)
+        # (stacked, where the arrays could pass to the gradient as they are: a SavedModel
+        # with the gradient cannot hold them)
+        y = ys.stack()
+        hs = hs.stack() if ragged else tf.concat([h_first[None], y[:-1]], 0)[:n]
+        return y, h, c, last, (hs, tuple(a.stack() for a in kept))
+
+    def backward(dy, running, saved, dh, dc, dlast):
+        """One chunk's loop back: its ``(dxw, dzh, dh_new)`` stacked (see
+        ``_Cell.step_backward``; `dh_new` the new states' gradients, for a projection),
+        and the gradients of the state before it."""
+        n = _length(dy)
+        dys, hs, *kept = (tf.TensorArray(dy.dtype, size=n).unstack(a)
+                          for a in (dy, saved[0]) + saved[1])
+        array = lambda: tf.TensorArray(dy.dtype, size=n)  # noqa: E731
+
+        def body(t, dh, dc, dlast, dxws, dzhs, dhs):
+            t = t - 1
+            g = dys.read(t) + dlast if carry_output else dys.read(t)
+            if ragged:  # a row that does not run passes its state's gradients through
+                # (the step's gradients are linear in d_new and d_c: zero where it is)
+                run = running[t][:, None]
+                d_new = tf.where(run, dh + g, tf.zeros_like(g))
+                dlast = tf.where(run, tf.zeros_like(g), g) if carry_output else dlast
+                d_c = tf.where(run, dc, tf.zeros_like(dc)) if lstm else None
+            else:
+                d_new, d_c = dh + g, dc if lstm else None
+            dxw, dzh, dh_prev, dc_prev = cell.step_backward(
+                [a.read(t) for a in kept], hs.read(t) if cell.mode == "gru" else None,
+                d_new, d_c)
+            if ragged:
+                dh_prev = tf.where(run, dh_prev, dh)
+                dc_prev = tf.where(run, dc_prev, dc) if lstm else dc
+            else:
+                dc_prev = dc_prev if lstm else dc
+            dzhs = dzhs.write(t, dzh) if cell.mode == "gru" else dzhs
+            dhs = dhs.write(t, d_new) if cell.w_proj_t is not None else dhs
+            return t, dh_prev, dc_prev, dlast, dxws.write(t, dxw), dzhs, dhs
+
+        _, dh, dc, dlast, dxws, dzhs, dhs = tf.while_loop(
+            lambda t, *_: t > 0, body, (n, dh, dc, dlast, array(), array(), array()),
+            maximum_iterations=n)
+        dxw = dxws.stack()
+        return ((dxw, dzhs.stack() if cell.mode == "gru" else dxw,
+                 dhs.stack() if cell.w_proj_t is not None else None), dh, dc, dlast)
+
+    @tf.custom_gradient
+    def loop(x, *tensors):
+        h, c = tensors[0], tensors[1] if lstm else zero
+        last = tf.zeros_like(h) if carry_output else zero
+        ys, saved, after = [], [], []
+        for a, b in spans:
+            with tf.control_dependencies(after):
+                xw = cell.input_products(x[a:b])
+            after = [xw, h]  # the next chunk's products: beside this chunk's loop
+            y, h, c, last, kept = forward(xw, h, c, last, running[a:b] if ragged else None)
+            ys.append(y)
+            saved.append(kept)
+        y = ys[0] if chunks == 1 else tf.concat(ys, 0)
+
+        def gradient(dy, dh, dc=None):
+            dy = tf.zeros_like(y) if dy is None else dy
+            dh = tf.zeros_like(h) if dh is None else dh
+            dc = (tf.zeros_like(c) if dc is None else dc) if lstm else zero
+            dlast = tf.zeros_like(dh) if carry_output else zero
+            dx, found = [], None
+            for (a, b), chunk in reversed(list(zip(spans, saved))):
+                (dxw, dzh, dh_new), dh, dc, dlast = backward(
+                    dy[a:b], running[a:b] if ragged else None, chunk, dh, dc, dlast)
+                dx_k, input_grads = cell.input_backward(x[a:b], dxw)
+                grads = input_grads + cell.recurrent_backward(chunk[0], dzh, chunk[1], dh_new)
+                dx.append(dx_k)
+                found = grads if found is None else [f + g for f, g in zip(found, grads)]
+            dx = dx[0] if chunks == 1 else tf.concat(dx[::-1], 0)
+            return [dx, dh] + ([dc] if lstm else []) + found
+
+        return ((y, h, c) if lstm else (y, h)), gradient
+
+    found = loop(x, *states, *weights)
+    return found if lstm else (*found, None)
+
+
+def _compiled() -> bool:
+    """Whether the graph being built is one that XLA compiles (``jit_compile=True``)."""
+    from tensorflow.python.ops import control_flow_util  # (no public API says it)
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _length(a):
+    """The number of steps of `a` [T, ...]: an int where it is known (XLA takes a
+    loop's bound as a constant), else a tensor."""
+    return tf.shape(a)[0] if a.shape[0] is None else a.shape[0]

@@ -154,9 +154,9 @@ CONFIGS = {  # name: (build from (layer class, Bidirectional class), call argume
 }
 
 
-def _call_args(mode, call):
+def _call_args(mode, call, time=T):
     call = dict(call)
-    x = data()
+    x = data(shape=(B, time, F))
     if call.pop("padded", False):  # zero the padding for Masking
         x = x * RIGHT_PADDED[..., None]
     if "initial_state" in call:  # random states, for 1 or 2 directions
@@ -179,7 +179,28 @@ CASES = [(m, c) for m in MODES for c in CONFIGS if BACKEND != "jax" or (m, c) in
 @pytest.mark.parametrize("mode,config", CASES)
 def test_same_outputs_states_and_gradients_as_keras(mode, config, op_calls):
     build, call, directions = CONFIGS[config]
-    x, call = _call_args(mode, call)
+    _assert_same_as_keras(mode, build, *_call_args(mode, call), directions, op_calls)
+
+
+#: Long enough for 4 chunked loops on TensorFlow (``pycudnnrnn.tensorflow.graph``): the
+#: masks' carried outputs and states cross from chunk to chunk.
+LONG_T = 40
+LONG_MASKS = {"right": np.arange(LONG_T)[None, :] < np.array([40, 23, 0, 9])[:, None],
+              "holes": np.tile(HOLES, (1, LONG_T // T))}
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="chunked loops: TensorFlow only")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("config,mask", [("mask_with_holes", "holes"),
+                                         ("go_backwards_mask_initial_state", "right"),
+                                         ("bidirectional_holes_initial_state_unmerged", "holes")])
+def test_long_sequences_are_keras_own_too(mode, config, mask, op_calls):
+    build, call, directions = CONFIGS[config]
+    x, call = _call_args(mode, {**call, "mask": LONG_MASKS[mask]}, time=LONG_T)
+    _assert_same_as_keras(mode, build, x, call, directions, op_calls)
+
+
+def _assert_same_as_keras(mode, build, x, call, directions, op_calls):
     reference = build(KERAS[mode], keras.layers.Bidirectional)
     layer = build(OURS[mode], ours.Bidirectional)
     reference(x, **call)

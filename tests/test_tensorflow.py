@@ -41,7 +41,10 @@ def _tensors(case):
 
 @pytest.mark.parametrize("config", GRID, ids=case_id)
 def test_forward_and_tape_gradients_are_the_numpy_backends(config):
-    case = make_case(**config)
+    _assert_forward_and_tape_gradients_are_the_numpy_backends(make_case(**config))
+
+
+def _assert_forward_and_tape_gradients_are_the_numpy_backends(case):
     want = case.forward()
     dy, dh, dc = cotangents(want[:3])
     want_grads = case.backprop(want, dy, dh, dc if case.input_c is not None else None)
@@ -65,6 +68,44 @@ def test_forward_and_tape_gradients_are_the_numpy_backends(config):
     for name, k, w in zip(names, order, wants):
         assert grads[k] is not None, name
         assert_ulp_close(grads[k].numpy(), w, ulps=64, err_msg=name)
+
+
+#: Sequences long enough to run as 4 chunked loops each (``graph._recurrence``): gradients
+#: cross from chunk to chunk, through ragged rows, a row of length 0 and a projection.
+LONG = [dict(rnn_mode="lstm", direction="bidirectional", num_proj=3, num_layers=2,
+             lengths=[40, 0, 17]),
+        dict(rnn_mode="gru", time_major=False, lengths=[33, 40, 8]),
+        dict(rnn_mode="rnn_relu", input_mode="skip_input", lengths="full")]
+
+
+@pytest.mark.parametrize("config", LONG, ids=case_id)
+def test_long_sequences_run_as_chunked_loops_with_the_same_results(config):
+    case = make_case(**config, T=40)
+    _assert_forward_and_tape_gradients_are_the_numpy_backends(case)
+    tensors = _tensors(case)
+    traced = tf.function(lambda *a: ptf.rnn(*a, case.sequence_lengths, **case.attrs))
+    graph = traced.get_concrete_function(*tensors).graph
+    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    directions = 2 if case.attrs["direction"] == "bidirectional" else 1
+    assert len(loops) == 4 * directions * config.get("num_layers", 1)
+
+
+def test_xla_compiles_long_sequences_as_one_loop_each():
+    """TensorFlow 2.21's XLA fails on three alike loops in one function (tensorflow#122886):
+    under ``jit_compile`` each direction runs as one loop, not as chunks."""
+    case = make_case(**LONG[0], T=40)
+    tensors = _tensors(case)
+
+    def gradients(*tensors):
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            y = ptf.rnn(*tensors, case.sequence_lengths, **case.attrs)[0]
+            loss = tf.reduce_sum(y * y)
+        return [y] + tape.gradient(loss, list(tensors))
+
+    compiled = tf.function(gradients, jit_compile=True)(*tensors)
+    for got, want in zip(compiled, tf.function(gradients)(*tensors)):
+        assert_ulp_close(got.numpy(), want.numpy(), ulps=64)
 
 
 @pytest.mark.parametrize("config", GRID[:6] + GRID[-3:], ids=case_id)

@@ -343,6 +343,21 @@ def _recurrence(cell, x, h0, c0, running, carry_output):
     (None but for an LSTM); `running` [T, B] bool or None; `carry_output` as
     ``_Rows.run``.
 
+    The loop makes each step's state; the outputs are those states, zeroed where no
+    output is due, in one select after the loop. (A carried output is the row's state:
+    a step it does not run leaves both as they were, but before its first step, where
+    the output is zero.)
+    """
+    states, h, c = _states(cell, x, h0, c0, running)
+    if running is None:
+        return states, h, c
+    due = running if not carry_output else tf.cumsum(tf.cast(running, tf.int32), 0) > 0
+    return tf.where(due[..., None], states, tf.zeros_like(states)), h, c
+
+
+def _states(cell, x, h0, c0, running):
+    """``(states, h, c)``: each step's new state h [T, B, P], and the last ``(h, c)``.
+
     Its gradient is written out, not derived by TensorFlow from the loop: a loop back
     over the steps makes each step's gate gradients and the previous state's, and the
     weights' gradients are then products over many steps at once, where the derived
@@ -357,7 +372,7 @@ def _recurrence(cell, x, h0, c0, running, carry_output):
     lstm, ragged = c0 is not None, running is not None
     weights = cell.weights()
     x, h0 = tf.convert_to_tensor(x), tf.convert_to_tensor(h0)
-    states = [h0, tf.convert_to_tensor(c0)] if lstm else [h0]
+    initial = [h0, tf.convert_to_tensor(c0)] if lstm else [h0]
     steps = x.shape[0]
     # (one loop under XLA: it compiles no more than two alike loops in one function,
     # tensorflow#122886, and schedules the products itself)
@@ -366,101 +381,88 @@ def _recurrence(cell, x, h0, c0, running, carry_output):
     spans = list(zip(bounds[:-1], bounds[1:]))
     zero = tf.zeros((), x.dtype)  # a loop variable that is not used
 
-    def forward(xw, h, c, last, running):
-        """One chunk's loop: its outputs and the state after it, and what its gradient
-        needs: each step's state h before it, and the tensors ``_Cell.step`` keeps."""
+    def forward(xw, h, c, running):
+        """One chunk's loop: its states and the last ``(h, c)``, and what its gradient
+        needs: each step's state h before it, and the tensors ``_Cell.step`` keeps
+        (stacked: a SavedModel holding the gradient cannot hold ``tf.TensorArray``s)."""
         n = _length(xw)
         inputs = tf.TensorArray(xw.dtype, size=n).unstack(xw)
         array = lambda: tf.TensorArray(xw.dtype, size=n)  # noqa: E731
         h_first = h
 
-        def body(t, h, c, last, ys, hs, kept):
-            hs = hs.write(t, h) if ragged else hs  # (else the outputs before)
+        def body(t, h, c, hs, kept):
             new_h, new_c, keep = cell.step(inputs.read(t), h, c)
             kept = tuple(a.write(t, k) for a, k in zip(kept, keep))
-            if ragged:
+            if ragged:  # a row that does not run keeps its state
                 run = running[t][:, None]
                 new_h = tf.where(run, new_h, h)
                 new_c = tf.where(run, new_c, c) if lstm else c
-                y = tf.where(run, new_h, last if carry_output else tf.zeros_like(new_h))
-            else:
-                new_c, y = new_c if lstm else c, new_h
-            return t + 1, new_h, new_c, y if carry_output else last, ys.write(t, y), hs, kept
+            return t + 1, new_h, new_c if lstm else c, hs.write(t, new_h), kept
 
         # maximum_iterations: the arrays can be allocated once, at their size
-        _, h, c, last, ys, hs, kept = tf.while_loop(
+        _, h, c, hs, kept = tf.while_loop(
             lambda t, *_: t < n, body,
-            (tf.constant(0), h, c, last, array(), array(),
-             tuple(array() for _ in range(cell.kept))),
+            (tf.constant(0), h, c, array(), tuple(array() for _ in range(cell.kept))),
             maximum_iterations=n)
-        # (stacked, where the arrays could pass to the gradient as they are: a SavedModel
-        # with the gradient cannot hold them)
-        y = ys.stack()
-        hs = hs.stack() if ragged else tf.concat([h_first[None], y[:-1]], 0)[:n]
-        return y, h, c, last, (hs, tuple(a.stack() for a in kept))
+        hs = hs.stack()
+        h_prev = tf.concat([h_first[None], hs[:-1]], 0)[:n]
+        return hs, h, c, (h_prev, tuple(a.stack() for a in kept))
 
-    def backward(dy, running, saved, dh, dc, dlast):
+    def backward(d_states, running, saved, dh, dc):
         """One chunk's loop back: its ``(dxw, dzh, dh_new)`` stacked (see
         ``_Cell.step_backward``; `dh_new` the new states' gradients, for a projection),
         and the gradients of the state before it."""
-        n = _length(dy)
-        dys, hs, *kept = (tf.TensorArray(dy.dtype, size=n).unstack(a)
-                          for a in (dy, saved[0]) + saved[1])
-        array = lambda: tf.TensorArray(dy.dtype, size=n)  # noqa: E731
+        n = _length(d_states)
+        d_states, h_prevs, *kept = (tf.TensorArray(d_states.dtype, size=n).unstack(a)
+                                    for a in (d_states, saved[0]) + saved[1])
+        array = lambda: tf.TensorArray(dh.dtype, size=n)  # noqa: E731
 
-        def body(t, dh, dc, dlast, dxws, dzhs, dhs):
+        def body(t, dh, dc, dxws, dzhs, dhs):
             t = t - 1
-            g = dys.read(t) + dlast if carry_output else dys.read(t)
+            d_new, d_c = dh + d_states.read(t), dc if lstm else None
             if ragged:  # a row that does not run passes its state's gradients through
                 # (the step's gradients are linear in d_new and d_c: zero where it is)
                 run = running[t][:, None]
-                d_new = tf.where(run, dh + g, tf.zeros_like(g))
-                dlast = tf.where(run, tf.zeros_like(g), g) if carry_output else dlast
+                d_all, d_new = d_new, tf.where(run, d_new, tf.zeros_like(d_new))
                 d_c = tf.where(run, dc, tf.zeros_like(dc)) if lstm else None
-            else:
-                d_new, d_c = dh + g, dc if lstm else None
             dxw, dzh, dh_prev, dc_prev = cell.step_backward(
-                [a.read(t) for a in kept], hs.read(t) if cell.mode == "gru" else None,
+                [a.read(t) for a in kept], h_prevs.read(t) if cell.mode == "gru" else None,
                 d_new, d_c)
             if ragged:
-                dh_prev = tf.where(run, dh_prev, dh)
+                dh_prev = tf.where(run, dh_prev, d_all)
                 dc_prev = tf.where(run, dc_prev, dc) if lstm else dc
-            else:
-                dc_prev = dc_prev if lstm else dc
             dzhs = dzhs.write(t, dzh) if cell.mode == "gru" else dzhs
             dhs = dhs.write(t, d_new) if cell.w_proj_t is not None else dhs
-            return t, dh_prev, dc_prev, dlast, dxws.write(t, dxw), dzhs, dhs
+            return t, dh_prev, dc_prev if lstm else dc, dxws.write(t, dxw), dzhs, dhs
 
-        _, dh, dc, dlast, dxws, dzhs, dhs = tf.while_loop(
-            lambda t, *_: t > 0, body, (n, dh, dc, dlast, array(), array(), array()),
+        _, dh, dc, dxws, dzhs, dhs = tf.while_loop(
+            lambda t, *_: t > 0, body, (n, dh, dc, array(), array(), array()),
             maximum_iterations=n)
         dxw = dxws.stack()
         return ((dxw, dzhs.stack() if cell.mode == "gru" else dxw,
-                 dhs.stack() if cell.w_proj_t is not None else None), dh, dc, dlast)
+                 dhs.stack() if cell.w_proj_t is not None else None), dh, dc)
 
     @tf.custom_gradient
     def loop(x, *tensors):
         h, c = tensors[0], tensors[1] if lstm else zero
-        last = tf.zeros_like(h) if carry_output else zero
-        ys, saved, after = [], [], []
+        states, saved, after = [], [], []
         for a, b in spans:
             with tf.control_dependencies(after):
                 xw = cell.input_products(x[a:b])
             after = [xw, h]  # the next chunk's products: beside this chunk's loop
-            y, h, c, last, kept = forward(xw, h, c, last, running[a:b] if ragged else None)
-            ys.append(y)
+            hs, h, c, kept = forward(xw, h, c, running[a:b] if ragged else None)
+            states.append(hs)
             saved.append(kept)
-        y = ys[0] if chunks == 1 else tf.concat(ys, 0)
+        states = states[0] if chunks == 1 else tf.concat(states, 0)
 
-        def gradient(dy, dh, dc=None):
-            dy = tf.zeros_like(y) if dy is None else dy
+        def gradient(d_states, dh, dc=None):
+            d_states = tf.zeros_like(states) if d_states is None else d_states
             dh = tf.zeros_like(h) if dh is None else dh
             dc = (tf.zeros_like(c) if dc is None else dc) if lstm else zero
-            dlast = tf.zeros_like(dh) if carry_output else zero
             dx, found = [], None
             for (a, b), chunk in reversed(list(zip(spans, saved))):
-                (dxw, dzh, dh_new), dh, dc, dlast = backward(
-                    dy[a:b], running[a:b] if ragged else None, chunk, dh, dc, dlast)
+                (dxw, dzh, dh_new), dh, dc = backward(
+                    d_states[a:b], running[a:b] if ragged else None, chunk, dh, dc)
                 dx_k, input_grads = cell.input_backward(x[a:b], dxw)
                 grads = input_grads + cell.recurrent_backward(chunk[0], dzh, chunk[1], dh_new)
                 dx.append(dx_k)
@@ -468,9 +470,9 @@ def _recurrence(cell, x, h0, c0, running, carry_output):
             dx = dx[0] if chunks == 1 else tf.concat(dx[::-1], 0)
             return [dx, dh] + ([dc] if lstm else []) + found
 
-        return ((y, h, c) if lstm else (y, h)), gradient
+        return ((states, h, c) if lstm else (states, h)), gradient
 
-    found = loop(x, *states, *weights)
+    found = loop(x, *initial, *weights)
     return found if lstm else (*found, None)
 
 

@@ -8,7 +8,7 @@ and a SavedModel stores: a model saved with it loads and runs without this libra
 * Each pseudo-layer makes its input's product for many steps at once, outside the loop
   (one large matrix product); the loop, a ``tf.while_loop``, makes the state's product
   and the gate arithmetic of one step.
-* The gradient is written out (``_recurrence``), not derived by TensorFlow: a loop back
+* The gradient is written out (``_states``), not derived by TensorFlow: a loop back
   over the steps, then the weights' gradients as products over many steps at once.
 * A ragged batch: rows keep their state past their last step, and their output there
   is zero. The reverse direction reads each row backwards from its own last step
@@ -173,9 +173,7 @@ class _Cell:
         """``W x + b`` for every step at once: [T, B, G·H] from [T, B, in]."""
         if self.w_input_t is None:  # skip_input: the identity matrix, for every gate
             return tf.tile(x, [1, 1, self.gates]) + self.bias
-        shape = tf.shape(x)
-        flat = tf.reshape(x, [-1, shape[2]]) @ self.w_input_t
-        return tf.reshape(flat, tf.concat([shape[:2], [-1]], 0)) + self.bias
+        return _each_step(x, self.w_input_t) + self.bias
 
     def input_backward(self, x, dxw):
         """``(dx, [dw_input_t, dbias])`` (no `dw_input_t` for skip_input) from the
@@ -185,9 +183,7 @@ class _Cell:
             shape = tf.shape(dxw)
             split = tf.reshape(dxw, tf.concat([shape[:2], [self.gates, -1]], 0))
             return tf.reduce_sum(split, 2), [dbias]
-        shape = tf.shape(dxw)
-        flat = tf.matmul(tf.reshape(dxw, [-1, shape[2]]), self.w_input_t, transpose_b=True)
-        return (tf.reshape(flat, tf.concat([shape[:2], [-1]], 0)),
+        return (_each_step(dxw, self.w_input_t, transpose_b=True),
                 [_product(x, dxw), dbias])
 
     def weights(self) -> list:
@@ -207,11 +203,11 @@ class _Cell:
             out = o * tc
             # The derivatives the backward step multiplies by, made here: nothing here
             # waits for them, where there the next step would.
-            gates = tf.concat([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g),
-                               tc * o * (1 - o)], -1)
+            factors = tf.concat([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g),
+                                 tc * o * (1 - o)], -1)
             if self.w_proj_t is None:
-                return out, c, (gates, o * (1 - tc * tc), f)
-            return out @ self.w_proj_t, c, (gates, o * (1 - tc * tc), f, out)
+                return out, c, (factors, o * (1 - tc * tc), f)
+            return out @ self.w_proj_t, c, (factors, o * (1 - tc * tc), f, out)
         if self.mode == "gru":  # (split, not sliced: a slice's gradient is a padded copy)
             x_r, x_z, x_n = tf.split(xw, 3, axis=-1)
             h_r, h_z, h_n = tf.split(h @ self.w_rec_t + self.b_rec, 3, axis=-1)
@@ -241,11 +237,11 @@ class _Cell:
         state's product ``h_prev @ w_rec_t (+ b_rec)`` (`dxw` itself but for a GRU).
         `kept` is ``step``'s; `h_prev` the state before the step."""
         if self.mode == "lstm":
-            gates, dc_dout, f = kept[:3]
+            factors, dc_dout, f = kept[:3]
             if self.w_proj_t is not None:
                 dh = tf.matmul(dh, self.w_proj_t, transpose_b=True)
             dc = dc + dh * dc_dout
-            dz = tf.concat([dc, dc, dc, dh], -1) * gates
+            dz = tf.concat([dc, dc, dc, dh], -1) * factors
             return dz, dz, self._rec_backward(dz), dc * f
         if self.mode == "gru":
             r, z, n, h_n = kept
@@ -254,8 +250,7 @@ class _Cell:
             dz = dh * (h_prev - n) * z * (1 - z)
             dx = [dr, dz, dn] if self.gru_gates == "rzn" else [dz, dr, dn]
             dzh = tf.concat(dx[:2] + [dn * r], -1)
-            return (tf.concat(dx, -1), dzh,
-                    dh * z + self._rec_backward(dzh), None)
+            return tf.concat(dx, -1), dzh, dh * z + self._rec_backward(dzh), None
         (h,) = kept
         dz = dh * (1 - h * h) if self.mode == "rnn_tanh" else tf.where(h > 0, dh, tf.zeros_like(dh))
         return dz, dz, self._rec_backward(dz), None
@@ -271,6 +266,13 @@ class _Cell:
         if self.w_proj_t is not None:
             found.append(_product(kept[3], dh))
         return found
+
+
+def _each_step(a, w, transpose_b=False):
+    """``a[t] @ w`` (or ``wᵀ``) for every step of `a` [T, B, M] at once: one product."""
+    shape = tf.shape(a)
+    flat = tf.matmul(tf.reshape(a, [-1, shape[2]]), w, transpose_b=transpose_b)
+    return tf.reshape(flat, tf.concat([shape[:2], [-1]], 0))
 
 
 def _product(a, b):

@@ -72,8 +72,9 @@ def _cotangent(index, shape):
     return np.random.default_rng(7 + index).standard_normal(tuple(shape)).astype("float32")
 
 
-def value_and_grads(layer, x, **call):
-    """Outputs and d(loss)/d(x, trainable weights) of a fixed random projection of them.
+def value_and_grads(layer, x, traced=False, **call):
+    """Outputs and d(loss)/d(x, trainable weights) of a fixed random projection of them
+    (on TensorFlow, `traced` by ``tf.function``).
 
     The loss weights every output element differently, so a gradient that is wrong in
     any element, step or state shows.
@@ -97,12 +98,14 @@ def value_and_grads(layer, x, **call):
         return numpy(outputs), numpy([dx] + list(dw))
     if BACKEND == "tensorflow":
         import tensorflow as tf
-        xt = tf.constant(x)
-        with tf.GradientTape() as tape:
-            tape.watch(xt)
-            outputs = flat(layer(xt, **call))
-            loss = project(outputs)
-        grads = tape.gradient(loss, [xt] + [v.value for v in layer.trainable_variables])
+        def run(xt):
+            with tf.GradientTape() as tape:
+                tape.watch(xt)
+                outputs = flat(layer(xt, **call))
+                loss = project(outputs)
+            return outputs, tape.gradient(loss, [xt] + [v.value for v in layer.trainable_variables])
+
+        outputs, grads = (tf.function(run) if traced else run)(tf.constant(x))
         return numpy(outputs), numpy(list(grads))
     import torch
     xt = torch.tensor(x, requires_grad=True)
@@ -190,17 +193,21 @@ LONG_MASKS = {"right": np.arange(LONG_T)[None, :] < np.array([40, 23, 0, 9])[:, 
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="chunked loops: TensorFlow only")
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("config,mask", [("mask_with_holes", "holes"),
+@pytest.mark.parametrize("config,mask", [("right_padded_mask_with_empty", "right"),
+                                         ("mask_with_holes", "holes"),
                                          ("go_backwards_mask_initial_state", "right"),
                                          ("bidirectional_holes_initial_state_unmerged", "holes")])
-def test_long_sequences_are_keras_own_too(mode, config, mask, op_calls):
+def test_long_sequences_are_keras_own_too(mode, config, mask, traced, op_calls):
+    """Right-padded masks run as they are, others with their unmasked steps moved first
+    (``graph._Compacted``): eager and traced, each branch of its ``tf.cond``."""
     build, call, directions = CONFIGS[config]
     x, call = _call_args(mode, {**call, "mask": LONG_MASKS[mask]}, time=LONG_T)
-    _assert_same_as_keras(mode, build, x, call, directions, op_calls)
+    _assert_same_as_keras(mode, build, x, call, directions, op_calls, traced=traced)
 
 
-def _assert_same_as_keras(mode, build, x, call, directions, op_calls):
+def _assert_same_as_keras(mode, build, x, call, directions, op_calls, traced=False):
     reference = build(KERAS[mode], keras.layers.Bidirectional)
     layer = build(OURS[mode], ours.Bidirectional)
     reference(x, **call)
@@ -209,7 +216,7 @@ def _assert_same_as_keras(mode, build, x, call, directions, op_calls):
     op_calls.clear()
     want, want_grads = value_and_grads(reference, x, **call)
     assert not op_calls, "Keras's own layer ran our op"
-    got, got_grads = value_and_grads(layer, x, **call)
+    got, got_grads = value_and_grads(layer, x, traced=traced, **call)
     assert op_calls and {c[0] for c in op_calls} == {mode}
     assert {c[2] for c in op_calls} == directions
     assert_close(got, want, "outputs and states")

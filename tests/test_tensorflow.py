@@ -6,6 +6,7 @@ dropout, errors, the functional API on tf tensors, a SavedModel run in a process
 cannot import pycudnnrnn, and ``MirroredStrategy`` over two CPU devices.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def _assert_forward_and_tape_gradients_are_the_numpy_backends(case):
         assert_ulp_close(grads[k].numpy(), w, ulps=64, err_msg=name)
 
 
-#: Sequences long enough to run as 4 chunked loops each (``graph._recurrence``): gradients
+#: Sequences long enough to run as 4 chunked loops each (``graph._states``): gradients
 #: cross from chunk to chunk, through ragged rows, a row of length 0 and a projection.
 LONG = [dict(rnn_mode="lstm", direction="bidirectional", num_proj=3, num_layers=2,
              lengths=[40, 0, 17]),
@@ -307,6 +308,44 @@ def test_zero_length_rows_and_nan_padding_reach_no_gradient():
     assert np.isfinite(tape.gradient(loss, tensors[3]).numpy()).all()
     assert (y.numpy()[:, 1] == 0).all()
     np.testing.assert_array_equal(np.isnan(hy.numpy()[:, 1]), True)  # given back as it came
+
+
+def test_a_relu_row_run_past_its_end_cannot_turn_gradients_nan():
+    """Every row runs every step: past a row's end a relu state may grow to inf, and
+    ``0 · inf`` must not reach the weights' gradients."""
+    case = make_case("rnn_relu", input_mode="skip_input", num_units=1, T=40, B=2,
+                     lengths=[1, 40])
+    params = np.full_like(case.params, 1e10)  # h ← relu(x + 1e10 (h + 2)): inf by step 31
+    x = case.input.copy()
+    x[:, 1] = -1e12  # the full row stays at 0
+    case = dataclasses.replace(case, input=x, params=params)
+    _assert_forward_and_tape_gradients_are_the_numpy_backends(case)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_ragged_rows_select_nothing_step_by_step(mode):
+    """A row's final state is picked out after the loop, not kept step by step: no loop,
+    forward or back, selects."""
+    case = make_case(mode, "bidirectional", lengths="ragged")
+
+    x, h, c, p = _tensors(case)
+
+    def step(x, h, p):
+        with tf.GradientTape() as tape:
+            tape.watch([x, h, p])
+            results = ptf.rnn(x, h, c, p, case.sequence_lengths, **case.attrs)
+            loss = sum(tf.reduce_sum(r) for r in results)
+        return tape.gradient(loss, [x, h, p])
+
+    graph = tf.function(step).get_concrete_function(x, h, p).graph.as_graph_def()
+    functions = {f.signature.name: f for f in graph.library.function}
+    nodes = [*graph.node, *(node for f in graph.library.function for node in f.node_def)]
+    bodies = {node.attr["body"].func.name for node in nodes
+              if node.op in ("While", "StatelessWhile")}
+    assert len(bodies) == 4  # forward and back, each direction
+    for body in bodies:
+        ops = {node.op for node in functions[body].node_def}
+        assert not ops & {"Select", "SelectV2"}, body
 
 
 def test_bad_input_is_named_at_trace_time():

@@ -10,8 +10,10 @@ and a SavedModel stores: a model saved with it loads and runs without this libra
   and the gate arithmetic of one step.
 * The gradient is written out (``_states``), not derived by TensorFlow: a loop back
   over the steps, then the weights' gradients as products over many steps at once.
-* A ragged batch: rows keep their state past their last step, and their output there
-  is zero. The reverse direction reads each row backwards from its own last step
+* A ragged batch: every row runs every step, and its final state is picked out of the
+  states after the loop, at its last step; its outputs past it are zero. (Nothing is
+  selected step by step, and the steps past a row's end get a gradient of zero.) The
+  reverse direction reads each row backwards from its own last step
   (``tf.reverse_sequence``). The state of a row of length 0 is zeroed before it meets
   the weights, so an initial state that is never used (even NaN) cannot reach the
   weight gradients; the row's output_h is that state as it came.
@@ -99,21 +101,81 @@ def keras_layers(rnn_mode, x, h0, c0, weights, mask, carry_output):
     The first direction runs forward, the second (if any) backward over the reversed
     time axis, its outputs back in time order. A masked step keeps the state and outputs
     zero, or with `carry_output` the last output. Results in `x`'s dtype.
+
+    A masked step leaving the state as it was, the layer runs each row's unmasked steps
+    alone, in order: they are moved to the front (``_Compacted``) and run as the op runs
+    lengths. A right-padded mask, the common one, moves nothing.
     """
     dtype = x.dtype
     cdt = tf.float32 if dtype.size == 2 else dtype
     cast = lambda a: None if a is None else tf.cast(tf.cast(a, dtype), cdt)  # noqa: E731
-    rows = _Rows(None, None, None if mask is None else tf.transpose(mask))
-    x = rows.zero_padding(tf.transpose(cast(x), [1, 0, 2]))  # time-major
+    x = cast(x)
+    compacted = None if mask is None else _Compacted(mask)
+    if compacted is not None:
+        x = compacted.gather(x)
+    rows = _Rows(None, None) if compacted is None else _Rows(compacted.lengths, tf.shape(x)[1])
+    x = rows.zero_padding(tf.transpose(x, [1, 0, 2]))  # time-major
     results = []
     for direction, triple in enumerate(weights):
         cell = _Cell.from_keras(rnn_mode, *map(cast, triple))
         y, h, c = rows.run(cell, x, cast(h0[direction]),
                            None if c0 is None else cast(c0[direction]),
-                           reverse=direction == 1, carry_output=carry_output)
-        results.append((tf.cast(tf.transpose(y, [1, 0, 2]), dtype), tf.cast(h, dtype),
+                           reverse=direction == 1)
+        y = tf.transpose(y, [1, 0, 2])
+        if compacted is not None:
+            y = compacted.spread(y, h, reverse=direction == 1, carry_output=carry_output)
+        results.append((tf.cast(y, dtype), tf.cast(h, dtype),
                         None if c is None else tf.cast(c, dtype)))
     return results
+
+
+class _Compacted:
+    """A Keras mask [B, T] as lengths: each row's unmasked steps moved to the front, in
+    order, and the outputs of those steps moved back after the loop.
+
+    Whether anything moves is asked at run time (``tf.cond``): a right-padded mask moves
+    nothing, and pays for no gather.
+    """
+
+    def __init__(self, mask):
+        mask = tf.cast(mask, tf.bool)
+        T = tf.shape(mask)[1]
+        self.mask, self.lengths = mask, tf.reduce_sum(tf.cast(mask, tf.int32), 1)
+        self.right_padded = tf.reduce_all(tf.equal(mask, tf.sequence_mask(self.lengths, T)))
+        steps = tf.range(T)[None]
+        # unmasked steps first (distinct keys: any sort is stable)
+        self.order = tf.argsort(tf.where(mask, steps, steps + T), axis=1)
+
+    def gather(self, x):
+        """`x` [B, T, ...] with each row's unmasked steps first."""
+        return tf.cond(self.right_padded, lambda: x,
+                       lambda: tf.gather(x, self.order, batch_dims=1))
+
+    def spread(self, y, h, reverse, carry_output):
+        """The outputs `y` [B, T, P] of the moved steps back at their own steps. A masked
+        step outputs zero, or with `carry_output` the previous output in the direction
+        of processing (zero before the first); `h` is the last."""
+        mask = self.mask[..., None]
+
+        def right_padded():  # masked steps come after all the others (in processing order)
+            if not carry_output or reverse:
+                return y  # zero past a row's end
+            carried = tf.where(self.lengths[:, None] > 0, h, tf.zeros_like(h))
+            return tf.where(mask, y, carried[:, None])
+
+        def moved():
+            m = tf.cast(self.mask, tf.int32)
+            count = tf.cumsum(m, 1)  # unmasked steps up to this one
+            # the moved step whose output this step outputs: its own where unmasked, else
+            # the one processed just before it
+            j = count - m if reverse else count - 1
+            due = self.mask
+            if carry_output:
+                due = due | ((j >= 0) & (j < self.lengths[:, None]))
+            found = tf.gather(y, tf.clip_by_value(j, 0, tf.shape(y)[1] - 1), batch_dims=1)
+            return tf.where(due[..., None], found, tf.zeros_like(found))
+
+        return tf.cond(self.right_padded, right_padded, moved)
 
 
 def _split(params, pseudo_layers):
@@ -282,83 +344,72 @@ def _product(a, b):
 
 
 class _Rows:
-    """Which rows run at which step, and the loop over steps that honours it.
+    """Which rows run which steps, and the loop over steps that honours it.
 
-    From `lengths` (the op's: each row runs its first steps), or from a Keras `mask`
-    ([T, B] bool, time-major: any steps, holes too). A row keeps its state through the
-    steps it does not run. Reversed, a row runs its own steps backwards: from its last
-    one with lengths, over the whole reversed time axis with a mask (Keras's
-    ``go_backwards``), which is the same for right-padded rows.
+    Each row runs its first `lengths` steps (every step without lengths), and its output
+    after them is zero. The loop runs every row through every step: a row's state after
+    its last step is picked out of the states afterwards (``_states``), where selecting
+    it step by step would cost two selects a step forward and four back. Reversed, a row
+    runs its own steps backwards, from its last one (``tf.reverse_sequence``).
     """
 
-    def __init__(self, lengths, max_time, mask=None):
-        self.lengths, self.running = lengths, mask
+    def __init__(self, lengths, max_time):
+        self.lengths = lengths
         if lengths is not None:
             self.running = tf.transpose(tf.sequence_mask(lengths, max_time))  # [T, B]
             self.started = (lengths > 0)[:, None]
-        elif mask is not None:
-            self.started = tf.reduce_any(mask, 0)[:, None]
+            # each row's last step, as indices [B, 2] into states [T, B, ...]
+            self.last = tf.stack([tf.maximum(lengths - 1, 0), tf.range(tf.size(lengths))], 1)
 
     def zero_padding(self, x):
-        if self.running is None:
+        """`x` [T, B, ...] with zeros past each row's last step."""
+        if self.lengths is None:
             return x
         return tf.where(self.running[..., None], x, tf.zeros_like(x))
 
     def _reverse(self, a):
-        """`a` [T, B, W] with each row's own steps in reverse order (padding stays, with
-        lengths)."""
+        """`a` [T, B, W] with each row's own steps in reverse order (padding stays)."""
         if self.lengths is None:
             return tf.reverse(a, [0])
         return tf.reverse_sequence(a, self.lengths, seq_axis=0, batch_axis=1)
 
-    def run(self, cell, x, h0, c0, reverse, carry_output=False):
-        """``(y [T, B, P], h, c)`` of `cell` over the steps of `x` [T, B, in].
+    def run(self, cell, x, h0, c0, reverse):
+        """``(y [T, B, P], h, c)`` of `cell` over the steps of `x` [T, B, in] (zeroed past
+        each row's last step) from the state `h0`, `c0` (None but for an LSTM).
 
-        A step a row does not run outputs zero, or with `carry_output` the row's last
-        output (zero before its first), as Keras's TensorFlow loop does.
+        ``(h, c)`` is each row's state after its last step: the initial state for a row
+        of length 0.
         """
-        running = self.running
         if reverse:
             x = self._reverse(x)
-            if self.lengths is None and running is not None:
-                running = tf.reverse(running, [0])
-        ragged = running is not None
-        if ragged:  # a row that never runs: no value of its state reaches the weights
+        if self.lengths is None:
+            y, _, h, c = _states(cell, x, h0, c0)
+        else:
+            # a row that never runs: no value of its state reaches the weights
             h, c = (None if s is None else tf.where(self.started, s, tf.zeros_like(s))
                     for s in (h0, c0))
-        else:
-            h, c = h0, c0
-        y, h, c = _recurrence(cell, x, h, c, running, carry_output)
+            states, cs, _, _ = _states(cell, x, h, c, self.running)
+            y = self.zero_padding(states)
+            h = tf.where(self.started, tf.gather_nd(states, self.last), h0)
+            c = None if c0 is None else tf.where(self.started, tf.gather_nd(cs, self.last), c0)
         if reverse:
             y = self._reverse(y)
-        if ragged:
-            h = tf.where(self.started, h, h0)
-            c = tf.where(self.started, c, c0) if c0 is not None else None
         return y, h, c
 
 
 _CHUNKS, _CHUNK_STEPS = 4, 8  # at most 4 loops, of at least 8 steps each
 
 
-def _recurrence(cell, x, h0, c0, running, carry_output):
-    """``(y, h, c)``: `cell` over the steps of `x` [T, B, in] from the state `h0`, `c0`
-    (None but for an LSTM); `running` [T, B] bool or None; `carry_output` as
-    ``_Rows.run``.
+def _states(cell, x, h0, c0, running=None):
+    """``(states, cs, h, c)``: each step's new state h [T, B, P], for a ragged batch an
+    LSTM's each step's c [T, B, H] too (else None), and the last ``(h, c)``.
 
-    The loop makes each step's state; the outputs are those states, zeroed where no
-    output is due, in one select after the loop. (A carried output is the row's state:
-    a step it does not run leaves both as they were, but before its first step, where
-    the output is zero.)
-    """
-    states, h, c = _states(cell, x, h0, c0, running)
-    if running is None:
-        return states, h, c
-    due = running if not carry_output else tf.cumsum(tf.cast(running, tf.int32), 0) > 0
-    return tf.where(due[..., None], states, tf.zeros_like(states)), h, c
-
-
-def _states(cell, x, h0, c0, running):
-    """``(states, h, c)``: each step's new state h [T, B, P], and the last ``(h, c)``.
+    Every row runs every step. With `running` [T, B] (a ragged batch, ``_Rows``), rows
+    run on past their last step, on zeroed inputs, and what they compute there must not
+    be used. Its gradients are then zero, exactly: no gradient enters a step past a
+    row's end, and none leaves one. (The states a relu cell computes there may grow
+    without bound: they are zeroed before they meet the weights' gradients, where
+    ``0 · inf`` would be NaN.)
 
     Its gradient is written out, not derived by TensorFlow from the loop: a loop back
     over the steps makes each step's gate gradients and the previous state's, and the
@@ -372,6 +423,7 @@ def _states(cell, x, h0, c0, running):
     them beside the next chunk's loop, on another thread.
     """
     lstm, ragged = c0 is not None, running is not None
+    every_c = ragged and lstm
     weights = cell.weights()
     x, h0 = tf.convert_to_tensor(x), tf.convert_to_tensor(h0)
     initial = [h0, tf.convert_to_tensor(c0)] if lstm else [h0]
@@ -383,56 +435,48 @@ def _states(cell, x, h0, c0, running):
     spans = list(zip(bounds[:-1], bounds[1:]))
     zero = tf.zeros((), x.dtype)  # a loop variable that is not used
 
-    def forward(xw, h, c, running):
-        """One chunk's loop: its states and the last ``(h, c)``, and what its gradient
-        needs: each step's state h before it, and the tensors ``_Cell.step`` keeps
-        (stacked: a SavedModel holding the gradient cannot hold ``tf.TensorArray``s)."""
+    def forward(xw, h, c):
+        """One chunk's loop: its states (h, and c if `every_c`) and the last ``(h, c)``,
+        and what its gradient needs: each step's state h before it, and the tensors
+        ``_Cell.step`` keeps (stacked: a SavedModel holding the gradient cannot hold
+        ``tf.TensorArray``s)."""
         n = _length(xw)
         inputs = tf.TensorArray(xw.dtype, size=n).unstack(xw)
         array = lambda: tf.TensorArray(xw.dtype, size=n)  # noqa: E731
         h_first = h
 
-        def body(t, h, c, hs, kept):
-            new_h, new_c, keep = cell.step(inputs.read(t), h, c)
+        def body(t, h, c, hs, cs, kept):
+            h, new_c, keep = cell.step(inputs.read(t), h, c)
             kept = tuple(a.write(t, k) for a, k in zip(kept, keep))
-            if ragged:  # a row that does not run keeps its state
-                run = running[t][:, None]
-                new_h = tf.where(run, new_h, h)
-                new_c = tf.where(run, new_c, c) if lstm else c
-            return t + 1, new_h, new_c if lstm else c, hs.write(t, new_h), kept
+            cs = cs.write(t, new_c) if every_c else cs
+            return t + 1, h, new_c if lstm else c, hs.write(t, h), cs, kept
 
         # maximum_iterations: the arrays can be allocated once, at their size
-        _, h, c, hs, kept = tf.while_loop(
+        _, h, c, hs, cs, kept = tf.while_loop(
             lambda t, *_: t < n, body,
-            (tf.constant(0), h, c, array(), tuple(array() for _ in range(cell.kept))),
+            (tf.constant(0), h, c, array(), array(), tuple(array() for _ in range(cell.kept))),
             maximum_iterations=n)
         hs = hs.stack()
         h_prev = tf.concat([h_first[None], hs[:-1]], 0)[:n]
-        return hs, h, c, (h_prev, tuple(a.stack() for a in kept))
+        return hs, cs.stack() if every_c else None, h, c, (h_prev, tuple(a.stack() for a in kept))
 
-    def backward(d_states, running, saved, dh, dc):
+    def backward(d_states, d_cs, saved, dh, dc):
         """One chunk's loop back: its ``(dxw, dzh, dh_new)`` stacked (see
         ``_Cell.step_backward``; `dh_new` the new states' gradients, for a projection),
         and the gradients of the state before it."""
         n = _length(d_states)
         d_states, h_prevs, *kept = (tf.TensorArray(d_states.dtype, size=n).unstack(a)
                                     for a in (d_states, saved[0]) + saved[1])
+        d_cs = tf.TensorArray(dh.dtype, size=n).unstack(d_cs) if every_c else None
         array = lambda: tf.TensorArray(dh.dtype, size=n)  # noqa: E731
 
         def body(t, dh, dc, dxws, dzhs, dhs):
             t = t - 1
-            d_new, d_c = dh + d_states.read(t), dc if lstm else None
-            if ragged:  # a row that does not run passes its state's gradients through
-                # (the step's gradients are linear in d_new and d_c: zero where it is)
-                run = running[t][:, None]
-                d_all, d_new = d_new, tf.where(run, d_new, tf.zeros_like(d_new))
-                d_c = tf.where(run, dc, tf.zeros_like(dc)) if lstm else None
+            d_new = dh + d_states.read(t)
+            d_c = (dc + d_cs.read(t) if every_c else dc) if lstm else None
             dxw, dzh, dh_prev, dc_prev = cell.step_backward(
                 [a.read(t) for a in kept], h_prevs.read(t) if cell.mode == "gru" else None,
                 d_new, d_c)
-            if ragged:
-                dh_prev = tf.where(run, dh_prev, d_all)
-                dc_prev = tf.where(run, dc_prev, dc) if lstm else dc
             dzhs = dzhs.write(t, dzh) if cell.mode == "gru" else dzhs
             dhs = dhs.write(t, d_new) if cell.w_proj_t is not None else dhs
             return t, dh_prev, dc_prev if lstm else dc, dxws.write(t, dxw), dzhs, dhs
@@ -447,35 +491,44 @@ def _states(cell, x, h0, c0, running):
     @tf.custom_gradient
     def loop(x, *tensors):
         h, c = tensors[0], tensors[1] if lstm else zero
-        states, saved, after = [], [], []
+        states, cs, saved, after = [], [], [], []
         for a, b in spans:
             with tf.control_dependencies(after):
                 xw = cell.input_products(x[a:b])
             after = [xw, h]  # the next chunk's products: beside this chunk's loop
-            hs, h, c, kept = forward(xw, h, c, running[a:b] if ragged else None)
+            hs, cs_k, h, c, kept = forward(xw, h, c)
             states.append(hs)
+            cs.append(cs_k)
             saved.append(kept)
-        states = states[0] if chunks == 1 else tf.concat(states, 0)
+        join = lambda parts: parts[0] if chunks == 1 else tf.concat(parts, 0)  # noqa: E731
+        states = join(states)
+        cs = join(cs) if every_c else None
 
-        def gradient(d_states, dh, dc=None):
+        def gradient(d_states, d_cs, dh, dc):
             d_states = tf.zeros_like(states) if d_states is None else d_states
+            if every_c:
+                d_cs = tf.zeros_like(cs) if d_cs is None else d_cs
             dh = tf.zeros_like(h) if dh is None else dh
             dc = (tf.zeros_like(c) if dc is None else dc) if lstm else zero
             dx, found = [], None
             for (a, b), chunk in reversed(list(zip(spans, saved))):
                 (dxw, dzh, dh_new), dh, dc = backward(
-                    d_states[a:b], running[a:b] if ragged else None, chunk, dh, dc)
+                    d_states[a:b], d_cs[a:b] if every_c else None, chunk, dh, dc)
                 dx_k, input_grads = cell.input_backward(x[a:b], dxw)
-                grads = input_grads + cell.recurrent_backward(chunk[0], dzh, chunk[1], dh_new)
+                h_prev = chunk[0]
+                if ragged and cell.mode == "rnn_relu":
+                    h_prev = tf.where(running[a:b, :, None], h_prev, tf.zeros_like(h_prev))
+                grads = input_grads + cell.recurrent_backward(h_prev, dzh, chunk[1], dh_new)
                 dx.append(dx_k)
                 found = grads if found is None else [f + g for f, g in zip(found, grads)]
             dx = dx[0] if chunks == 1 else tf.concat(dx[::-1], 0)
             return [dx, dh] + ([dc] if lstm else []) + found
 
-        return ((states, h, c) if lstm else (states, h)), gradient
+        # (four outputs always: a mode's unused ones are `zero`, and get no gradient)
+        return (states, cs if every_c else zero, h, c), gradient
 
-    found = loop(x, *initial, *weights)
-    return found if lstm else (*found, None)
+    states, cs, h, c = loop(x, *initial, *weights)
+    return states, cs if every_c else None, h, c if lstm else None
 
 
 def _compiled() -> bool:

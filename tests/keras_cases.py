@@ -337,8 +337,9 @@ def test_fit_with_validation_follows_keras_with_dropout_in_a_pair(op_calls):
 def test_tensorflow_feeds_the_op_keras_weights_and_mask_as_they_are(pair, op_calls,
                                                                     monkeypatch):
     """On TensorFlow the op is TensorFlow's operations: no params buffer is gathered and
-    cut, and no step is moved to the front (those were half the operations of a small
-    training step); each step runs or keeps its state as the mask says."""
+    cut, and keras.ops moves no step to the front (those were half the operations of a
+    small training step). The graph moves steps itself, where a mask is not
+    right-padded."""
     def refused(*args, **kwargs):
         raise AssertionError("a params buffer gathered, or steps moved")
     monkeypatch.setattr(loop, "keras_params", refused)

@@ -26,7 +26,7 @@ gradients reach the Keras variables. The gather's indices come from
 own, not a second copy of it.
 
 On TensorFlow the op is written in TensorFlow's operations (``pycudnnrnn.tensorflow``),
-so there is no buffer to fill: its graph takes Keras's weights and mask as they are
+so there is no buffer to fill: its graph takes Keras's weights as they are
 (``_tensorflow_op``), with about half the operations around its loops. Where TensorFlow's
 cuDNN kernel can run it (a GPU), the layer takes the other backends' path instead: the
 kernel takes a params buffer and lengths.
@@ -126,11 +126,11 @@ def _tensorflow_graph(x, dtype) -> bool:
 def _tensorflow_op(rnn_mode, x, h0, c0, weights, mask, carry_output,
                    direction="unidirectional"):
     """The op's computation on TensorFlow (``pycudnnrnn.tensorflow.graph``), fed Keras's
-    weights and mask as they are: ``[(y, h, c)]`` per direction.
+    weights as they are, and its mask: ``[(y, h, c)]`` per direction.
 
-    No params buffer is gathered and cut, and no step is moved: each step runs or keeps
-    its row's state as the mask says, which is what the compacted run computes. It is
-    the op's own graph, with about half the operations around its loops.
+    No params buffer is gathered and cut, and steps move only where the mask is not
+    right-padded (``graph._Compacted``, asked at run time). It is the op's own graph,
+    with about half the operations around its loops.
     """
     del direction  # (the number of weight triples says it; named for the tests' count)
     from ..tensorflow import graph

@@ -102,9 +102,9 @@ def keras_layers(rnn_mode, x, h0, c0, weights, mask, carry_output):
     time axis, its outputs back in time order. A masked step keeps the state and outputs
     zero, or with `carry_output` the last output. Results in `x`'s dtype.
 
-    A masked step leaving the state as it was, the layer runs each row's unmasked steps
-    alone, in order: they are moved to the front (``_Compacted``) and run as the op runs
-    lengths. A right-padded mask, the common one, moves nothing.
+    A masked step leaves the state as it was. So the layer is the op over each row's
+    unmasked steps alone, in order: they are moved to the front (``_Compacted``) and run
+    as lengths. A right-padded mask, the common one, moves nothing.
     """
     dtype = x.dtype
     cdt = tf.float32 if dtype.size == 2 else dtype
@@ -157,9 +157,9 @@ class _Compacted:
         of processing (zero before the first); `h` is the last."""
         mask = self.mask[..., None]
 
-        def right_padded():  # masked steps come after all the others (in processing order)
-            if not carry_output or reverse:
-                return y  # zero past a row's end
+        def right_padded():  # y is zero past each row's end
+            if not carry_output or reverse:  # (backward, masked steps are processed first)
+                return y
             carried = tf.where(self.lengths[:, None] > 0, h, tf.zeros_like(h))
             return tf.where(mask, y, carried[:, None])
 

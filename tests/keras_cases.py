@@ -149,6 +149,8 @@ CONFIGS = {  # name: (build from (layer class, Bidirectional class), call argume
     "bidirectional_holes_initial_state_unmerged": (
         lambda c, bi: bi(c(H, return_sequences=True, return_state=True), merge_mode=None),
         {"mask": HOLES, "initial_state": 2}, BI),
+    # the last outputs alone: masked steps carry them (backward: the next unmasked step's)
+    "bidirectional_holes_last_outputs": (lambda c, bi: bi(c(H)), {"mask": HOLES}, BI),
     # keras.layers.Bidirectional around ours: one call per direction
     "keras_bidirectional_around_ours": (
         lambda c, bi: keras.layers.Bidirectional(c(H, return_sequences=True)),

@@ -6,7 +6,7 @@ or of such a row's final state holds (NaN, inf, 1e30), it never reaches another 
 results or any weight gradient; padded outputs are 0, the padded input's gradient is 0,
 a row of length 0 gives back its own initial state (NaN in, NaN out) and passes its
 state gradient straight through. A route that computes the dropped steps at all (the
-JAX scan; PyTorch's) must also keep a relu state that would overflow there out of the
+JAX scan; PyTorch's; TensorFlow's) must also keep a relu state that would overflow there out of the
 results (``make_exploding``).
 
 The first section holds what any route's test needs, as NumPy arrays in the op's own
@@ -18,8 +18,9 @@ and ``check_route`` (the grid ``GRID``: cell × direction × place × value),
 ``check_all_zero`` (every row of length 0) and ``check_exploding`` test one. The routes
 here are the NumPy backend (functional, batch-major, plan, inference, 16-bit dtypes),
 JAX (the CPU's scan and its custom call, dropout and inference included;
-``jax.hessian``), Flax, and Keras 3 on its JAX and PyTorch backends (each in a
-subprocess, as ``tests/test_keras.py`` runs them). PyTorch's own routes can be added
+``jax.hessian``), Flax, TensorFlow (``pycudnnrnn.tensorflow``), and Keras 3 on its JAX,
+PyTorch and TensorFlow backends (each in a subprocess, as ``tests/test_keras.py`` runs
+them). PyTorch's own routes can be added
 the same way.
 """
 
@@ -712,6 +713,49 @@ def test_torch_exploding_relu(route, direction, dtype, monkeypatch):
     check_exploding(_torch_route(route, monkeypatch), direction, dtype, ulps=16)
 
 
+# --------------------------------------------------------------------------- TensorFlow
+
+def run_tensorflow(p: Ragged) -> Results:
+    """``pycudnnrnn.tensorflow.rnn`` (TensorFlow's operations: every row runs every step)
+    and its gradients, by a tape."""
+    tf = pytest.importorskip("tensorflow")
+    import pycudnnrnn.tensorflow as ptf
+    x, h0, params = (tf.constant(a) for a in (p.x, p.h0, p.params))
+    c0 = tf.constant(p.c0) if p.lstm else None
+    sources = [x, h0] + ([c0] if p.lstm else []) + [params]
+    with tf.GradientTape() as tape:
+        tape.watch(sources)
+        y, hy, cy = ptf.rnn(x, h0, c0, params, p.lengths, **p.attrs)
+    grads = [g.numpy() for g in tape.gradient(
+        [y, hy] + ([cy] if p.lstm else []), sources,
+        output_gradients=[tf.constant(a) for a in (p.dy, p.dhy) + ((p.dcy,) if p.lstm else ())])]
+    return Results(y.numpy(), hy.numpy(), cy.numpy() if p.lstm else None, grads[0], grads[1],
+                   grads[2] if p.lstm else None, grads[-1])
+
+
+@GRID
+def test_tensorflow(mode, direction, where, value):
+    check_route(run_tensorflow, mode, direction, where, value)
+
+
+@VARIANT_GRID
+def test_tensorflow_variants(variant, where, value):
+    check_route(run_tensorflow, direction="bidirectional", where=where, value=value,
+                **VARIANTS[variant])
+
+
+@ALL_ZERO
+def test_tensorflow_all_rows_of_length_0(mode, direction):
+    check_all_zero(run_tensorflow, mode, direction)
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tensorflow_exploding_relu(direction, dtype):
+    # against the NumPy backend: another computation (conftest.ULPS)
+    check_exploding(run_tensorflow, direction, dtype, ulps=16)
+
+
 # --------------------------------------------------------------------------- Keras 3
 #
 # Keras fixes its backend at import, so each backend runs the cases below in a process
@@ -723,11 +767,12 @@ def test_torch_exploding_relu(route, direction, dtype, monkeypatch):
 # masked steps (its default; on JAX, a row of length 0 outputs its initial h there), the
 # second zeros (``zero_output_for_mask``, as Bidirectional sets it).
 
-KERAS_BACKENDS = ("jax", "torch")
+KERAS_BACKENDS = ("jax", "torch", "tensorflow")
 #: (cell, direction) per backend: on JAX each costs a compilation of seconds, and the
 #: layers' code is one for both cells (the op's cell is tested above).
 KERAS_CELLS = {"jax": [("lstm", "unidirectional"), ("gru", "bidirectional")],
-               "torch": [(m, d) for m in ("lstm", "gru") for d in DIRECTIONS]}
+               "torch": [(m, d) for m in ("lstm", "gru") for d in DIRECTIONS],
+               "tensorflow": [(m, d) for m in ("lstm", "gru") for d in DIRECTIONS]}
 
 
 def keras_cases(backend):
@@ -767,7 +812,7 @@ def _keras_states(p: Ragged):
 
 
 def run_keras(p: Ragged, model) -> Results:
-    """The model on `p` (float32; Keras's JAX or PyTorch backend): results and the
+    """The model on `p` (float32; Keras's JAX, PyTorch or TensorFlow backend): results and the
     gradients of the cotangents' projection, with respect to the input, the initial
     states and every weight (concatenated in the model's order)."""
     import keras
@@ -788,6 +833,17 @@ def run_keras(p: Ragged, model) -> Results:
             model._padding_vjp = vjp
         outputs, (dw, dinputs) = model._padding_vjp(trainable, inputs, cotangents)
         dinputs = [dinputs[0]] + list(dinputs[2:])
+    elif keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+        tensors = [tf.constant(a) for a in inputs]
+        watched = [tensors[0]] + tensors[2:]
+        weights = [v.value for v in model.trainable_variables]
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            outputs = model(tensors)
+        grads = tape.gradient(outputs, watched + weights,
+                              output_gradients=[tf.constant(c) for c in cotangents])
+        dinputs, dw = grads[:len(watched)], grads[len(watched):]
     else:
         import torch
         tensors = [torch.tensor(a, requires_grad=a.dtype != bool) for a in inputs]

@@ -322,6 +322,30 @@ def test_a_relu_row_run_past_its_end_cannot_turn_gradients_nan():
     _assert_forward_and_tape_gradients_are_the_numpy_backends(case)
 
 
+def test_a_relu_row_run_past_its_end_has_finite_second_derivatives():
+    """A second derivative differentiates the forward loop itself, steps past a row's
+    end included: the same as with those steps cut off."""
+    attrs = dict(rnn_mode="rnn_relu", input_mode="skip_input")
+    p = tf.constant(np.full(pycudnnrnn.params_size(num_layers=1, num_units=1, input_size=1,
+                                                   **attrs), 10.0, np.float32))
+    # relu(x + 10 (h + 2)): past float32's max some 38 steps past a row's end
+    x = tf.constant(np.random.default_rng(0).standard_normal((48, 2, 1)), tf.float32)
+    h = tf.zeros((1, 2, 1))
+
+    def penalty_gradient(x):
+        with tf.GradientTape() as outer:
+            outer.watch(p)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                loss = tf.reduce_sum(ptf.rnn(x, h, None, p, [1, 2], **attrs)[0])
+            penalty = tf.reduce_sum(inner.gradient(loss, x) ** 2)
+        return outer.gradient(penalty, p).numpy()
+
+    got = penalty_gradient(x)
+    assert np.isfinite(got).all()
+    assert_ulp_close(got, penalty_gradient(x[:2]))
+
+
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_ragged_rows_select_nothing_step_by_step(mode):
     """A row's final state is picked out after the loop, not kept step by step: no loop,

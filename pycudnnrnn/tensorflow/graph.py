@@ -405,11 +405,12 @@ def _states(cell, x, h0, c0, running=None):
     LSTM's each step's c [T, B, H] too (else None), and the last ``(h, c)``.
 
     Every row runs every step. With `running` [T, B] (a ragged batch, ``_Rows``), rows
-    run on past their last step, on zeroed inputs, and what they compute there must not
-    be used. Its gradients are then zero, exactly: no gradient enters a step past a
-    row's end, and none leaves one. (The states a relu cell computes there may grow
-    without bound: they are zeroed before they meet the weights' gradients, where
-    ``0 · inf`` would be NaN.)
+    run on past their last step, on zeroed inputs, and what they compute there is not
+    used. The loop back multiplies a row's state gradients by 0 there: no gradient (nor,
+    for a second derivative, the gradient's own adjoint) crosses a row's end, and the
+    steps past it get gradients of exactly 0. That needs the states there to be finite,
+    as they are for every cell but relu, whose state there may overflow: a relu row
+    keeps its state past its end, by a select each step, as ``jax/scan.py`` does.
 
     Its gradient is written out, not derived by TensorFlow from the loop: a loop back
     over the steps makes each step's gate gradients and the previous state's, and the
@@ -424,6 +425,7 @@ def _states(cell, x, h0, c0, running=None):
     """
     lstm, ragged = c0 is not None, running is not None
     every_c = ragged and lstm
+    keeps_state = ragged and cell.mode == "rnn_relu"
     weights = cell.weights()
     x, h0 = tf.convert_to_tensor(x), tf.convert_to_tensor(h0)
     initial = [h0, tf.convert_to_tensor(c0)] if lstm else [h0]
@@ -435,18 +437,21 @@ def _states(cell, x, h0, c0, running=None):
     spans = list(zip(bounds[:-1], bounds[1:]))
     zero = tf.zeros((), x.dtype)  # a loop variable that is not used
 
-    def forward(xw, h, c):
+    def forward(xw, h, c, running):
         """One chunk's loop: its states (h, and c if `every_c`) and the last ``(h, c)``,
         and what its gradient needs: each step's state h before it, and the tensors
         ``_Cell.step`` keeps (stacked: a SavedModel holding the gradient cannot hold
-        ``tf.TensorArray``s)."""
+        ``tf.TensorArray``s). With `running` [n, B], a row keeps its h past its end."""
         n = _length(xw)
         inputs = tf.TensorArray(xw.dtype, size=n).unstack(xw)
         array = lambda: tf.TensorArray(xw.dtype, size=n)  # noqa: E731
         h_first = h
 
         def body(t, h, c, hs, cs, kept):
+            h_prev = h
             h, new_c, keep = cell.step(inputs.read(t), h, c)
+            if running is not None:
+                h = tf.where(running[t][:, None], h, h_prev)
             kept = tuple(a.write(t, k) for a, k in zip(kept, keep))
             cs = cs.write(t, new_c) if every_c else cs
             return t + 1, h, new_c if lstm else c, hs.write(t, h), cs, kept
@@ -460,10 +465,11 @@ def _states(cell, x, h0, c0, running=None):
         h_prev = tf.concat([h_first[None], hs[:-1]], 0)[:n]
         return hs, cs.stack() if every_c else None, h, c, (h_prev, tuple(a.stack() for a in kept))
 
-    def backward(d_states, d_cs, saved, dh, dc):
+    def backward(d_states, d_cs, running, saved, dh, dc):
         """One chunk's loop back: its ``(dxw, dzh, dh_new)`` stacked (see
         ``_Cell.step_backward``; `dh_new` the new states' gradients, for a projection),
-        and the gradients of the state before it."""
+        and the gradients of the state before it. `running` [n, B, 1] (ragged rows) is 1
+        where a row runs, else 0."""
         n = _length(d_states)
         d_states, h_prevs, *kept = (tf.TensorArray(d_states.dtype, size=n).unstack(a)
                                     for a in (d_states, saved[0]) + saved[1])
@@ -474,6 +480,9 @@ def _states(cell, x, h0, c0, running=None):
             t = t - 1
             d_new = dh + d_states.read(t)
             d_c = (dc + d_cs.read(t) if every_c else dc) if lstm else None
+            if running is not None:  # 0 past a row's end: nothing crosses it
+                d_new = d_new * running[t]
+                d_c = d_c * running[t] if lstm else None
             dxw, dzh, dh_prev, dc_prev = cell.step_backward(
                 [a.read(t) for a in kept], h_prevs.read(t) if cell.mode == "gru" else None,
                 d_new, d_c)
@@ -496,7 +505,7 @@ def _states(cell, x, h0, c0, running=None):
             with tf.control_dependencies(after):
                 xw = cell.input_products(x[a:b])
             after = [xw, h]  # the next chunk's products: beside this chunk's loop
-            hs, cs_k, h, c, kept = forward(xw, h, c)
+            hs, cs_k, h, c, kept = forward(xw, h, c, running[a:b] if keeps_state else None)
             states.append(hs)
             cs.append(cs_k)
             saved.append(kept)
@@ -505,6 +514,7 @@ def _states(cell, x, h0, c0, running=None):
         cs = join(cs) if every_c else None
 
         def gradient(d_states, d_cs, dh, dc):
+            running_f = tf.cast(running, dh.dtype)[..., None] if ragged else None
             d_states = tf.zeros_like(states) if d_states is None else d_states
             if every_c:
                 d_cs = tf.zeros_like(cs) if d_cs is None else d_cs
@@ -513,12 +523,10 @@ def _states(cell, x, h0, c0, running=None):
             dx, found = [], None
             for (a, b), chunk in reversed(list(zip(spans, saved))):
                 (dxw, dzh, dh_new), dh, dc = backward(
-                    d_states[a:b], d_cs[a:b] if every_c else None, chunk, dh, dc)
+                    d_states[a:b], d_cs[a:b] if every_c else None,
+                    running_f[a:b] if ragged else None, chunk, dh, dc)
                 dx_k, input_grads = cell.input_backward(x[a:b], dxw)
-                h_prev = chunk[0]
-                if ragged and cell.mode == "rnn_relu":
-                    h_prev = tf.where(running[a:b, :, None], h_prev, tf.zeros_like(h_prev))
-                grads = input_grads + cell.recurrent_backward(h_prev, dzh, chunk[1], dh_new)
+                grads = input_grads + cell.recurrent_backward(chunk[0], dzh, chunk[1], dh_new)
                 dx.append(dx_k)
                 found = grads if found is None else [f + g for f, g in zip(found, grads)]
             dx = dx[0] if chunks == 1 else tf.concat(dx[::-1], 0)

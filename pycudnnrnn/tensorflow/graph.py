@@ -11,8 +11,8 @@ and a SavedModel stores: a model saved with it loads and runs without this libra
 * The gradient is written out (``_states``), not derived by TensorFlow: a loop back
   over the steps, then the weights' gradients as products over many steps at once.
 * A ragged batch: every row runs every step, and its final state is picked out of the
-  states after the loop, at its last step; its outputs past it are zero. (Nothing is
-  selected step by step, and the steps past a row's end get a gradient of zero.) The
+  states after the loop, at its last step; its outputs past it are zero. (The steps
+  past a row's end get a gradient of exactly zero: see ``_states``.) The
   reverse direction reads each row backwards from its own last step
   (``tf.reverse_sequence``). The state of a row of length 0 is zeroed before it meets
   the weights, so an initial state that is never used (even NaN) cannot reach the

@@ -73,10 +73,13 @@ def _assert_forward_and_tape_gradients_are_the_numpy_backends(case):
 
 #: Sequences long enough to run as 4 chunked loops each (``graph._states``): gradients
 #: cross from chunk to chunk, through ragged rows, a row of length 0 and a projection.
+#: Ragged rows drop out of later chunks, down to none in the last chunk of the fourth.
 LONG = [dict(rnn_mode="lstm", direction="bidirectional", num_proj=3, num_layers=2,
              lengths=[40, 0, 17]),
         dict(rnn_mode="gru", time_major=False, lengths=[33, 40, 8]),
-        dict(rnn_mode="rnn_relu", input_mode="skip_input", lengths="full")]
+        dict(rnn_mode="rnn_relu", input_mode="skip_input", lengths="full"),
+        dict(rnn_mode="rnn_tanh", input_mode="skip_input", direction="bidirectional",
+             lengths=[12, 25, 0])]
 
 
 @pytest.mark.parametrize("config", LONG, ids=case_id)
@@ -89,6 +92,30 @@ def test_long_sequences_run_as_chunked_loops_with_the_same_results(config):
     loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
     directions = 2 if case.attrs["direction"] == "bidirectional" else 1
     assert len(loops) == 4 * directions * config.get("num_layers", 1)
+
+
+def test_each_chunk_runs_the_rows_still_running_at_its_first_step(monkeypatch):
+    """A ragged batch runs its rows longest first, and each chunked loop only the rows
+    still running at its first step: a row that has ended costs nothing there."""
+    from pycudnnrnn.tensorflow import graph
+    rows = {"step": [], "step_backward": []}
+    for name, seen in rows.items():
+        method = getattr(graph._Cell, name)
+
+        def spy(self, *args, _method=method, _seen=seen):
+            _seen.append(int(args[-2].shape[0]))  # the state h, or its gradient
+            return _method(self, *args)
+        monkeypatch.setattr(graph._Cell, name, spy)
+    case = make_case("lstm", lengths=[40, 0, 17, 25], T=40, B=4)
+    tf.config.run_functions_eagerly(True)  # (concrete shapes, step by step)
+    try:
+        _assert_forward_and_tape_gradients_are_the_numpy_backends(case)
+    finally:
+        tf.config.run_functions_eagerly(False)
+    # 4 chunks of 10 steps; running at steps 0, 10, 20, 30: 3, 3, 2 and 1 rows
+    want = [3] * 20 + [2] * 10 + [1] * 10
+    assert rows["step"][:40] == want
+    assert rows["step_backward"][:40] == want[::-1]
 
 
 def test_xla_compiles_long_sequences_as_one_loop_each():

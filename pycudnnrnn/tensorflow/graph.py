@@ -10,13 +10,14 @@ and a SavedModel stores: a model saved with it loads and runs without this libra
   and the gate arithmetic of one step.
 * The gradient is written out (``_states``), not derived by TensorFlow: a loop back
   over the steps, then the weights' gradients as products over many steps at once.
-* A ragged batch: every row runs every step, and its final state is picked out of the
-  states after the loop, at its last step; its outputs past it are zero. (The steps
-  past a row's end get a gradient of exactly zero: see ``_states``.) The
-  reverse direction reads each row backwards from its own last step
-  (``tf.reverse_sequence``). The state of a row of length 0 is zeroed before it meets
-  the weights, so an initial state that is never used (even NaN) cannot reach the
-  weight gradients; the row's output_h is that state as it came.
+* A ragged batch: its rows run longest first, and each of a long sequence's loops runs
+  the rows still running at its first step (``_Rows``). A row runs on to the end of
+  its loop, and its final state is picked out of the states after it, at its last
+  step; its outputs past it are zero. (The steps past a row's end get a gradient of
+  exactly zero: see ``_states``.) The reverse direction reads each row backwards from
+  its own last step. A row of length 0 never runs (under XLA, its state is zeroed
+  before it meets the weights), so an initial state that is never used (even NaN)
+  cannot reach the weight gradients; the row's output_h is that state as it came.
 * Dropout masks (training, between layers) come from TensorFlow's stateless generator,
   keyed by the seed and the layer: reproducible from the seed, and not the NumPy
   backend's masks (nor cuDNN's), as the masks of the two backends differ.
@@ -242,8 +243,8 @@ class _Cell:
         gradient `dxw` of ``input_products(x)``."""
         dbias = tf.reduce_sum(dxw, [0, 1])
         if self.w_input_t is None:
-            shape = tf.shape(dxw)
-            split = tf.reshape(dxw, tf.concat([shape[:2], [self.gates, -1]], 0))
+            T, B, width = tf.unstack(tf.shape(dxw))  # (no -1: there may be no rows)
+            split = tf.reshape(dxw, tf.stack([T, B, self.gates, width // self.gates]))
             return tf.reduce_sum(split, 2), [dbias]
         return (_each_step(dxw, self.w_input_t, transpose_b=True),
                 [_product(x, dxw), dbias])
@@ -334,7 +335,9 @@ def _each_step(a, w, transpose_b=False):
     """``a[t] @ w`` (or ``wᵀ``) for every step of `a` [T, B, M] at once: one product."""
     shape = tf.shape(a)
     flat = tf.matmul(tf.reshape(a, [-1, shape[2]]), w, transpose_b=transpose_b)
-    return tf.reshape(flat, tf.concat([shape[:2], [-1]], 0))
+    # (the width, not -1: `a` may have no rows, a chunk's when every row has ended)
+    width = tf.shape(w)[0 if transpose_b else 1]
+    return tf.reshape(flat, tf.stack([shape[0], shape[1], width]))
 
 
 def _product(a, b):
@@ -350,16 +353,32 @@ class _Rows:
     after them is zero. The loop runs every row through every step: a row's state after
     its last step is picked out of the states afterwards (``_states``), where selecting
     it step by step would cost two selects a step forward and four back. Reversed, a row
-    runs its own steps backwards, from its last one (``tf.reverse_sequence``).
+    runs its own steps backwards, from its last one.
+
+    A ragged batch runs its rows longest first (except where XLA compiles, which needs
+    static shapes). Then a long sequence's later loops (``_states``' chunks) run only
+    the rows still running at their first step, and a row that has ended costs nothing
+    there. One ``tf.gather_nd`` takes the steps into that order (each row's reversed,
+    for the reverse direction), and one takes the outputs back.
     """
 
     def __init__(self, lengths, max_time):
         self.lengths = lengths
-        if lengths is not None:
-            self.running = tf.transpose(tf.sequence_mask(lengths, max_time))  # [T, B]
-            self.started = (lengths > 0)[:, None]
-            # each row's last step, as indices [B, 2] into states [T, B, ...]
-            self.last = tf.stack([tf.maximum(lengths - 1, 0), tf.range(tf.size(lengths))], 1)
+        if lengths is None:
+            return
+        self.running = tf.transpose(tf.sequence_mask(lengths, max_time))  # [T, B]
+        self.started = (lengths > 0)[:, None]
+        self.sorted = not _compiled()
+        self.max_time = max_time
+        place = tf.range(tf.size(lengths))  # each row's place in the loop's order
+        if self.sorted:
+            self.order = tf.argsort(lengths, direction="DESCENDING", stable=True)
+            place = tf.math.invert_permutation(self.order)
+            self.sorted_lengths = tf.gather(lengths, self.order)
+            self.sorted_running = tf.gather(self.running, self.order, axis=1)
+        # each row's last step, as indices [B, 2] into states [T, B, ...]
+        self.last = tf.stack([tf.maximum(lengths - 1, 0), place], 1)
+        self._place, self._made = place, {}
 
     def zero_padding(self, x):
         """`x` [T, B, ...] with zeros past each row's last step."""
@@ -373,6 +392,25 @@ class _Rows:
             return tf.reverse(a, [0])
         return tf.reverse_sequence(a, self.lengths, seq_axis=0, batch_axis=1)
 
+    def _moves(self, reverse):
+        """Indices [T, B, 2] that move steps [T, B, ...] into the loop's order of rows,
+        and back; each row's own steps reversed with `reverse` (padding stays). Made
+        once for each direction, for every layer."""
+        if reverse in self._made:
+            return self._made[reverse]
+
+        def move(rows, lengths):  # row rows[j] to place j
+            t = tf.range(self.max_time)[:, None]
+            if reverse:
+                t = tf.where(t < lengths, lengths - 1 - t, t)
+            t, rows = tf.broadcast_to(t, tf.shape(self.running)), \
+                tf.broadcast_to(rows, tf.shape(self.running))
+            return tf.stack([t, rows], -1)
+
+        made = move(self.order, self.sorted_lengths), move(self._place, self.lengths)
+        self._made[reverse] = made
+        return made
+
     def run(self, cell, x, h0, c0, reverse):
         """``(y [T, B, P], h, c)`` of `cell` over the steps of `x` [T, B, in] (zeroed past
         each row's last step) from the state `h0`, `c0` (None but for an LSTM).
@@ -380,6 +418,12 @@ class _Rows:
         ``(h, c)`` is each row's state after its last step: the initial state for a row
         of length 0.
         """
+        if self.lengths is not None and self.sorted:
+            into, back = self._moves(reverse)
+            first = lambda s: None if s is None else tf.gather(s, self.order)  # noqa: E731
+            states, cs, _, _ = _states(cell, tf.gather_nd(x, into), first(h0), first(c0),
+                                       self.sorted_running, self.sorted_lengths)
+            return self._ends(tf.gather_nd(states, back), states, cs, h0, c0)
         if reverse:
             x = self._reverse(x)
         if self.lengths is None:
@@ -389,18 +433,23 @@ class _Rows:
             h, c = (None if s is None else tf.where(self.started, s, tf.zeros_like(s))
                     for s in (h0, c0))
             states, cs, _, _ = _states(cell, x, h, c, self.running)
-            y = self.zero_padding(states)
-            h = tf.where(self.started, tf.gather_nd(states, self.last), h0)
-            c = None if c0 is None else tf.where(self.started, tf.gather_nd(cs, self.last), c0)
+            y, h, c = self._ends(states, states, cs, h0, c0)
         if reverse:
             y = self._reverse(y)
         return y, h, c
+
+    def _ends(self, y, states, cs, h0, c0):
+        """``run``'s ``(y, h, c)``, from the outputs `y` (in time order, their padding
+        not yet zero) and the loop's `states` and `cs`."""
+        h = tf.where(self.started, tf.gather_nd(states, self.last), h0)
+        c = None if c0 is None else tf.where(self.started, tf.gather_nd(cs, self.last), c0)
+        return self.zero_padding(y), h, c
 
 
 _CHUNKS, _CHUNK_STEPS = 4, 8  # at most 4 loops, of at least 8 steps each
 
 
-def _states(cell, x, h0, c0, running=None):
+def _states(cell, x, h0, c0, running=None, lengths=None):
     """``(states, cs, h, c)``: each step's new state h [T, B, P], for a ragged batch an
     LSTM's each step's c [T, B, H] too (else None), and the last ``(h, c)``.
 
@@ -422,8 +471,15 @@ def _states(cell, x, h0, c0, running=None):
     chunk's products over all its steps (its input products, forward; its inputs' and
     weights' gradients, backward) then need only that chunk's loop, and TensorFlow runs
     them beside the next chunk's loop, on another thread.
+
+    With the rows' `lengths` too (sorted longest first), each chunk runs only the rows
+    still running at its first step: the first rows of the batch. The states of the
+    others are zero in that chunk, and the last ``(h, c)`` is that of the last chunk's
+    rows. Each loop's shapes stay the same from step to step, which TensorFlow needs
+    to differentiate it twice.
     """
     lstm, ragged = c0 is not None, running is not None
+    shrinks = lengths is not None
     every_c = ragged and lstm
     keeps_state = ragged and cell.mode == "rnn_relu"
     weights = cell.weights()
@@ -436,6 +492,20 @@ def _states(cell, x, h0, c0, running=None):
     bounds = [None] + [steps * k // chunks for k in range(1, chunks)] + [None]
     spans = list(zip(bounds[:-1], bounds[1:]))
     zero = tf.zeros((), x.dtype)  # a loop variable that is not used
+    batch = tf.shape(x)[1]
+    # each chunk's rows: those still running at its first step, the first of the batch
+    counts = [tf.reduce_sum(tf.cast(lengths > (a or 0), tf.int32)) if shrinks else None
+              for a, _ in spans]
+
+    def rows(a, k):
+        """The first `k` rows of `a` [n, B, ...] (all with None)."""
+        return a if k is None else a[:, :k]
+
+    def grown(a, size, axis=1):
+        """`a` with zero rows after its own (along `axis`), `size` in all."""
+        pad = [[0, 0]] * a.shape.rank
+        pad[axis] = [0, size - tf.shape(a)[axis]]
+        return tf.pad(a, pad)
 
     def forward(xw, h, c, running):
         """One chunk's loop: its states (h, and c if `every_c`) and the last ``(h, c)``,
@@ -501,13 +571,16 @@ def _states(cell, x, h0, c0, running=None):
     def loop(x, *tensors):
         h, c = tensors[0], tensors[1] if lstm else zero
         states, cs, saved, after = [], [], [], []
-        for a, b in spans:
+        for (a, b), k in zip(spans, counts):
             with tf.control_dependencies(after):
-                xw = cell.input_products(x[a:b])
+                xw = cell.input_products(rows(x[a:b], k))
             after = [xw, h]  # the next chunk's products: beside this chunk's loop
-            hs, cs_k, h, c, kept = forward(xw, h, c, running[a:b] if keeps_state else None)
-            states.append(hs)
-            cs.append(cs_k)
+            if shrinks:  # the rows that have ended drop out
+                h, c = h[:k], c[:k] if lstm else c
+            hs, cs_k, h, c, kept = forward(xw, h, c,
+                                           rows(running[a:b], k) if keeps_state else None)
+            states.append(grown(hs, batch) if shrinks else hs)
+            cs.append(grown(cs_k, batch) if shrinks and every_c else cs_k)
             saved.append(kept)
         join = lambda parts: parts[0] if chunks == 1 else tf.concat(parts, 0)  # noqa: E731
         states = join(states)
@@ -521,15 +594,19 @@ def _states(cell, x, h0, c0, running=None):
             dh = tf.zeros_like(h) if dh is None else dh
             dc = (tf.zeros_like(c) if dc is None else dc) if lstm else zero
             dx, found = [], None
-            for (a, b), chunk in reversed(list(zip(spans, saved))):
+            for (a, b), k, chunk in reversed(list(zip(spans, counts, saved))):
+                if shrinks:  # the rows that end in this chunk join
+                    dh, dc = grown(dh, k, 0), grown(dc, k, 0) if lstm else dc
                 (dxw, dzh, dh_new), dh, dc = backward(
-                    d_states[a:b], d_cs[a:b] if every_c else None,
-                    running_f[a:b] if ragged else None, chunk, dh, dc)
-                dx_k, input_grads = cell.input_backward(x[a:b], dxw)
+                    rows(d_states[a:b], k), rows(d_cs[a:b], k) if every_c else None,
+                    rows(running_f[a:b], k) if ragged else None, chunk, dh, dc)
+                dx_k, input_grads = cell.input_backward(rows(x[a:b], k), dxw)
                 grads = input_grads + cell.recurrent_backward(chunk[0], dzh, chunk[1], dh_new)
-                dx.append(dx_k)
+                dx.append(grown(dx_k, batch) if shrinks else dx_k)
                 found = grads if found is None else [f + g for f, g in zip(found, grads)]
             dx = dx[0] if chunks == 1 else tf.concat(dx[::-1], 0)
+            if shrinks:  # (rows of length 0 never ran)
+                dh, dc = grown(dh, batch, 0), grown(dc, batch, 0) if lstm else dc
             return [dx, dh] + ([dc] if lstm else []) + found
 
         # (four outputs always: a mode's unused ones are `zero`, and get no gradient)

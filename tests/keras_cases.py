@@ -187,7 +187,7 @@ def test_same_outputs_states_and_gradients_as_keras(mode, config, op_calls):
     _assert_same_as_keras(mode, build, *_call_args(mode, call), directions, op_calls)
 
 
-#: Long enough for 4 chunked loops on TensorFlow (``pycudnnrnn.tensorflow.graph``): the
+#: Long enough for 5 chunked loops on TensorFlow (``pycudnnrnn.tensorflow.graph``): the
 #: masks' carried outputs and states cross from chunk to chunk.
 LONG_T = 40
 LONG_MASKS = {"right": np.arange(LONG_T)[None, :] < np.array([40, 23, 0, 9])[:, None],

@@ -71,7 +71,7 @@ def _assert_forward_and_tape_gradients_are_the_numpy_backends(case):
         assert_ulp_close(grads[k].numpy(), w, ulps=64, err_msg=name)
 
 
-#: Sequences long enough to run as 4 chunked loops each (``graph._states``): gradients
+#: Sequences long enough to run as 5 chunked loops each (``graph._states``): gradients
 #: cross from chunk to chunk, through ragged rows, a row of length 0 and a projection.
 #: Ragged rows drop out of later chunks, down to none in the last chunk of the fourth.
 LONG = [dict(rnn_mode="lstm", direction="bidirectional", num_proj=3, num_layers=2,
@@ -91,7 +91,7 @@ def test_long_sequences_run_as_chunked_loops_with_the_same_results(config):
     graph = traced.get_concrete_function(*tensors).graph
     loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
     directions = 2 if case.attrs["direction"] == "bidirectional" else 1
-    assert len(loops) == 4 * directions * config.get("num_layers", 1)
+    assert len(loops) == 5 * directions * config.get("num_layers", 1)
 
 
 def test_each_chunk_runs_the_rows_still_running_at_its_first_step(monkeypatch):
@@ -112,8 +112,8 @@ def test_each_chunk_runs_the_rows_still_running_at_its_first_step(monkeypatch):
         _assert_forward_and_tape_gradients_are_the_numpy_backends(case)
     finally:
         tf.config.run_functions_eagerly(False)
-    # 4 chunks of 10 steps; running at steps 0, 10, 20, 30: 3, 3, 2 and 1 rows
-    want = [3] * 20 + [2] * 10 + [1] * 10
+    # 5 chunks of 8 steps; running at steps 0, 8, 16, 24, 32: 3, 3, 3, 2 and 1 rows
+    want = [3] * 24 + [2] * 8 + [1] * 8
     assert rows["step"][:40] == want
     assert rows["step_backward"][:40] == want[::-1]
 

@@ -446,7 +446,7 @@ class _Rows:
         return self.zero_padding(y), h, c
 
 
-_CHUNKS, _CHUNK_STEPS = 4, 8  # at most 4 loops, of at least 8 steps each
+_CHUNKS, _CHUNK_STEPS = 8, 8  # at most 8 loops, of at least 8 steps each
 
 
 def _states(cell, x, h0, c0, running=None, lengths=None):

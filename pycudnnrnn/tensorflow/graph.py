@@ -350,10 +350,10 @@ class _Rows:
     """Which rows run which steps, and the loop over steps that honours it.
 
     Each row runs its first `lengths` steps (every step without lengths), and its output
-    after them is zero. The loop runs every row through every step: a row's state after
-    its last step is picked out of the states afterwards (``_states``), where selecting
-    it step by step would cost two selects a step forward and four back. Reversed, a row
-    runs its own steps backwards, from its last one.
+    after them is zero. A loop runs each of its rows through every one of its steps: a
+    row's state after its last step is picked out of the states afterwards (``_states``),
+    where selecting it step by step would cost two selects a step forward and four
+    back. Reversed, a row runs its own steps backwards, from its last one.
 
     A ragged batch runs its rows longest first (except where XLA compiles, which needs
     static shapes). Then a long sequence's later loops (``_states``' chunks) run only

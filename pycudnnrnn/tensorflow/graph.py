@@ -19,8 +19,9 @@ and a SavedModel stores: a model saved with it loads and runs without this libra
   before it meets the weights), so an initial state that is never used (even NaN)
   cannot reach the weight gradients; the row's output_h is that state as it came.
 * Dropout masks (training, between layers) come from TensorFlow's stateless generator,
-  keyed by the seed and the layer: reproducible from the seed, and not the NumPy
-  backend's masks (nor cuDNN's), as the masks of the two backends differ.
+  keyed by the seed and the layer: reproducible from the seed (XLA's generator draws
+  other numbers), and not the NumPy backend's masks (nor cuDNN's), as the masks of the
+  two backends differ.
 * float16 and bfloat16 compute in float32 and round once, when results leave.
 
 ``keras_layers`` runs the same loops on a Keras layer's own weights and mask, for
@@ -419,6 +420,7 @@ class _Rows:
         of length 0.
         """
         if self.lengths is not None and self.sorted:
+            # (a row of length 0 is in no loop: its state never meets the weights)
             into, back = self._moves(reverse)
             first = lambda s: None if s is None else tf.gather(s, self.order)  # noqa: E731
             states, cs, _, _ = _states(cell, tf.gather_nd(x, into), first(h0), first(c0),
@@ -453,9 +455,9 @@ def _states(cell, x, h0, c0, running=None, lengths=None):
     """``(states, cs, h, c)``: each step's new state h [T, B, P], for a ragged batch an
     LSTM's each step's c [T, B, H] too (else None), and the last ``(h, c)``.
 
-    Every row runs every step. With `running` [T, B] (a ragged batch, ``_Rows``), rows
-    run on past their last step, on zeroed inputs, and what they compute there is not
-    used. The loop back multiplies a row's state gradients by 0 there: no gradient (nor,
+    Every row runs every step (but see `lengths`, below). With `running` [T, B] (a
+    ragged batch, ``_Rows``), rows run on past their last step, on zeroed inputs, and
+    what they compute there is not used. The loop back multiplies a row's state gradients by 0 there: no gradient (nor,
     for a second derivative, the gradient's own adjoint) crosses a row's end, and the
     steps past it get gradients of exactly 0. That needs the states there to be finite,
     as they are for every cell but relu, whose state there may overflow: a relu row
@@ -475,7 +477,8 @@ def _states(cell, x, h0, c0, running=None, lengths=None):
     With the rows' `lengths` too (sorted longest first), each chunk runs only the rows
     still running at its first step: the first rows of the batch. The states of the
     others are zero in that chunk, and the last ``(h, c)`` is that of the last chunk's
-    rows. Each loop's shapes stay the same from step to step, which TensorFlow needs
+    rows alone (there may be none): the caller picks each row's from the states. Each
+    loop's shapes stay the same from step to step, which TensorFlow needs
     to differentiate it twice.
     """
     lstm, ragged = c0 is not None, running is not None

@@ -1046,33 +1046,6 @@ def test_torch_func_maml_and_a_hessian_of_the_weights_equal_torch_nn():
     torch.testing.assert_close(found[1], found[0], rtol=1e-10, atol=1e-12)
 
 
-def test_cudnn_is_switched_back_on_after_recomputations_on_several_threads():
-    """Backward runs on a thread per device: two recomputations overlapping turned
-    cuDNN's process-wide flag off and, nested as torch.backends.cudnn.flags nests, left
-    it off for the rest of the process."""
-    import threading
-
-    class Cuda:
-        is_cuda = True
-    entered, leave = threading.Barrier(2), threading.Event()
-
-    def recompute():
-        with second_order._without_cudnn(Cuda()):
-            entered.wait()
-            assert not torch.backends.cudnn.enabled
-            leave.wait()
-
-    first = threading.Thread(target=recompute)
-    second = threading.Thread(target=recompute)
-    before = torch.backends.cudnn.enabled
-    first.start()
-    second.start()
-    leave.set()
-    first.join()
-    second.join()
-    assert torch.backends.cudnn.enabled == before
-
-
 def test_cudnn_rnn_differentiates_twice_as_the_functional_call(route):
     """CudnnRNN (TensorFlow's attributes, one flat params) on the op's routes: its penalty
     gradients equal those of ``prt.rnn`` on the same buffer (held against finite

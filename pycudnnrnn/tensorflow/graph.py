@@ -457,11 +457,12 @@ def _states(cell, x, h0, c0, running=None, lengths=None):
 
     Every row runs every step (but see `lengths`, below). With `running` [T, B] (a
     ragged batch, ``_Rows``), rows run on past their last step, on zeroed inputs, and
-    what they compute there is not used. The loop back multiplies a row's state gradients by 0 there: no gradient (nor,
-    for a second derivative, the gradient's own adjoint) crosses a row's end, and the
-    steps past it get gradients of exactly 0. That needs the states there to be finite,
-    as they are for every cell but relu, whose state there may overflow: a relu row
-    keeps its state past its end, by a select each step, as ``jax/scan.py`` does.
+    what they compute there is not used. The loop back multiplies a row's state
+    gradients by 0 there: no gradient (nor, for a second derivative, the gradient's own
+    adjoint) crosses a row's end, and the steps past it get gradients of exactly 0.
+    That needs the states there to be finite, as they are for every cell but relu,
+    whose state there may overflow: a relu row keeps its state past its end, by a
+    select each step, as ``jax/scan.py`` does.
 
     Its gradient is written out, not derived by TensorFlow from the loop: a loop back
     over the steps makes each step's gate gradients and the previous state's, and the
@@ -478,8 +479,8 @@ def _states(cell, x, h0, c0, running=None, lengths=None):
     still running at its first step: the first rows of the batch. The states of the
     others are zero in that chunk, and the last ``(h, c)`` is that of the last chunk's
     rows alone (there may be none): the caller picks each row's from the states. Each
-    loop's shapes stay the same from step to step, which TensorFlow needs
-    to differentiate it twice.
+    loop's shapes stay the same from step to step, which TensorFlow needs to
+    differentiate it twice.
     """
     lstm, ragged = c0 is not None, running is not None
     shrinks = lengths is not None
